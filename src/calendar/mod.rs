@@ -1,0 +1,104 @@
+//! The calendar: cron expressions, time zones, DST policy and business windows.
+//!
+//! Everything here is pure Rust (no pgrx), so the whole time engine is exercised by plain
+//! `cargo test` in seconds. The SQL functions in `timeline.rs` and `catalog.rs` are thin
+//! wrappers around it.
+//!
+//! The model: a cron expression matches *wall-clock* times in the task's zone. Each matching
+//! wall-clock time is resolved to zero, one or two instants (a spring-forward gap has none, a
+//! fall-back overlap has two) by the task's [`DstPolicy`]. Instants are what is stored
+//! (`timestamptz`); wall-clock times are only shown.
+
+mod cron;
+mod fires;
+mod window;
+mod zone;
+
+pub use cron::Schedule;
+pub use fires::{fire_iter, next_fires, previous_fire, FireIter};
+pub use window::{window_for, BizWindow, WindowKind};
+pub use zone::{parse_zone, parse_zone_suggestion, to_local};
+
+use crate::error::TideError;
+
+/// What to do with a fixed-time job whose wall-clock time does not exist (spring forward).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DstGap {
+    /// Fire once, at the first instant after the gap (the default).
+    Shift,
+    /// Do not fire that day (pg_cron and Temporal behaviour).
+    Skip,
+}
+
+/// What to do with a fixed-time job whose wall-clock time happens twice (fall back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DstOverlap {
+    /// Fire once, at the earlier occurrence (the default).
+    Once,
+    /// Fire at both occurrences (pg_cron and Temporal behaviour).
+    Both,
+}
+
+/// The DST policy of a task. It applies to *fixed-time* jobs only: an interval job (any `*`,
+/// `/`, `,` or `-` in its second, minute or hour field) always skips wall-clock times that do
+/// not exist and fires at every real instant whose wall clock matches, because its promise is
+/// about elapsed time, not about one moment of the day.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DstPolicy {
+    pub gap: DstGap,
+    pub overlap: DstOverlap,
+}
+
+impl Default for DstPolicy {
+    fn default() -> Self {
+        DstPolicy {
+            gap: DstGap::Shift,
+            overlap: DstOverlap::Once,
+        }
+    }
+}
+
+impl DstGap {
+    pub fn parse(s: &str) -> Result<Self, TideError> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "shift" => Ok(DstGap::Shift),
+            "skip" => Ok(DstGap::Skip),
+            _ => Err(TideError::UnknownOption {
+                option: "dst_gap",
+                value: s.to_string(),
+                allowed: "'shift' (default) or 'skip'",
+            }),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DstGap::Shift => "shift",
+            DstGap::Skip => "skip",
+        }
+    }
+}
+
+impl DstOverlap {
+    pub fn parse(s: &str) -> Result<Self, TideError> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "once" => Ok(DstOverlap::Once),
+            "both" => Ok(DstOverlap::Both),
+            _ => Err(TideError::UnknownOption {
+                option: "dst_overlap",
+                value: s.to_string(),
+                allowed: "'once' (default) or 'both'",
+            }),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DstOverlap::Once => "once",
+            DstOverlap::Both => "both",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

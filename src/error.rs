@@ -1,0 +1,141 @@
+//! Errors as values. Pure code returns `TideError`; only the SQL boundary (`sqlerr.rs`) turns
+//! one into an `ereport` with its SQLSTATE, message and hint.
+
+/// The SQLSTATE classes pg_tide reports. Kept free of pgrx so pure code can name them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SqlState {
+    /// 22023 invalid_parameter_value
+    InvalidParameterValue,
+    /// 23505 unique_violation
+    UniqueViolation,
+    /// 42704 undefined_object
+    UndefinedObject,
+    /// 22004 null_value_not_allowed
+    NullValueNotAllowed,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TideError {
+    #[error("invalid cron expression \"{expr}\": {reason}")]
+    BadCron { expr: String, reason: String },
+
+    #[error("cron expression \"{0}\" never fires")]
+    NeverFires(String),
+
+    #[error("unknown time zone \"{0}\"")]
+    UnknownZone(String),
+
+    #[error("unknown {option} \"{value}\"")]
+    UnknownOption {
+        option: &'static str,
+        value: String,
+        allowed: &'static str,
+    },
+
+    #[error("task name must not be empty")]
+    EmptyName,
+
+    #[error("task name \"{0}\" is too long")]
+    NameTooLong(String),
+
+    #[error("queue name \"{0}\" is not valid")]
+    BadQueue(String),
+
+    #[error("task \"{0}\" already exists")]
+    DuplicateTask(String),
+
+    #[error("task \"{0}\" does not exist")]
+    NoSuchTask(String),
+
+    #[error("{param} must be {expected}, got {value}")]
+    OutOfRange {
+        param: &'static str,
+        value: String,
+        expected: &'static str,
+    },
+
+    #[error("{param} must not be NULL")]
+    NullArgument { param: &'static str },
+
+    #[error("args must be a JSON object, got {0}")]
+    ArgsNotObject(String),
+}
+
+/// The longest task name accepted: long enough for descriptive names, short enough to read in
+/// a psql table.
+pub const MAX_NAME_LEN: usize = 200;
+
+impl TideError {
+    pub fn sqlstate(&self) -> SqlState {
+        match self {
+            TideError::DuplicateTask(_) => SqlState::UniqueViolation,
+            TideError::NoSuchTask(_) => SqlState::UndefinedObject,
+            TideError::NullArgument { .. } => SqlState::NullValueNotAllowed,
+            _ => SqlState::InvalidParameterValue,
+        }
+    }
+
+    /// The fix, in the user's terms.
+    pub fn hint(&self) -> String {
+        match self {
+            TideError::BadCron { .. } => "use five fields (minute hour day-of-month month day-of-week), \
+                 optionally a leading seconds field, or a macro such as '@daily'; \
+                 for example '0 1 * * *' is every day at 01:00"
+                .to_string(),
+            TideError::NeverFires(_) => "the fields never match a real date (for example day 30 of February); \
+                 check the day-of-month and month fields"
+                .to_string(),
+            TideError::UnknownZone(name) => match crate::calendar::parse_zone_suggestion(name) {
+                Some(s) => format!("did you mean '{s}'? Time zones are IANA names; see pg_timezone_names"),
+                None => "use an IANA name such as 'Asia/Shanghai' or 'America/New_York'; see pg_timezone_names"
+                    .to_string(),
+            },
+            TideError::UnknownOption { allowed, .. } => format!("use {allowed}"),
+            TideError::EmptyName => "give the task a name such as 'daily_bill'".to_string(),
+            TideError::NameTooLong(_) => format!("use at most {MAX_NAME_LEN} characters"),
+            TideError::BadQueue(_) => {
+                "a queue name is 1 to 63 characters: letters, digits, '_', '-' or '.'".to_string()
+            }
+            TideError::DuplicateTask(name) => format!(
+                "use tide.alter('{name}', ...) to change it, or tide.unschedule('{name}') first"
+            ),
+            TideError::NoSuchTask(_) => {
+                "list your tasks with: SELECT name FROM tide.task".to_string()
+            }
+            TideError::OutOfRange { expected, param, .. } => format!("pass {param} {expected}"),
+            TideError::NullArgument { param } => format!("pass a value for {param}"),
+            TideError::ArgsNotObject(_) => {
+                "pass an object such as '{\"account_id\": 42}'::jsonb".to_string()
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn duplicate_is_unique_violation_and_hint_names_the_fix() {
+        let e = TideError::DuplicateTask("daily_bill".into());
+        assert_eq!(e.sqlstate(), SqlState::UniqueViolation);
+        assert_eq!(e.to_string(), "task \"daily_bill\" already exists");
+        assert!(e.hint().contains("tide.alter('daily_bill'"));
+    }
+
+    #[test]
+    fn zone_typo_hint_suggests_the_real_name() {
+        let e = TideError::UnknownZone("asia/shanghai".into());
+        assert!(e.hint().contains("'Asia/Shanghai'"), "{}", e.hint());
+        let e = TideError::UnknownZone("Mars/Olympus_Mons".into());
+        assert!(e.hint().contains("pg_timezone_names"));
+    }
+
+    #[test]
+    fn missing_task_is_undefined_object() {
+        assert_eq!(
+            TideError::NoSuchTask("x".into()).sqlstate(),
+            SqlState::UndefinedObject
+        );
+    }
+}

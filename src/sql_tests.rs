@@ -1,0 +1,378 @@
+//! `#[pg_test]`: the SQL API inside one rolled-back transaction per test.
+//! Background-worker behaviour is tested out of process, in `pg_test/`.
+
+#[pgrx::pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    fn one<T: pgrx::IntoDatum + pgrx::FromDatum>(sql: &str) -> T {
+        Spi::get_one::<T>(sql)
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .unwrap_or_else(|| panic!("{sql}: NULL"))
+    }
+
+    fn run(sql: &str) {
+        Spi::run(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    /// Runs `sql` expecting an error; returns "SQLSTATE|message|hint". The statement runs in a
+    /// subtransaction that is rolled back, as a failed statement would be.
+    fn error_of(sql: &str) -> String {
+        run(
+            "CREATE OR REPLACE FUNCTION pg_temp.error_of(q text) RETURNS text
+             LANGUAGE plpgsql AS $$
+             DECLARE st text; msg text; hint text;
+             BEGIN
+                 EXECUTE q;
+                 RETURN 'no error';
+             EXCEPTION WHEN OTHERS THEN
+                 GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT,
+                                         hint = PG_EXCEPTION_HINT;
+                 RETURN st || '|' || msg || '|' || hint;
+             END $$",
+        );
+        Spi::get_one_with_args::<String>("SELECT pg_temp.error_of($1)", &[sql.into()])
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .unwrap_or_default()
+    }
+
+    fn assert_refused(sql: &str, sqlstate: &str, names: &str) {
+        let got = error_of(sql);
+        let parts: Vec<&str> = got.splitn(3, '|').collect();
+        assert_eq!(parts.len(), 3, "{sql}: expected an error, got {got}");
+        assert_eq!(parts[0], sqlstate, "{sql}: {got}");
+        assert!(
+            parts[1].contains(names),
+            "{sql}: message should name {names}: {got}"
+        );
+        assert!(!parts[2].trim().is_empty(), "{sql}: no hint: {got}");
+    }
+
+    #[pg_test]
+    fn next_fires_follows_the_new_york_dst_rules() {
+        let ok: bool = one(
+            "SELECT array_agg(f) = ARRAY['2026-03-08 07:00Z', '2026-03-09 06:30Z']::timestamptz[]
+               FROM tide.next_fires('30 2 * * *', 'America/New_York', '2026-03-07 12:00Z', 2) f",
+        );
+        assert!(ok);
+        let ok: bool = one(
+            "SELECT array_agg(f) = ARRAY['2026-11-01 05:00Z', '2026-11-01 06:00Z',
+                                         '2026-11-01 07:00Z']::timestamptz[]
+               FROM tide.next_fires('0 * * * *', 'America/New_York', '2026-11-01 04:30Z', 3) f",
+        );
+        assert!(ok);
+        // The pg_cron/Temporal policy through named arguments.
+        let ok: bool = one(
+            "SELECT array_agg(f) = ARRAY['2026-11-01 05:30Z', '2026-11-01 06:30Z']::timestamptz[]
+               FROM tide.next_fires('30 1 * * *', tz => 'America/New_York',
+                                    after => '2026-10-31 12:00Z', n => 2,
+                                    dst_overlap => 'both') f",
+        );
+        assert!(ok);
+        let n: i64 = one("SELECT count(*) FROM tide.next_fires('* * * * *', n => 0)");
+        assert_eq!(n, 0);
+    }
+
+    #[pg_test]
+    fn next_fires_defaults_to_utc_after_now() {
+        let ok: bool = one("SELECT bool_and(f > now()) AND count(*) = 5
+               FROM tide.next_fires('*/5 * * * *') f");
+        assert!(ok);
+    }
+
+    #[pg_test]
+    fn next_fires_refuses_bad_input() {
+        assert_refused(
+            "SELECT tide.next_fires('61 * * * *')",
+            "22023",
+            "\"61 * * * *\"",
+        );
+        assert_refused(
+            "SELECT tide.next_fires('0 0 30 2 *')",
+            "22023",
+            "never fires",
+        );
+        assert_refused("SELECT tide.next_fires('@reboot')", "22023", "\"@reboot\"");
+        assert_refused(
+            "SELECT tide.next_fires('0 1 * * *', 'Asia/Shangai')",
+            "22023",
+            "\"Asia/Shangai\"",
+        );
+        assert_refused(
+            "SELECT tide.next_fires('0 1 * * *', n => -1)",
+            "22023",
+            "-1",
+        );
+        assert_refused(
+            "SELECT tide.next_fires('0 1 * * *', n => 10001)",
+            "22023",
+            "10001",
+        );
+        assert_refused(
+            "SELECT tide.next_fires('0 1 * * *', after => 'infinity')",
+            "22023",
+            "infinity",
+        );
+        assert_refused(
+            "SELECT tide.next_fires('0 1 * * *', dst_gap => 'later')",
+            "22023",
+            "\"later\"",
+        );
+        assert_refused("SELECT tide.next_fires(NULL)", "22004", "schedule");
+        let hint = error_of("SELECT tide.next_fires('0 1 * * *', 'Asia/Shangai')");
+        assert!(hint.contains("did you mean 'Asia/Shanghai'"), "{hint}");
+    }
+
+    #[pg_test]
+    fn schedule_stores_canonical_rules_and_version_one() {
+        let id: i64 = one("SELECT tide.schedule('daily_bill', '0 1 * * *', 'SELECT 1',
+                                  tz => 'asia/shanghai', biz_window => 'DAY',
+                                  args => '{\"region\": \"cn\"}')");
+        assert!(id > 0);
+        let row: String = one(
+            "SELECT concat_ws(',', tz, biz_window, queue, version, dst_gap, dst_overlap,
+                              owner = current_user, args->>'region', command)
+               FROM tide.task WHERE name = 'daily_bill'",
+        );
+        assert_eq!(row, "Asia/Shanghai,day,default,1,shift,once,t,cn,SELECT 1");
+        // next_fire_at is the next 01:00 in Shanghai after now.
+        let ok: bool = one(
+            "SELECT next_fire_at = (SELECT f FROM tide.next_fires('0 1 * * *', 'Asia/Shanghai') f LIMIT 1)
+               FROM tide.task WHERE name = 'daily_bill'",
+        );
+        assert!(ok);
+        let snap: String = one(
+            "SELECT rules->>'schedule' || ' ' || (rules->>'tz') || ' ' || v.version
+               FROM tide.task_version v JOIN tide.task USING (task_id)
+              WHERE name = 'daily_bill'",
+        );
+        assert_eq!(snap, "0 1 * * * Asia/Shanghai 1");
+    }
+
+    #[pg_test]
+    fn schedule_refuses_bad_input_and_writes_nothing() {
+        run("SELECT tide.schedule('taken', '@daily')");
+        let cases = [
+            (
+                "SELECT tide.schedule('t1', '0 1 * * *', tz => 'Asia/Shangai')",
+                "22023",
+                "\"Asia/Shangai\"",
+            ),
+            (
+                "SELECT tide.schedule('t1', '0 1 * *')",
+                "22023",
+                "\"0 1 * *\"",
+            ),
+            (
+                "SELECT tide.schedule('t1', '0 0 30 2 *')",
+                "22023",
+                "\"0 0 30 2 *\"",
+            ),
+            ("SELECT tide.schedule('', '0 1 * * *')", "22023", "name"),
+            ("SELECT tide.schedule('   ', '0 1 * * *')", "22023", "name"),
+            (
+                "SELECT tide.schedule('taken', '0 1 * * *')",
+                "23505",
+                "\"taken\"",
+            ),
+            (
+                "SELECT tide.schedule('t1', '0 1 * * *', biz_window => 'fortnight')",
+                "22023",
+                "\"fortnight\"",
+            ),
+            (
+                "SELECT tide.schedule('t1', '0 1 * * *', dst_gap => 'later')",
+                "22023",
+                "\"later\"",
+            ),
+            (
+                "SELECT tide.schedule('t1', '0 1 * * *', dst_overlap => 'twice')",
+                "22023",
+                "\"twice\"",
+            ),
+            (
+                "SELECT tide.schedule('t1', '0 1 * * *', queue => 'no spaces')",
+                "22023",
+                "\"no spaces\"",
+            ),
+            (
+                "SELECT tide.schedule('t1', '0 1 * * *', args => '[1]')",
+                "22023",
+                "[1]",
+            ),
+            ("SELECT tide.schedule(NULL, '0 1 * * *')", "22004", "name"),
+            ("SELECT tide.schedule('t1', NULL)", "22004", "schedule"),
+        ];
+        for (sql, state, names) in cases {
+            assert_refused(sql, state, names);
+        }
+        let tasks: i64 = one("SELECT count(*) FROM tide.task");
+        let versions: i64 = one("SELECT count(*) FROM tide.task_version");
+        assert_eq!((tasks, versions), (1, 1));
+    }
+
+    #[pg_test]
+    fn alter_changes_only_what_is_given_and_versions_every_change() {
+        run("SELECT tide.schedule('sync', '0 * * * *', 'SELECT 1', tz => 'America/New_York')");
+        let v: i32 = one("SELECT tide.alter('sync', tz => 'Europe/London')");
+        assert_eq!(v, 2);
+        let row: String = one("SELECT concat_ws(',', schedule, tz, command, version) FROM tide.task WHERE name = 'sync'");
+        assert_eq!(row, "0 * * * *,Europe/London,SELECT 1,2");
+        // Nothing given, or the same values again: no new version.
+        let v: i32 = one("SELECT tide.alter('sync')");
+        assert_eq!(v, 2);
+        let v: i32 =
+            one("SELECT tide.alter('sync', tz => 'Europe/London', schedule => '0 * * * *')");
+        assert_eq!(v, 2);
+        // An empty command removes it.
+        let v: i32 = one("SELECT tide.alter('sync', command => '')");
+        assert_eq!(v, 3);
+        let has_command: bool =
+            one("SELECT command IS NOT NULL FROM tide.task WHERE name = 'sync'");
+        assert!(!has_command);
+        // Old versions keep their rules.
+        let old_tz: String = one("SELECT string_agg(rules->>'tz', ',' ORDER BY v.version)
+               FROM tide.task_version v JOIN tide.task USING (task_id) WHERE name = 'sync'");
+        assert_eq!(old_tz, "America/New_York,Europe/London,Europe/London");
+        // The next fire follows a new schedule.
+        run("SELECT tide.alter('sync', schedule => '0 3 * * *')");
+        let ok: bool = one(
+            "SELECT next_fire_at = (SELECT f FROM tide.next_fires('0 3 * * *', 'Europe/London') f LIMIT 1)
+               FROM tide.task WHERE name = 'sync'",
+        );
+        assert!(ok);
+    }
+
+    #[pg_test]
+    fn alter_refuses_bad_input_and_changes_nothing() {
+        run("SELECT tide.schedule('sync', '0 * * * *', tz => 'America/New_York')");
+        assert_refused(
+            "SELECT tide.alter('sync', tz => 'Mars/Olympus')",
+            "22023",
+            "\"Mars/Olympus\"",
+        );
+        assert_refused(
+            "SELECT tide.alter('sync', schedule => '0 0 31 4 *')",
+            "22023",
+            "never fires",
+        );
+        assert_refused(
+            "SELECT tide.alter('nope', tz => 'UTC')",
+            "42704",
+            "\"nope\"",
+        );
+        assert_refused("SELECT tide.alter(NULL)", "22004", "name");
+        let row: String =
+            one("SELECT concat_ws(',', schedule, tz, version) FROM tide.task WHERE name = 'sync'");
+        assert_eq!(row, "0 * * * *,America/New_York,1");
+    }
+
+    #[pg_test]
+    fn pause_and_resume_are_not_rule_changes() {
+        run("SELECT tide.schedule('report', '0 23 L * *', tz => 'Asia/Shanghai')");
+        assert!(one::<bool>("SELECT tide.pause('report')"));
+        assert!(!one::<bool>("SELECT tide.pause('report')"));
+        let row: String =
+            one("SELECT concat_ws(',', paused, paused_at IS NOT NULL, version) FROM tide.task");
+        assert_eq!(row, "t,t,1");
+        assert!(one::<bool>("SELECT tide.resume('report')"));
+        assert!(!one::<bool>("SELECT tide.resume('report')"));
+        let row: String = one("SELECT concat_ws(',', paused, paused_at IS NULL, next_fire_at > now(), version) FROM tide.task");
+        assert_eq!(row, "f,t,t,1");
+        assert_refused("SELECT tide.pause('nope')", "42704", "\"nope\"");
+        assert_refused("SELECT tide.resume('nope')", "42704", "\"nope\"");
+    }
+
+    #[pg_test]
+    fn unschedule_deletes_the_task_and_its_versions() {
+        run("SELECT tide.schedule('gone', '@hourly')");
+        run("SELECT tide.alter('gone', schedule => '@daily')");
+        assert!(one::<bool>("SELECT tide.unschedule('gone')"));
+        let left: i64 = one(
+            "SELECT (SELECT count(*) FROM tide.task) + (SELECT count(*) FROM tide.task_version)",
+        );
+        assert_eq!(left, 0);
+        assert_refused("SELECT tide.unschedule('gone')", "42704", "\"gone\"");
+    }
+
+    #[pg_test]
+    fn versions_are_immutable_and_direct_updates_are_versioned() {
+        run("SELECT tide.schedule('v', '@daily')");
+        assert_refused(
+            "UPDATE tide.task_version SET rules = '{}'",
+            "55000",
+            "immutable",
+        );
+        run("UPDATE tide.task SET queue = 'bulk' WHERE name = 'v'");
+        let v: String = one(
+            "SELECT string_agg(version || ':' || (rules->>'queue'), ',' ORDER BY version)
+               FROM tide.task_version",
+        );
+        assert_eq!(v, "1:default,2:bulk");
+    }
+
+    #[pg_test]
+    fn each_role_sees_and_changes_only_its_own_tasks() {
+        run("CREATE ROLE tide_alice; CREATE ROLE tide_bob;");
+        run("SET ROLE tide_alice");
+        run("SELECT tide.schedule('alice_job', '@daily')");
+        run("RESET ROLE");
+        run("SET ROLE tide_bob");
+        let seen: i64 = one("SELECT count(*) FROM tide.task");
+        assert_eq!(seen, 0);
+        let versions: i64 = one("SELECT count(*) FROM tide.task_version");
+        assert_eq!(versions, 0);
+        assert_refused(
+            "SELECT tide.alter('alice_job', tz => 'UTC')",
+            "42704",
+            "\"alice_job\"",
+        );
+        assert_refused(
+            "SELECT tide.unschedule('alice_job')",
+            "42704",
+            "\"alice_job\"",
+        );
+        assert_refused("SELECT tide.pause('alice_job')", "42704", "\"alice_job\"");
+        // A role cannot plant a task on another role's name (PostgreSQL's own RLS error).
+        let planted = error_of(
+            "INSERT INTO tide.task (name, schedule, owner) VALUES ('x', '@daily', 'tide_alice')",
+        );
+        assert!(
+            planted.starts_with("42501|new row violates row-level security"),
+            "{planted}"
+        );
+        run("SELECT tide.schedule('bob_job', '@hourly')");
+        run("RESET ROLE");
+        let owners: String =
+            one("SELECT string_agg(name || '=' || owner, ',' ORDER BY name) FROM tide.task");
+        assert_eq!(owners, "alice_job=tide_alice,bob_job=tide_bob");
+    }
+
+    #[pg_test]
+    fn preview_shows_fires_windows_and_biz_dates() {
+        run("SELECT tide.schedule('daily_bill', '0 1 * * *', tz => 'Asia/Shanghai', biz_window => 'day')");
+        let first: String = one(
+            "SELECT concat_ws(' | ', fire_at AT TIME ZONE 'UTC', fire_local, window_start AT TIME ZONE 'UTC',
+                              window_end AT TIME ZONE 'UTC', window_start_local, window_length, biz_date)
+               FROM tide.preview('daily_bill', 1, after => '2026-05-09 12:00Z')",
+        );
+        assert_eq!(
+            first,
+            "2026-05-09 17:00:00 | 2026-05-10 01:00:00 | 2026-05-08 16:00:00 | 2026-05-09 16:00:00 | 2026-05-09 00:00:00 | 24:00:00 | 2026-05-09"
+        );
+        // A New York day window across the spring-forward day is 23 hours long.
+        run("SELECT tide.schedule('ny_daily', '0 1 * * *', tz => 'America/New_York', biz_window => 'day')");
+        let lengths: String = one(
+            "SELECT string_agg(biz_date || '=' || window_length, ',' ORDER BY fire_at)
+               FROM tide.preview('ny_daily', 3, after => '2026-03-07 12:00Z')",
+        );
+        assert_eq!(
+            lengths,
+            "2026-03-07=24:00:00,2026-03-08=23:00:00,2026-03-09=24:00:00"
+        );
+        let n: i64 = one("SELECT count(*) FROM tide.preview('ny_daily')");
+        assert_eq!(n, 5);
+        assert_refused("SELECT * FROM tide.preview('nope')", "42704", "\"nope\"");
+        assert_refused("SELECT * FROM tide.preview('ny_daily', -2)", "22023", "-2");
+    }
+}
