@@ -70,7 +70,10 @@ $$;
 COMMENT ON FUNCTION tide.task_rules(tide.task) IS
     'The rule snapshot of a task row, as stored in tide.task_version.rules.';
 
--- Versioning lives in triggers so that no write path can change rules without a new version.
+-- Versioning of changes lives in triggers so that no UPDATE can change rules without a new
+-- version. Version 1 is written by tide.schedule itself, not by an INSERT trigger: pg_dump
+-- restores tide.task and tide.task_version with COPY, and an INSERT trigger would collide with
+-- the restored versions.
 CREATE FUNCTION tide.task_bump_version() RETURNS trigger
 LANGUAGE plpgsql
 AS $$
@@ -89,7 +92,7 @@ CREATE FUNCTION tide.task_snapshot_version() RETURNS trigger
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    IF TG_OP = 'INSERT' OR NEW.version <> OLD.version THEN
+    IF NEW.version <> OLD.version THEN
         INSERT INTO tide.task_version (task_id, version, rules, owner)
         VALUES (NEW.task_id, NEW.version, tide.task_rules(NEW), NEW.owner);
     END IF;
@@ -109,7 +112,7 @@ $$;
 
 CREATE TRIGGER task_bump_version BEFORE UPDATE ON tide.task
     FOR EACH ROW EXECUTE FUNCTION tide.task_bump_version();
-CREATE TRIGGER task_snapshot_version AFTER INSERT OR UPDATE ON tide.task
+CREATE TRIGGER task_snapshot_version AFTER UPDATE ON tide.task
     FOR EACH ROW EXECUTE FUNCTION tide.task_snapshot_version();
 CREATE TRIGGER task_version_immutable BEFORE UPDATE ON tide.task_version
     FOR EACH ROW EXECUTE FUNCTION tide.task_version_immutable();

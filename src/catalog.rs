@@ -108,15 +108,22 @@ fn schedule(
     let mut args: Vec<DatumWithOid> = vec![name.into()];
     args.extend(rule_args(&rules));
     args.push(next_fire_datum(&rules).into());
+    // One statement inserts the task and its version-1 snapshot; a taken name inserts neither.
     let id = Spi::connect_mut(|client| {
         let inserted = client
             .update(
-                "INSERT INTO tide.task (name, schedule, command, tz, biz_window, queue, args,
-                                        dst_gap, dst_overlap, next_fire_at)
-                 VALUES ($1, $2, $3, $4, $5::tide.biz_window, $6, $7,
-                         $8::tide.dst_gap, $9::tide.dst_overlap, $10)
-                 ON CONFLICT (name) DO NOTHING
-                 RETURNING task_id",
+                "WITH task AS (
+                     INSERT INTO tide.task (name, schedule, command, tz, biz_window, queue, args,
+                                            dst_gap, dst_overlap, next_fire_at)
+                     VALUES ($1, $2, $3, $4, $5::tide.biz_window, $6, $7,
+                             $8::tide.dst_gap, $9::tide.dst_overlap, $10)
+                     ON CONFLICT (name) DO NOTHING
+                     RETURNING *
+                 ), snapshot AS (
+                     INSERT INTO tide.task_version (task_id, version, rules, owner)
+                     SELECT t.task_id, t.version, tide.task_rules(t::tide.task), t.owner FROM task t
+                 )
+                 SELECT task_id FROM task",
                 None,
                 &args,
             )

@@ -1,0 +1,248 @@
+//! Out-of-process tests: what a user of pg_tide sees through real connections to a real
+//! cluster with pg_tide preloaded. One cluster is shared; each test uses its own database.
+
+use std::sync::Arc;
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use pg_tide_pg_test::{describe, Client, Cluster};
+
+type TestFn = fn(&Cluster) -> Result<(), Failed>;
+
+fn db_err(e: postgres::Error) -> Failed {
+    describe(&e).into()
+}
+
+fn one<T: for<'a> postgres::types::FromSql<'a>>(c: &mut Client, sql: &str) -> Result<T, Failed> {
+    c.query_one(sql, &[]).map_err(db_err).map(|row| row.get(0))
+}
+
+/// The version in the extension's Cargo.toml, which `cargo pgrx install` writes into the control
+/// file.
+fn extension_version() -> String {
+    include_str!("../../Cargo.toml")
+        .lines()
+        .find_map(|l| l.strip_prefix("version = \""))
+        .and_then(|rest| rest.strip_suffix('"'))
+        .unwrap_or("unknown")
+        .to_string()
+}
+
+/// The server loads pg_tide at start and the extension installs with its schema.
+fn preloaded_and_installed(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("t_installed")?;
+    let preload: String = one(&mut c, "SHOW shared_preload_libraries")?;
+    assert_eq!(preload, "pg_tide");
+    let version: String = one(
+        &mut c,
+        "SELECT extversion FROM pg_extension WHERE extname = 'pg_tide'",
+    )?;
+    assert_eq!(version, extension_version());
+    let functions: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM pg_proc WHERE pronamespace = 'tide'::regnamespace
+            AND proname IN ('schedule', 'alter', 'unschedule', 'pause', 'resume', 'next_fires', 'preview')",
+    )?;
+    assert_eq!(functions, 7);
+    // Every function a user calls is documented in the catalog (\df+ shows it).
+    let undocumented: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM pg_proc p WHERE pronamespace = 'tide'::regnamespace
+            AND proname IN ('schedule', 'alter', 'unschedule', 'pause', 'resume', 'next_fires', 'preview')
+            AND obj_description(p.oid, 'pg_proc') IS NULL",
+    )?;
+    assert_eq!(undocumented, 0);
+    Ok(())
+}
+
+/// Bad input reaches a client as SQLSTATE, a message naming the value, and a hint; the
+/// transaction it happened in wrote nothing.
+fn bad_input_reaches_the_client_with_code_and_hint(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("t_bad_input")?;
+    let err = c
+        .query(
+            "SELECT tide.schedule('bill', '0 1 * * *', tz => 'Asia/Shangai')",
+            &[],
+        )
+        .expect_err("an unknown zone must be refused");
+    let db = err.as_db_error().ok_or("not a database error")?;
+    assert_eq!(db.code().code(), "22023");
+    assert_eq!(db.message(), "unknown time zone \"Asia/Shangai\"");
+    assert!(
+        db.hint().unwrap_or_default().contains("'Asia/Shanghai'"),
+        "{:?}",
+        db.hint()
+    );
+
+    let err = c
+        .query("SELECT tide.schedule('bill', '0 0 30 2 *')", &[])
+        .expect_err("a cron that never fires must be refused");
+    let db = err.as_db_error().ok_or("not a database error")?;
+    assert_eq!(
+        (db.code().code(), db.message()),
+        ("22023", "cron expression \"0 0 30 2 *\" never fires")
+    );
+
+    c.batch_execute("SELECT tide.schedule('bill', '0 1 * * *')")
+        .map_err(db_err)?;
+    let err = c
+        .query("SELECT tide.schedule('bill', '0 2 * * *')", &[])
+        .expect_err("a duplicate name must be refused");
+    assert_eq!(err.code().map(|s| s.code()), Some("23505"));
+    let schedule: String = one(&mut c, "SELECT schedule FROM tide.task WHERE name = 'bill'")?;
+    assert_eq!(schedule, "0 1 * * *");
+    Ok(())
+}
+
+/// Row-level security with real login roles on separate connections.
+fn roles_see_only_their_own_tasks(cluster: &Cluster) -> Result<(), Failed> {
+    let mut admin = cluster.fresh_db("t_rls")?;
+    admin
+        .batch_execute(
+            "DROP ROLE IF EXISTS tide_alice; DROP ROLE IF EXISTS tide_bob;
+             CREATE ROLE tide_alice LOGIN; CREATE ROLE tide_bob LOGIN;",
+        )
+        .map_err(db_err)?;
+    let mut alice = cluster.connect_as("t_rls", "tide_alice")?;
+    let mut bob = cluster.connect_as("t_rls", "tide_bob")?;
+    alice
+        .batch_execute("SELECT tide.schedule('alice_bill', '0 1 * * *', tz => 'Asia/Shanghai')")
+        .map_err(db_err)?;
+    bob.batch_execute("SELECT tide.schedule('bob_sync', '@hourly')")
+        .map_err(db_err)?;
+    let alice_sees: String = one(&mut alice, "SELECT string_agg(name, ',') FROM tide.task")?;
+    let bob_sees: String = one(&mut bob, "SELECT string_agg(name, ',') FROM tide.task")?;
+    assert_eq!(
+        (alice_sees.as_str(), bob_sees.as_str()),
+        ("alice_bill", "bob_sync")
+    );
+    let err = bob
+        .query(
+            "SELECT tide.alter('alice_bill', schedule => '0 2 * * *')",
+            &[],
+        )
+        .expect_err("bob must not change alice's task");
+    assert_eq!(err.code().map(|s| s.code()), Some("42704"));
+    let all: i64 = one(&mut admin, "SELECT count(*) FROM tide.task")?;
+    assert_eq!(all, 2, "the superuser sees every task");
+    Ok(())
+}
+
+/// pg_dump keeps tasks and their versions; a restore into a new database has the same rules
+/// and new tasks get fresh ids.
+fn pg_dump_keeps_tasks_and_versions(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("t_dump_src")?;
+    c.batch_execute(
+        "SELECT tide.schedule('daily_bill', '0 1 * * *', tz => 'Asia/Shanghai', biz_window => 'day');
+         SELECT tide.alter('daily_bill', queue => 'billing');
+         SELECT tide.schedule('ny_sync', '0 * * * *', tz => 'America/New_York');",
+    )
+    .map_err(db_err)?;
+    let summary =
+        "SELECT string_agg(t.name || '@' || v.version || '=' || (v.rules->>'queue') || '/' || t.tz,
+                                     ',' ORDER BY t.name, v.version)
+                     FROM tide.task t JOIN tide.task_version v USING (task_id)";
+    let before: String = one(&mut c, summary)?;
+    assert_eq!(before, "daily_bill@1=default/Asia/Shanghai,daily_bill@2=billing/Asia/Shanghai,ny_sync@1=default/America/New_York");
+
+    let dump_file = format!("/tmp/pg_tide-pg_test-dump-{}.sql", std::process::id());
+    cluster.tool("pg_dump", &["-d", "t_dump_src", "-f", &dump_file])?;
+    let mut admin = cluster.connect("postgres")?;
+    admin
+        .batch_execute("DROP DATABASE IF EXISTS t_dump_dst")
+        .map_err(db_err)?;
+    admin
+        .batch_execute("CREATE DATABASE t_dump_dst")
+        .map_err(db_err)?;
+    // Restore the way a user would: psql, stopping at the first error.
+    let restored = cluster.tool(
+        "psql",
+        &[
+            "-X",
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-d",
+            "t_dump_dst",
+            "-f",
+            &dump_file,
+        ],
+    );
+    let _ = std::fs::remove_file(&dump_file);
+    restored?;
+    let mut dst = cluster.connect("t_dump_dst")?;
+    let after: String = one(&mut dst, summary)?;
+    assert_eq!(after, before);
+    let id: i64 = one(
+        &mut dst,
+        "SELECT tide.schedule('new_after_restore', '@daily')",
+    )?;
+    let max_before: i64 = one(&mut c, "SELECT max(task_id) FROM tide.task")?;
+    assert!(
+        id > max_before,
+        "restored identity sequence must continue: {id} <= {max_before}"
+    );
+    Ok(())
+}
+
+/// Tasks survive a server restart unchanged.
+fn tasks_survive_a_restart(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("t_restart")?;
+    c.batch_execute("SELECT tide.schedule('month_end', '0 6 1 * *', tz => 'Europe/London', biz_window => 'month')")
+        .map_err(db_err)?;
+    let before: String = one(
+        &mut c,
+        "SELECT concat_ws(',', schedule, tz, biz_window, version, next_fire_at) FROM tide.task",
+    )?;
+    drop(c);
+    cluster.restart()?;
+    let mut c = cluster.connect("t_restart")?;
+    let after: String = one(
+        &mut c,
+        "SELECT concat_ws(',', schedule, tz, biz_window, version, next_fire_at) FROM tide.task",
+    )?;
+    assert_eq!(after, before);
+    Ok(())
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let tests: &[(&str, TestFn)] = &[
+        ("preloaded_and_installed", preloaded_and_installed),
+        (
+            "bad_input_reaches_the_client_with_code_and_hint",
+            bad_input_reaches_the_client_with_code_and_hint,
+        ),
+        (
+            "roles_see_only_their_own_tasks",
+            roles_see_only_their_own_tasks,
+        ),
+        (
+            "pg_dump_keeps_tasks_and_versions",
+            pg_dump_keeps_tasks_and_versions,
+        ),
+        ("tasks_survive_a_restart", tasks_survive_a_restart),
+    ];
+    let cluster = match Cluster::start("shared") {
+        Ok(c) => Arc::new(c),
+        Err(e) => {
+            eprintln!("could not start a PostgreSQL cluster with pg_tide preloaded:\n{e}");
+            eprintln!("(is the extension installed? `make test` runs `cargo pgrx install` first)");
+            std::process::exit(1);
+        }
+    };
+    let trials = tests
+        .iter()
+        .map(|&(name, f)| {
+            let cluster = Arc::clone(&cluster);
+            Trial::test(name, move || f(&cluster))
+        })
+        .collect();
+    // Tests share one server (one restarts it), so they run one at a time.
+    let args = Arguments {
+        test_threads: Some(1),
+        ..args
+    };
+    let conclusion = libtest_mimic::run(&args, trials);
+    drop(cluster);
+    conclusion.exit();
+}
