@@ -57,6 +57,9 @@ fn next_fires(
 
 /// The next `n` fires of a task after `after`: each fire in UTC and in the task's zone, the
 /// business window it covers and its business date.
+// pgrx reads the column names from `name!` inside the signature, so the tuple cannot be a
+// type alias.
+#[allow(clippy::type_complexity)]
 #[pg_extern(stable)]
 fn preview(
     task: Option<&str>,

@@ -139,10 +139,9 @@ impl FireIter<'_> {
             LocalResult::Ambiguous(first, second) => {
                 self.release_held_before(first);
                 self.push(first);
-                if !fixed || self.policy.overlap == DstOverlap::Both {
-                    if second > self.after {
-                        self.held.push_back(second);
-                    }
+                let fires_twice = !fixed || self.policy.overlap == DstOverlap::Both;
+                if fires_twice && second > self.after {
+                    self.held.push_back(second);
                 }
             }
             LocalResult::None => {

@@ -1,0 +1,16 @@
+# The two commands of the README: `make demo` (the main job) and `make test` (every tier).
+# Both install what is missing first (scripts/setup.sh), so a fresh Debian 12 needs only Rust.
+
+.PHONY: demo test setup demo-stop
+
+demo:
+	bash scripts/demo.sh
+
+test:
+	bash scripts/test.sh
+
+setup:
+	bash scripts/setup.sh
+
+demo-stop:
+	bash scripts/demo-stop.sh

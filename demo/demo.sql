@@ -1,0 +1,82 @@
+-- pg_tide demo: run by `make demo` against a fresh cluster with pg_tide preloaded.
+\pset footer off
+\pset null '(none)'
+\echo
+\echo '== CREATE EXTENSION pg_tide'
+CREATE EXTENSION pg_tide;
+SELECT extname, extversion FROM pg_extension WHERE extname = 'pg_tide';
+
+\echo
+\echo '== Three realistic tasks, each in its own time zone'
+\echo '   daily_bill:       every day 01:00 Asia/Shanghai, covering the previous local day'
+\echo '   month_end_report: 06:00 on the 1st, Europe/London, covering the previous month'
+\echo '   ny_sync:          every hour, America/New_York, covering the previous hour'
+SELECT tide.schedule('daily_bill', '0 1 * * *', tz => 'Asia/Shanghai', biz_window => 'day',
+                     queue => 'billing', args => '{"ledger": "cn-main"}') AS daily_bill_id;
+SELECT tide.schedule('month_end_report', '0 6 1 * *', tz => 'Europe/London',
+                     biz_window => 'month', queue => 'reports') AS month_end_report_id;
+SELECT tide.schedule('ny_sync', '@hourly', tz => 'America/New_York', biz_window => 'hour',
+                     queue => 'sync') AS ny_sync_id;
+
+SELECT name, schedule, tz, biz_window, queue, version,
+       to_char(next_fire_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI"Z"') AS next_fire_utc
+  FROM tide.task ORDER BY task_id;
+
+\echo
+\echo '== Their next fires from now, in UTC and local time, with the business window covered'
+SELECT t.name,
+       to_char(p.fire_at AT TIME ZONE 'UTC', 'MM-DD HH24:MI"Z"') AS fire_utc,
+       to_char(p.fire_local, 'MM-DD HH24:MI') AS fire_local,
+       to_char(p.window_start_local, 'MM-DD HH24:MI') || ' .. ' ||
+       to_char(p.window_end_local, 'MM-DD HH24:MI') AS local_window,
+       p.window_length, p.biz_date
+  FROM tide.task t, LATERAL tide.preview(t.name, 3) p
+ ORDER BY t.task_id, p.fire_at;
+
+\echo
+\echo '== Across DST: ny_sync around the 2026-11-01 fall back in New York'
+\echo '   01:00 happens twice (EDT then EST): an hourly job fires at both, each covering a real hour'
+SET timezone = 'America/New_York';
+SELECT to_char(fire_at AT TIME ZONE 'UTC', 'MM-DD HH24:MI"Z"') AS fire_utc,
+       to_char(fire_at, 'HH24:MI TZ') AS ny_time,
+       to_char(window_start, 'HH24:MI TZ') || ' .. ' || to_char(window_end, 'HH24:MI TZ') AS ny_window,
+       window_length, biz_date
+  FROM tide.preview('ny_sync', 4, after => '2026-11-01 04:30Z');
+RESET timezone;
+
+\echo
+\echo '== Across DST: a daily New York job covering the previous day; 2026-03-08 has 23 hours'
+SELECT tide.schedule('ny_daily_close', '0 1 * * *', tz => 'America/New_York', biz_window => 'day') AS ny_daily_close_id;
+SELECT to_char(fire_at AT TIME ZONE 'UTC', 'MM-DD HH24:MI"Z"') AS fire_utc,
+       to_char(fire_local, 'MM-DD HH24:MI') AS fire_local,
+       biz_date, window_length
+  FROM tide.preview('ny_daily_close', 3, after => '2026-03-07 12:00Z');
+
+\echo
+\echo '== The DST policy of fixed-time jobs: 02:30 does not exist on 2026-03-08 in New York'
+SELECT 'shift (default)' AS dst_gap, string_agg(to_char(f AT TIME ZONE 'UTC', 'MM-DD HH24:MI"Z"'), ', ') AS fires
+  FROM tide.next_fires('30 2 * * *', 'America/New_York', '2026-03-07 12:00Z', 2) f
+UNION ALL
+SELECT 'skip', string_agg(to_char(f AT TIME ZONE 'UTC', 'MM-DD HH24:MI"Z"'), ', ')
+  FROM tide.next_fires('30 2 * * *', 'America/New_York', '2026-03-07 12:00Z', 2, dst_gap => 'skip') f;
+
+\echo
+\echo '== Month ends are calendar facts: the last day of each month, and 29 February'
+SELECT string_agg(to_char(f, 'YYYY-MM-DD'), ', ') AS last_day_of_month
+  FROM tide.next_fires('0 0 L * *', 'UTC', '2028-01-15', 4) f;
+
+\echo
+\echo '== Rules are versioned: changing the bill run''s args makes version 2'
+SELECT tide.alter('daily_bill', args => '{"ledger": "cn-main", "currency": "CNY"}') AS new_version;
+SELECT v.version, v.rules->>'schedule' AS schedule, v.rules->>'tz' AS tz, v.rules->'args' AS args
+  FROM tide.task_version v JOIN tide.task t USING (task_id)
+ WHERE t.name = 'daily_bill' ORDER BY v.version;
+
+\echo
+\echo '== Bad input is refused (SQLSTATE 22023) with the value named and a hint; nothing is written'
+\set ON_ERROR_STOP 0
+\set VERBOSITY default
+SELECT tide.schedule('typo', '0 1 * * *', tz => 'Asia/Shangai');
+SELECT tide.schedule('never', '0 0 30 2 *');
+\set ON_ERROR_STOP 1
+SELECT count(*) AS tasks FROM tide.task;

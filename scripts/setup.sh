@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs what pg_tide needs to build, test and run, on Debian 12 as root. Idempotent: when
+# everything is present it only checks, in a few seconds.
+set -euo pipefail
+
+PGRX_VERSION=0.18.1
+PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
+APT_PACKAGES=(postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo make)
+
+say() { printf '==> %s\n' "$*"; }
+
+if [ "$(id -u)" != 0 ]; then
+    echo "setup: run as root (it installs Debian packages); found uid $(id -u)" >&2
+    exit 1
+fi
+
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    say "installing Debian packages: ${missing[*]}"
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# Debian starts its own "main" cluster on 5432 when the package is installed; pg_tide's demo
+# and tests run their own clusters and do not need it.
+
+export PATH="$HOME/.cargo/bin:$PATH"
+if ! cargo pgrx --version 2>/dev/null | grep -q " $PGRX_VERSION\$"; then
+    say "installing cargo-pgrx $PGRX_VERSION (takes a few minutes)"
+    cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
+fi
+
+pgrx_config="${PGRX_HOME:-$HOME/.pgrx}/config.toml"
+if ! grep -qs "^pg15 = \"$PG_CONFIG\"" "$pgrx_config"; then
+    say "pointing pgrx at Debian's PostgreSQL 15"
+    cargo pgrx init --pg15 "$PG_CONFIG"
+fi
+
+say "setup complete: $(cargo pgrx --version), PostgreSQL $($PG_CONFIG --version | awk '{print $2}')"

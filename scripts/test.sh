@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Every test tier, in order of speed. Prints each runner's summary line.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$HOME/.cargo/bin:$PATH"
+
+bash scripts/setup.sh
+
+PGDATA_TEST=/tmp/pg_tide-pgdata
+summaries=()
+run_tier() {
+    local name=$1; shift
+    printf '\n==> %s: %s\n' "$name" "$*"
+    local log
+    log=$(mktemp)
+    set +e
+    "$@" 2>&1 | tee "$log"
+    local rc=${PIPESTATUS[0]}
+    set -e
+    while IFS= read -r line; do summaries+=("$name: $line"); done < <(grep -E '^test result:' "$log")
+    rm -f "$log"
+    if [ "$rc" != 0 ]; then
+        printf '\n%s FAILED (exit %s)\n' "$name" "$rc"
+        exit "$rc"
+    fi
+}
+
+# 1. Pure logic: the calendar, rules, errors. No PostgreSQL.
+run_tier unit cargo test --lib -- --skip sql_tests
+# 2. The SQL API inside PostgreSQL, one rolled-back transaction per test.
+run_tier pg_test cargo pgrx test pg15 sql_tests --runas postgres --pgdata "$PGDATA_TEST"
+# 3. A real cluster with pg_tide preloaded, real connections (the extension as users get it).
+run_tier install cargo pgrx install --pg-config /usr/lib/postgresql/15/bin/pg_config
+run_tier cluster cargo test -p pg_tide_pg_test --test cluster
+
+# Runners that ran nothing (empty doc-test binaries) are left out of the summary.
+printf '\n==> summary\n'
+passed=0
+failed=0
+for line in "${summaries[@]}"; do
+    p=$(sed -E 's/.* ([0-9]+) passed.*/\1/' <<<"$line")
+    f=$(sed -E 's/.* ([0-9]+) failed.*/\1/' <<<"$line")
+    [ "$p" = 0 ] && [ "$f" = 0 ] && continue
+    printf '%s\n' "$line"
+    passed=$((passed + p))
+    failed=$((failed + f))
+done
+printf 'total: %d passed, %d failed\n' "$passed" "$failed"
