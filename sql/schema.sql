@@ -62,7 +62,7 @@ COMMENT ON TABLE tide.task_version IS
 -- The rules of a task: every column except identity, ownership and operational state.
 -- Pausing is operational (not a rule change), so it makes no new version.
 CREATE FUNCTION tide.task_rules(t tide.task) RETURNS jsonb
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
     SELECT to_jsonb(t) - ARRAY['task_id', 'version', 'owner', 'paused', 'paused_at',
                                'next_fire_at', 'created_at', 'updated_at']
@@ -109,6 +109,13 @@ BEGIN
               HINT = 'change the task with tide.alter(...); that records a new version';
 END
 $$;
+
+COMMENT ON FUNCTION tide.task_bump_version() IS
+    'Trigger: raises tide.task.version by one when an UPDATE changes any rule.';
+COMMENT ON FUNCTION tide.task_snapshot_version() IS
+    'Trigger: records the rules of a new version in tide.task_version.';
+COMMENT ON FUNCTION tide.task_version_immutable() IS
+    'Trigger: refuses updates of tide.task_version.';
 
 CREATE TRIGGER task_bump_version BEFORE UPDATE ON tide.task
     FOR EACH ROW EXECUTE FUNCTION tide.task_bump_version();
