@@ -5,12 +5,13 @@
 //! every role to its own tasks. Validation happens in `rules.rs` before anything is written;
 //! versioning happens in triggers (`sql/schema.sql`) so no write path can skip it.
 
-use pgrx::datum::{DatumWithOid, JsonB, TimestampWithTimeZone};
+use pgrx::datum::{DatumWithOid, Interval, JsonB, TimestampWithTimeZone};
 use pgrx::prelude::*;
 
 use crate::error::TideError;
+use crate::ledger::span_of;
 use crate::pgtime::{now, to_pg};
-use crate::rules::{check_name, RuleChanges, RuleText, TaskRules};
+use crate::rules::{check_name, ExecOptions, RuleChanges, RuleText, Span, TaskRules};
 use crate::sqlerr::{raise, required, OrRaise};
 
 /// A task as stored.
@@ -75,6 +76,101 @@ fn rule_args(rules: &TaskRules) -> Vec<DatumWithOid<'static>> {
     ]
 }
 
+fn interval_of(span: Option<Span>) -> Option<Interval> {
+    span.and_then(|s| Interval::new(s.months, s.days, s.micros).ok())
+}
+
+/// The execution options as SQL parameters, in the column order of `EXEC_COLUMNS`.
+fn exec_args(o: &ExecOptions) -> Vec<DatumWithOid<'static>> {
+    vec![
+        interval_of(o.timeout).into(),
+        interval_of(o.lease).into(),
+        o.priority.into(),
+        o.max_attempts.into(),
+        interval_of(o.backoff_base).into(),
+        interval_of(o.backoff_cap).into(),
+        o.backoff_factor.into(),
+        o.jitter.clone().into(),
+        o.misfire.clone().into(),
+        interval_of(o.misfire_threshold).into(),
+        o.catch_up_max.into(),
+        interval_of(o.source_retention).into(),
+        o.ready_dataset.clone().into(),
+        o.ready_check.clone().into(),
+        interval_of(o.ready_timeout).into(),
+        interval_of(o.recheck_interval).into(),
+        o.not_ready_policy.clone().into(),
+    ]
+}
+
+/// Column names and casts for `exec_args`, starting at parameter `$first`.
+const EXEC_COLUMNS: [(&str, &str); 17] = [
+    ("timeout", ""),
+    ("lease", ""),
+    ("priority", ""),
+    ("max_attempts", ""),
+    ("backoff_base", ""),
+    ("backoff_cap", ""),
+    ("backoff_factor", ""),
+    ("jitter", "::tide.jitter"),
+    ("misfire", "::tide.misfire"),
+    ("misfire_threshold", ""),
+    ("catch_up_max", ""),
+    ("source_retention", ""),
+    ("ready_dataset", ""),
+    ("ready_check", ""),
+    ("ready_timeout", ""),
+    ("recheck_interval", ""),
+    ("not_ready_policy", "::tide.not_ready_policy"),
+];
+
+/// Collects the execution options of `tide.schedule` / `tide.alter` and validates them.
+#[allow(clippy::too_many_arguments)]
+fn exec_options(
+    timeout: Option<Interval>,
+    lease: Option<Interval>,
+    priority: Option<i32>,
+    max_attempts: Option<i32>,
+    backoff_base: Option<Interval>,
+    backoff_factor: Option<f64>,
+    backoff_cap: Option<Interval>,
+    jitter: Option<&str>,
+    misfire: Option<&str>,
+    misfire_threshold: Option<Interval>,
+    catch_up_max: Option<i32>,
+    source_retention: Option<Interval>,
+    ready_dataset: Option<&str>,
+    ready_check: Option<&str>,
+    ready_timeout: Option<Interval>,
+    recheck_interval: Option<Interval>,
+    not_ready_policy: Option<&str>,
+    function: &'static str,
+) -> ExecOptions {
+    let span = |i: Option<Interval>| i.as_ref().map(span_of);
+    let text = |t: Option<&str>| t.map(|t| t.trim().to_string());
+    ExecOptions {
+        timeout: span(timeout),
+        lease: span(lease),
+        priority,
+        max_attempts,
+        backoff_base: span(backoff_base),
+        backoff_factor,
+        backoff_cap: span(backoff_cap),
+        jitter: text(jitter),
+        misfire: text(misfire),
+        misfire_threshold: span(misfire_threshold),
+        catch_up_max,
+        source_retention: span(source_retention),
+        ready_dataset: text(ready_dataset),
+        ready_check: text(ready_check),
+        ready_timeout: span(ready_timeout),
+        recheck_interval: span(recheck_interval),
+        not_ready_policy: text(not_ready_policy),
+    }
+    .validate()
+    .or_raise(function)
+}
+
 /// Creates a task and returns its id. Every option is validated before anything is written;
 /// a bad one is refused with SQLSTATE 22023 (23505 for a name that is taken).
 #[allow(clippy::too_many_arguments)]
@@ -89,8 +185,45 @@ fn schedule(
     args: default!(Option<JsonB>, "'{}'"),
     dst_gap: default!(Option<&str>, "'shift'"),
     dst_overlap: default!(Option<&str>, "'once'"),
+    timeout: default!(Option<Interval>, "'1 hour'"),
+    lease: default!(Option<Interval>, "'5 minutes'"),
+    priority: default!(Option<i32>, 0),
+    max_attempts: default!(Option<i32>, 5),
+    backoff_base: default!(Option<Interval>, "'10 seconds'"),
+    backoff_factor: default!(Option<f64>, 2.0),
+    backoff_cap: default!(Option<Interval>, "'1 hour'"),
+    jitter: default!(Option<&str>, "'full'"),
+    misfire: default!(Option<&str>, "'catch_up'"),
+    misfire_threshold: default!(Option<Interval>, "'60 seconds'"),
+    catch_up_max: default!(Option<i32>, 100),
+    source_retention: default!(Option<Interval>, "NULL"),
+    ready_dataset: default!(Option<&str>, "NULL"),
+    ready_check: default!(Option<&str>, "NULL"),
+    ready_timeout: default!(Option<Interval>, "NULL"),
+    recheck_interval: default!(Option<Interval>, "'1 minute'"),
+    not_ready_policy: default!(Option<&str>, "'next_window'"),
 ) -> i64 {
     const F: &str = "tide.schedule";
+    let exec = exec_options(
+        Some(required(timeout, "timeout", F)),
+        Some(required(lease, "lease", F)),
+        Some(required(priority, "priority", F)),
+        Some(required(max_attempts, "max_attempts", F)),
+        Some(required(backoff_base, "backoff_base", F)),
+        Some(required(backoff_factor, "backoff_factor", F)),
+        Some(required(backoff_cap, "backoff_cap", F)),
+        Some(required(jitter, "jitter", F)),
+        Some(required(misfire, "misfire", F)),
+        Some(required(misfire_threshold, "misfire_threshold", F)),
+        Some(required(catch_up_max, "catch_up_max", F)),
+        source_retention,
+        ready_dataset.filter(|d| !d.trim().is_empty()),
+        ready_check.filter(|c| !c.trim().is_empty()),
+        ready_timeout,
+        Some(required(recheck_interval, "recheck_interval", F)),
+        Some(required(not_ready_policy, "not_ready_policy", F)),
+        F,
+    );
     let name = required(name, "name", F);
     check_name(name).or_raise(F);
     let text = RuleText {
@@ -108,26 +241,32 @@ fn schedule(
     let mut args: Vec<DatumWithOid> = vec![name.into()];
     args.extend(rule_args(&rules));
     args.push(next_fire_datum(&rules).into());
+    args.extend(exec_args(&exec));
+    let columns: Vec<&str> = EXEC_COLUMNS.iter().map(|(c, _)| *c).collect();
+    let values: Vec<String> = EXEC_COLUMNS
+        .iter()
+        .enumerate()
+        .map(|(i, (_, cast))| format!("${}{cast}", i + 11))
+        .collect();
     // One statement inserts the task and its version-1 snapshot; a taken name inserts neither.
+    let query = format!(
+        "WITH task AS (
+             INSERT INTO tide.task (name, schedule, command, tz, biz_window, queue, args,
+                                    dst_gap, dst_overlap, next_fire_at, {})
+             VALUES ($1, $2, $3, $4, $5::tide.biz_window, $6, $7,
+                     $8::tide.dst_gap, $9::tide.dst_overlap, $10, {})
+             ON CONFLICT (name) DO NOTHING
+             RETURNING *
+         ), snapshot AS (
+             INSERT INTO tide.task_version (task_id, version, rules, owner)
+             SELECT t.task_id, t.version, tide.task_rules(t::tide.task), t.owner FROM task t
+         )
+         SELECT task_id FROM task",
+        columns.join(", "),
+        values.join(", ")
+    );
     let id = Spi::connect_mut(|client| {
-        let inserted = client
-            .update(
-                "WITH task AS (
-                     INSERT INTO tide.task (name, schedule, command, tz, biz_window, queue, args,
-                                            dst_gap, dst_overlap, next_fire_at)
-                     VALUES ($1, $2, $3, $4, $5::tide.biz_window, $6, $7,
-                             $8::tide.dst_gap, $9::tide.dst_overlap, $10)
-                     ON CONFLICT (name) DO NOTHING
-                     RETURNING *
-                 ), snapshot AS (
-                     INSERT INTO tide.task_version (task_id, version, rules, owner)
-                     SELECT t.task_id, t.version, tide.task_rules(t::tide.task), t.owner FROM task t
-                 )
-                 SELECT task_id FROM task",
-                None,
-                &args,
-            )
-            .or_raise(F);
+        let inserted = client.update(&query, None, &args).or_raise(F);
         inserted
             .into_iter()
             .next()
@@ -153,9 +292,51 @@ fn alter(
     args: default!(Option<JsonB>, "NULL"),
     dst_gap: default!(Option<&str>, "NULL"),
     dst_overlap: default!(Option<&str>, "NULL"),
+    timeout: default!(Option<Interval>, "NULL"),
+    lease: default!(Option<Interval>, "NULL"),
+    priority: default!(Option<i32>, "NULL"),
+    max_attempts: default!(Option<i32>, "NULL"),
+    backoff_base: default!(Option<Interval>, "NULL"),
+    backoff_factor: default!(Option<f64>, "NULL"),
+    backoff_cap: default!(Option<Interval>, "NULL"),
+    jitter: default!(Option<&str>, "NULL"),
+    misfire: default!(Option<&str>, "NULL"),
+    misfire_threshold: default!(Option<Interval>, "NULL"),
+    catch_up_max: default!(Option<i32>, "NULL"),
+    source_retention: default!(Option<Interval>, "NULL"),
+    ready_dataset: default!(Option<&str>, "NULL"),
+    ready_check: default!(Option<&str>, "NULL"),
+    ready_timeout: default!(Option<Interval>, "NULL"),
+    recheck_interval: default!(Option<Interval>, "NULL"),
+    not_ready_policy: default!(Option<&str>, "NULL"),
+    pending: default!(Option<&str>, "'hold'"),
 ) -> i32 {
     const F: &str = "tide.alter";
     let name = required(name, "name", F);
+    let pending = required(pending, "pending", F).trim().to_ascii_lowercase();
+    if !matches!(pending.as_str(), "hold" | "adopt" | "keep") {
+        raise(TideError::BadPending(pending), F);
+    }
+    let exec = exec_options(
+        timeout,
+        lease,
+        priority,
+        max_attempts,
+        backoff_base,
+        backoff_factor,
+        backoff_cap,
+        jitter,
+        misfire,
+        misfire_threshold,
+        catch_up_max,
+        source_retention,
+        ready_dataset,
+        ready_check,
+        ready_timeout,
+        recheck_interval,
+        not_ready_policy,
+        F,
+    );
     let current = load_task(name, true).or_raise(F);
     let old = current.rules.validate().or_raise(F);
     let text = current.rules.with(RuleChanges {
@@ -179,26 +360,46 @@ fn alter(
     args.extend(rule_args(&rules));
     args.push(timing_changed.into());
     args.push(next_fire_datum(&rules).into());
-    Spi::connect_mut(|client| {
-        let updated = client
-            .update(
-                "UPDATE tide.task
-                    SET schedule = $2, command = $3, tz = $4, biz_window = $5::tide.biz_window,
-                        queue = $6, args = $7, dst_gap = $8::tide.dst_gap,
-                        dst_overlap = $9::tide.dst_overlap,
-                        next_fire_at = CASE WHEN $10 THEN $11 ELSE next_fire_at END
-                  WHERE task_id = $1
-                  RETURNING version",
-                None,
-                &args,
-            )
-            .or_raise(F);
+    args.extend(exec_args(&exec));
+    // NULL leaves an option as it is; '' removes ready_dataset / ready_check.
+    let sets: Vec<String> = EXEC_COLUMNS
+        .iter()
+        .enumerate()
+        .map(|(i, (col, cast))| {
+            let p = format!("${}{cast}", i + 12);
+            if matches!(*col, "ready_dataset" | "ready_check") {
+                format!("{col} = CASE WHEN {p} IS NULL THEN {col} ELSE nullif({p}, '') END")
+            } else {
+                format!("{col} = coalesce({p}, {col})")
+            }
+        })
+        .collect();
+    let query = format!(
+        "UPDATE tide.task
+            SET schedule = $2, command = $3, tz = $4, biz_window = $5::tide.biz_window,
+                queue = $6, args = $7, dst_gap = $8::tide.dst_gap,
+                dst_overlap = $9::tide.dst_overlap,
+                next_fire_at = CASE WHEN $10 THEN $11 ELSE next_fire_at END,
+                {}
+          WHERE task_id = $1
+          RETURNING version",
+        sets.join(",\n                ")
+    );
+    let version = Spi::connect_mut(|client| {
+        let updated = client.update(&query, None, &args).or_raise(F);
         updated
             .into_iter()
             .next()
             .and_then(|row| row.get::<i32>(1).or_raise(F))
             .unwrap_or_else(|| raise(TideError::NoSuchTask(name.to_string()), F))
-    })
+    });
+    // Unstarted runs created under older rules must not silently run under the new ones.
+    Spi::run_with_args(
+        "SELECT tide._apply_pending($1, $2, $3)",
+        &[current.task_id.into(), version.into(), pending.into()],
+    )
+    .or_raise(F);
+    version
 }
 
 /// Deletes a task and its rule versions. Returns true; an unknown name is an error.
@@ -240,8 +441,8 @@ fn pause(name: Option<&str>) -> bool {
     true
 }
 
-/// Lets a paused task fire again, from the next fire after now: the paused time is not caught
-/// up. Returns false if it was not paused.
+/// Lets a paused task fire again. The paused time is not caught up: its windows are recorded
+/// as skipped (paused) by the next tick. Returns false if it was not paused.
 #[pg_extern(volatile)]
 fn resume(name: Option<&str>) -> bool {
     const F: &str = "tide.resume";
@@ -250,11 +451,12 @@ fn resume(name: Option<&str>) -> bool {
     if !task.paused {
         return false;
     }
-    let rules = task.rules.validate().or_raise(F);
+    // next_fire_at still holds the first fire the pause held back (the tick does not touch
+    // paused tasks); fires up to now are recorded as skipped (paused) from there.
     Spi::run_with_args(
-        "UPDATE tide.task SET paused = false, paused_at = NULL, next_fire_at = $2
+        "UPDATE tide.task SET paused = false, paused_at = NULL, skip_until = now()
           WHERE task_id = $1",
-        &[task.task_id.into(), next_fire_datum(&rules).into()],
+        &[task.task_id.into()],
     )
     .or_raise(F);
     true

@@ -59,6 +59,19 @@ pub enum TideError {
 
     #[error("args must be a JSON object, got {0}")]
     ArgsNotObject(String),
+
+    #[error("task \"{task}\" has no window for {what}")]
+    NoWindow {
+        task: String,
+        what: String,
+        hint: String,
+    },
+
+    #[error("pass exactly one of {params}")]
+    OneOf { params: &'static str },
+
+    #[error("unknown pending \"{0}\"")]
+    BadPending(String),
 }
 
 /// The longest task name accepted: long enough for descriptive names, short enough to read in
@@ -104,6 +117,9 @@ impl TideError {
             }
             TideError::OutOfRange { expected, param, .. } => format!("pass {param} {expected}"),
             TideError::NullArgument { param } => format!("pass a value for {param}"),
+            TideError::NoWindow { hint, .. } => hint.clone(),
+            TideError::OneOf { params } => format!("for example tide.rerun('daily_bill', biz_date => DATE '2026-11-28'); pass {params}, not both"),
+            TideError::BadPending(_) => "use pending => 'hold' (default: unstarted runs wait for tide.confirm), 'adopt' (they take the new rules) or 'keep' (they keep the rules they were created under)".to_string(),
             TideError::ArgsNotObject(_) => {
                 "pass an object such as '{\"account_id\": 42}'::jsonb".to_string()
             }

@@ -6,20 +6,47 @@
 // Pure logic, unit-tested with plain `cargo test`.
 pub mod calendar;
 pub mod error;
+pub mod misfire;
+pub mod retry;
 pub mod rules;
 
 // The SQL surface.
 mod catalog;
+mod ledger;
 mod pgtime;
 mod sqlerr;
+mod tick;
 mod timeline;
+
+// Settings and background workers.
+mod settings;
+mod worker;
 
 ::pgrx::pg_module_magic!(name, version);
 
 // Tables, types, RLS policies and grants; the Rust functions refer to them at run time.
 ::pgrx::extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
+// The run ledger: runs, attempts, history and the state-transition trigger.
+::pgrx::extension_sql_file!("../sql/ledger.sql", name = "ledger", requires = ["schema"]);
+// Claiming, completion, failure, replay: PL/pgSQL over the ledger (see the file for why).
+::pgrx::extension_sql_file!(
+    "../sql/execution.sql",
+    name = "execution",
+    requires = ["ledger"]
+);
 // Comments on the generated functions, once they exist.
 ::pgrx::extension_sql_file!("../sql/comments.sql", name = "comments", finalize);
+
+/// Defines the settings and, when loaded by shared_preload_libraries, registers the scheduler
+/// and executor workers.
+#[pgrx::pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    settings::define();
+    // SAFETY: reads a flag the postmaster sets while loading shared_preload_libraries.
+    if unsafe { pgrx::pg_sys::process_shared_preload_libraries_in_progress } {
+        worker::register();
+    }
+}
 
 #[cfg(any(test, feature = "pg_test"))]
 mod sql_tests;

@@ -45,6 +45,18 @@ pub fn local_to_pg(t: NaiveDateTime) -> Timestamp {
     Timestamp::try_from(micros).unwrap_or_else(|_| Timestamp::positive_infinity())
 }
 
+/// A finite `date` as a calendar date; infinity is refused, naming `param`.
+pub fn date_from_pg(d: Date, param: &'static str) -> Result<NaiveDate, TideError> {
+    if !d.is_finite() {
+        return Err(TideError::OutOfRange {
+            param,
+            value: "infinity".to_string(),
+            expected: "a finite date",
+        });
+    }
+    Ok(pg_epoch().date() + Duration::days(i64::from(d.to_pg_epoch_days())))
+}
+
 pub fn date_to_pg(d: NaiveDate) -> Date {
     let days = (d - pg_epoch().date()).num_days();
     i32::try_from(days)

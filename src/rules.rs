@@ -135,6 +135,188 @@ impl TaskRules {
     }
 }
 
+/// An SQL interval as PostgreSQL stores it: months, days and microseconds are kept apart
+/// (a month is not a fixed number of days), so what the user wrote is stored unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    pub months: i32,
+    pub days: i32,
+    pub micros: i64,
+}
+
+impl Span {
+    pub fn seconds(s: i64) -> Span {
+        Span {
+            months: 0,
+            days: 0,
+            micros: s * 1_000_000,
+        }
+    }
+
+    /// Length in microseconds, counting a month as 30 days and a day as 24 hours, as
+    /// PostgreSQL compares intervals.
+    pub fn approx_micros(self) -> i128 {
+        const DAY: i128 = 86_400_000_000;
+        i128::from(self.months) * 30 * DAY + i128::from(self.days) * DAY + i128::from(self.micros)
+    }
+
+    pub fn describe(self) -> String {
+        let mut parts = Vec::new();
+        if self.months != 0 {
+            parts.push(format!("{} mons", self.months));
+        }
+        if self.days != 0 {
+            parts.push(format!("{} days", self.days));
+        }
+        if self.micros != 0 || parts.is_empty() {
+            parts.push(format!("{} seconds", self.micros as f64 / 1e6));
+        }
+        parts.join(" ")
+    }
+}
+
+/// How a still-unready run is handled at its readiness deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotReadyPolicy {
+    NextWindow,
+    Skip,
+    Fail,
+}
+
+impl NotReadyPolicy {
+    pub fn parse(s: &str) -> Result<Self, TideError> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "next_window" => Ok(NotReadyPolicy::NextWindow),
+            "skip" => Ok(NotReadyPolicy::Skip),
+            "fail" => Ok(NotReadyPolicy::Fail),
+            _ => Err(TideError::UnknownOption {
+                option: "not_ready_policy",
+                value: s.to_string(),
+                allowed: "'next_window' (default), 'skip' or 'fail'",
+            }),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NotReadyPolicy::NextWindow => "next_window",
+            NotReadyPolicy::Skip => "skip",
+            NotReadyPolicy::Fail => "fail",
+        }
+    }
+}
+
+/// Execution options of a task: how runs are leased, retried, caught up and released.
+/// `None` means "not given" (tide.alter leaves the option as it is). Text options are stored
+/// in their canonical spelling; `Some("")` for ready_dataset/ready_check removes them.
+#[derive(Debug, Clone, Default)]
+pub struct ExecOptions {
+    pub timeout: Option<Span>,
+    pub lease: Option<Span>,
+    pub priority: Option<i32>,
+    pub max_attempts: Option<i32>,
+    pub backoff_base: Option<Span>,
+    pub backoff_factor: Option<f64>,
+    pub backoff_cap: Option<Span>,
+    pub jitter: Option<String>,
+    pub misfire: Option<String>,
+    pub misfire_threshold: Option<Span>,
+    pub catch_up_max: Option<i32>,
+    pub source_retention: Option<Span>,
+    pub ready_dataset: Option<String>,
+    pub ready_check: Option<String>,
+    pub ready_timeout: Option<Span>,
+    pub recheck_interval: Option<Span>,
+    pub not_ready_policy: Option<String>,
+}
+
+/// The most attempts a task may allow: retries are always bounded (R6.1, R14).
+pub const MAX_ATTEMPTS: i32 = 100;
+/// The most missed windows one outage may catch up.
+pub const MAX_CATCH_UP: i32 = 10_000;
+
+fn positive(param: &'static str, span: Option<Span>) -> Result<(), TideError> {
+    match span {
+        Some(s) if s.approx_micros() <= 0 => Err(TideError::OutOfRange {
+            param,
+            value: s.describe(),
+            expected: "a positive interval",
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn within(
+    param: &'static str,
+    v: Option<i32>,
+    lo: i32,
+    hi: i32,
+    expected: &'static str,
+) -> Result<(), TideError> {
+    match v {
+        Some(v) if v < lo || v > hi => Err(TideError::OutOfRange {
+            param,
+            value: v.to_string(),
+            expected,
+        }),
+        _ => Ok(()),
+    }
+}
+
+impl ExecOptions {
+    /// Checks every option given and returns them in canonical spelling.
+    pub fn validate(mut self) -> Result<ExecOptions, TideError> {
+        positive("timeout", self.timeout)?;
+        positive("lease", self.lease)?;
+        positive("backoff_base", self.backoff_base)?;
+        positive("backoff_cap", self.backoff_cap)?;
+        positive("misfire_threshold", self.misfire_threshold)?;
+        positive("source_retention", self.source_retention)?;
+        positive("ready_timeout", self.ready_timeout)?;
+        positive("recheck_interval", self.recheck_interval)?;
+        within(
+            "max_attempts",
+            self.max_attempts,
+            1,
+            MAX_ATTEMPTS,
+            "between 1 and 100",
+        )?;
+        within(
+            "catch_up_max",
+            self.catch_up_max,
+            0,
+            MAX_CATCH_UP,
+            "between 0 and 10000",
+        )?;
+        within(
+            "priority",
+            self.priority,
+            -1000,
+            1000,
+            "between -1000 and 1000",
+        )?;
+        if let Some(f) = self.backoff_factor {
+            if !(1.0..=100.0).contains(&f) {
+                return Err(TideError::OutOfRange {
+                    param: "backoff_factor",
+                    value: f.to_string(),
+                    expected: "between 1 and 100",
+                });
+            }
+        }
+        if let Some(j) = &self.jitter {
+            self.jitter = Some(crate::retry::Jitter::parse(j)?.as_str().to_string());
+        }
+        if let Some(m) = &self.misfire {
+            self.misfire = Some(crate::misfire::Misfire::parse(m)?.as_str().to_string());
+        }
+        if let Some(p) = &self.not_ready_policy {
+            self.not_ready_policy = Some(NotReadyPolicy::parse(p)?.as_str().to_string());
+        }
+        Ok(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -252,6 +434,121 @@ mod tests {
             check_name(&"x".repeat(MAX_NAME_LEN + 1)),
             Err(TideError::NameTooLong(_))
         ));
+    }
+
+    #[test]
+    fn exec_options_are_bounded() {
+        let ok = ExecOptions {
+            timeout: Some(Span::seconds(30)),
+            max_attempts: Some(3),
+            jitter: Some("EQUAL".into()),
+            misfire: Some("Coalesce".into()),
+            ..Default::default()
+        }
+        .validate()
+        .unwrap();
+        assert_eq!(ok.jitter.as_deref(), Some("equal"));
+        assert_eq!(ok.misfire.as_deref(), Some("coalesce"));
+        let month = Span {
+            months: 1,
+            days: 0,
+            micros: 0,
+        };
+        assert!(ExecOptions {
+            source_retention: Some(month),
+            ..Default::default()
+        }
+        .validate()
+        .is_ok());
+
+        let bad: Vec<(ExecOptions, &str)> = vec![
+            (
+                ExecOptions {
+                    timeout: Some(Span::seconds(0)),
+                    ..Default::default()
+                },
+                "timeout must be a positive interval, got 0 seconds",
+            ),
+            (
+                ExecOptions {
+                    backoff_base: Some(Span::seconds(-10)),
+                    ..Default::default()
+                },
+                "backoff_base must be a positive interval, got -10 seconds",
+            ),
+            (
+                ExecOptions {
+                    lease: Some(Span {
+                        months: 0,
+                        days: 1,
+                        micros: -86_400_000_000,
+                    }),
+                    ..Default::default()
+                },
+                "lease must be a positive interval, got 1 days -86400 seconds",
+            ),
+            (
+                ExecOptions {
+                    max_attempts: Some(0),
+                    ..Default::default()
+                },
+                "max_attempts must be between 1 and 100, got 0",
+            ),
+            (
+                ExecOptions {
+                    max_attempts: Some(1_000_000),
+                    ..Default::default()
+                },
+                "max_attempts must be between 1 and 100, got 1000000",
+            ),
+            (
+                ExecOptions {
+                    backoff_factor: Some(0.5),
+                    ..Default::default()
+                },
+                "backoff_factor must be between 1 and 100, got 0.5",
+            ),
+            (
+                ExecOptions {
+                    backoff_factor: Some(f64::NAN),
+                    ..Default::default()
+                },
+                "backoff_factor must be between 1 and 100, got NaN",
+            ),
+            (
+                ExecOptions {
+                    catch_up_max: Some(-1),
+                    ..Default::default()
+                },
+                "catch_up_max must be between 0 and 10000, got -1",
+            ),
+            (
+                ExecOptions {
+                    jitter: Some("random".into()),
+                    ..Default::default()
+                },
+                "unknown jitter \"random\"",
+            ),
+            (
+                ExecOptions {
+                    misfire: Some("catchup".into()),
+                    ..Default::default()
+                },
+                "unknown misfire policy \"catchup\"",
+            ),
+            (
+                ExecOptions {
+                    not_ready_policy: Some("wait".into()),
+                    ..Default::default()
+                },
+                "unknown not_ready_policy \"wait\"",
+            ),
+        ];
+        for (opts, want) in bad {
+            let err = opts.validate().unwrap_err();
+            assert_eq!(err.to_string(), want);
+            assert!(!err.hint().is_empty());
+        }
     }
 
     #[test]

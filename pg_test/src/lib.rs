@@ -9,7 +9,69 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+pub use libtest_mimic::Failed;
 pub use postgres::{Client, NoTls};
+
+/// A test: gets the shared cluster.
+pub type TestFn = fn(&Cluster) -> Result<(), Failed>;
+
+pub fn db_err(e: postgres::Error) -> Failed {
+    describe(&e).into()
+}
+
+/// The single value of a one-row query.
+pub fn one<T: for<'a> postgres::types::FromSql<'a>>(
+    c: &mut Client,
+    sql: &str,
+) -> Result<T, Failed> {
+    c.query_one(sql, &[]).map_err(db_err).map(|row| row.get(0))
+}
+
+/// The SQLSTATE, message and hint of a statement that must fail.
+pub fn refused(c: &mut Client, sql: &str) -> Result<(String, String, String), Failed> {
+    match c.batch_execute(sql) {
+        Ok(()) => Err(format!("expected an error from: {sql}").into()),
+        Err(e) => {
+            let db = e
+                .as_db_error()
+                .ok_or_else(|| format!("not a database error: {e}"))?;
+            Ok((
+                db.code().code().to_string(),
+                db.message().to_string(),
+                db.hint().unwrap_or_default().to_string(),
+            ))
+        }
+    }
+}
+
+/// Starts one cluster (tagged `name`), runs `tests` against it one at a time, stops it and
+/// exits with libtest's status.
+pub fn run_tests(name: &str, tests: &[(&'static str, TestFn)]) -> ! {
+    let args = libtest_mimic::Arguments::from_args();
+    let cluster = match Cluster::start(name) {
+        Ok(c) => std::sync::Arc::new(c),
+        Err(e) => {
+            eprintln!("could not start a PostgreSQL cluster with pg_tide preloaded:\n{e}");
+            eprintln!("(is the extension installed? `make test` runs `cargo pgrx install` first)");
+            std::process::exit(1);
+        }
+    };
+    let trials = tests
+        .iter()
+        .map(|&(test, f)| {
+            let cluster = std::sync::Arc::clone(&cluster);
+            libtest_mimic::Trial::test(test, move || f(&cluster))
+        })
+        .collect();
+    // Tests share one server (some restart it or kill its processes): one at a time.
+    let args = libtest_mimic::Arguments {
+        test_threads: Some(1),
+        ..args
+    };
+    let conclusion = libtest_mimic::run(&args, trials);
+    drop(cluster);
+    conclusion.exit()
+}
 
 /// Where Debian's PostgreSQL 15 binaries live; `PG_TIDE_PG_BIN` overrides.
 pub fn pg_bin() -> PathBuf {
@@ -73,6 +135,11 @@ fn free_port() -> Result<u16, String> {
         .map_err(|e| e.to_string())
 }
 
+/// The database pg_tide's background workers run in, in test clusters. Tests that need the
+/// real workers use it (and unique task names); the others use their own databases, where only
+/// their own `tide.tick` calls move time.
+pub const WORKERS_DB: &str = "tide_workers";
+
 /// A running cluster. Dropping it stops the server and removes its data directory.
 pub struct Cluster {
     pub data_dir: PathBuf,
@@ -111,7 +178,8 @@ impl Cluster {
         let conf = format!(
             "\n# pg_tide pg_test\nport = {port}\nlisten_addresses = '127.0.0.1'\n\
              unix_socket_directories = '/tmp'\nshared_preload_libraries = 'pg_tide'\n\
-             fsync = off\nlog_min_messages = warning\n"
+             fsync = off\nlog_min_messages = warning\n\
+             pg_tide.database = '{WORKERS_DB}'\npg_tide.tick_interval = 200\npg_tide.executors = 2\n"
         );
         append(&data_dir.join("postgresql.conf"), &conf)?;
         let cluster = Cluster { data_dir, port };
@@ -186,6 +254,76 @@ impl Cluster {
         Ok(client)
     }
 
+    /// The workers' database, created with pg_tide on first use and kept.
+    pub fn workers_db(&self) -> Result<Client, String> {
+        let mut admin = self.connect("postgres")?;
+        let exists = admin
+            .query_opt(
+                "SELECT 1 FROM pg_database WHERE datname = $1",
+                &[&WORKERS_DB],
+            )
+            .map_err(|e| describe(&e))?
+            .is_some();
+        if !exists {
+            admin
+                .batch_execute(&format!("CREATE DATABASE {WORKERS_DB}"))
+                .map_err(|e| describe(&e))?;
+        }
+        let mut client = self.connect(WORKERS_DB)?;
+        client
+            .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_tide")
+            .map_err(|e| format!("CREATE EXTENSION pg_tide: {}", describe(&e)))?;
+        Ok(client)
+    }
+
+    /// Kills every backend of a type with SIGKILL (the postmaster then restarts all sessions)
+    /// and waits until the server accepts connections again. Returns how many were killed.
+    pub fn kill_9(&self, backend_type: &str) -> Result<usize, String> {
+        let mut admin = self.connect("postgres")?;
+        let pids: Vec<i32> = admin
+            .query(
+                "SELECT pid FROM pg_stat_activity WHERE backend_type = $1",
+                &[&backend_type],
+            )
+            .map_err(|e| describe(&e))?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        drop(admin);
+        // The first kill sends the postmaster into crash recovery, which ends the others: only
+        // the first must succeed.
+        let mut killed = 0;
+        for pid in &pids {
+            let out = Command::new("kill").arg("-9").arg(pid.to_string()).output();
+            if out.as_ref().is_ok_and(|o| o.status.success()) {
+                killed += 1;
+            } else if killed == 0 {
+                check("kill -9", out)?;
+            }
+        }
+        // Recovery is over when the workers of that type are back with new pids.
+        wait_for(
+            &format!("{backend_type} to come back after kill -9"),
+            Duration::from_secs(60),
+            || {
+                let Ok(mut c) = self.connect("postgres") else {
+                    return Ok(None);
+                };
+                let back: Vec<i32> = c
+                    .query(
+                        "SELECT pid FROM pg_stat_activity WHERE backend_type = $1",
+                        &[&backend_type],
+                    )
+                    .map_err(|e| describe(&e))?
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect();
+                Ok((!back.is_empty() && back.iter().all(|p| !pids.contains(p))).then_some(()))
+            },
+        )?;
+        Ok(killed)
+    }
+
     /// Runs a server binary (pg_dump, psql, ...) against this cluster; returns its stdout.
     pub fn tool(&self, program: &str, args: &[&str]) -> Result<String, String> {
         let port = self.port.to_string();
@@ -197,6 +335,28 @@ impl Cluster {
                 .output(),
         )?;
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
+/// Polls `probe` until it returns `Some`, or fails after `within`.
+pub fn wait_for<T>(
+    what: &str,
+    within: Duration,
+    mut probe: impl FnMut() -> Result<Option<T>, String>,
+) -> Result<T, String> {
+    let deadline = Instant::now() + within;
+    loop {
+        let last = match probe() {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => "not yet".to_string(),
+            Err(e) => e,
+        };
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "timed out after {within:?} waiting for {what} ({last})"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

@@ -1,20 +1,7 @@
 //! Out-of-process tests: what a user of pg_tide sees through real connections to a real
 //! cluster with pg_tide preloaded. One cluster is shared; each test uses its own database.
 
-use std::sync::Arc;
-
-use libtest_mimic::{Arguments, Failed, Trial};
-use pg_tide_pg_test::{describe, Client, Cluster};
-
-type TestFn = fn(&Cluster) -> Result<(), Failed>;
-
-fn db_err(e: postgres::Error) -> Failed {
-    describe(&e).into()
-}
-
-fn one<T: for<'a> postgres::types::FromSql<'a>>(c: &mut Client, sql: &str) -> Result<T, Failed> {
-    c.query_one(sql, &[]).map_err(db_err).map(|row| row.get(0))
-}
+use pg_tide_pg_test::{db_err, one, run_tests, Cluster, Failed, TestFn};
 
 /// The version in the extension's Cargo.toml, which `cargo pgrx install` writes into the control
 /// file.
@@ -209,7 +196,6 @@ fn tasks_survive_a_restart(cluster: &Cluster) -> Result<(), Failed> {
 }
 
 fn main() {
-    let args = Arguments::from_args();
     let tests: &[(&str, TestFn)] = &[
         ("preloaded_and_installed", preloaded_and_installed),
         (
@@ -226,27 +212,5 @@ fn main() {
         ),
         ("tasks_survive_a_restart", tasks_survive_a_restart),
     ];
-    let cluster = match Cluster::start("shared") {
-        Ok(c) => Arc::new(c),
-        Err(e) => {
-            eprintln!("could not start a PostgreSQL cluster with pg_tide preloaded:\n{e}");
-            eprintln!("(is the extension installed? `make test` runs `cargo pgrx install` first)");
-            std::process::exit(1);
-        }
-    };
-    let trials = tests
-        .iter()
-        .map(|&(name, f)| {
-            let cluster = Arc::clone(&cluster);
-            Trial::test(name, move || f(&cluster))
-        })
-        .collect();
-    // Tests share one server (one restarts it), so they run one at a time.
-    let args = Arguments {
-        test_threads: Some(1),
-        ..args
-    };
-    let conclusion = libtest_mimic::run(&args, trials);
-    drop(cluster);
-    conclusion.exit();
+    run_tests("shared", tests)
 }

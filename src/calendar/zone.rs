@@ -95,3 +95,12 @@ pub(crate) fn overlap_len(tz: Tz, local: NaiveDateTime) -> Duration {
         _ => Duration::zero(),
     }
 }
+
+/// The first instant at or after which the wall clock reads `local`: the earlier of two in an
+/// overlap, the end of the gap for a time that does not exist.
+pub fn zone_instant(tz: Tz, local: NaiveDateTime) -> DateTime<Utc> {
+    match resolve(tz, local) {
+        LocalResult::Single(t) | LocalResult::Ambiguous(t, _) => t,
+        LocalResult::None => gap_end(tz, local),
+    }
+}

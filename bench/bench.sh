@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Benchmarks, each printed beside a baseline measured in the same run on the same cluster:
+#   1. claim+complete throughput, 4 clients, batches of 1 and 50: pg_tide vs a minimal
+#      hand-made FOR UPDATE SKIP LOCKED queue table;
+#   2. the cost of one tide.tick() with 10,000 idle tasks vs with none.
+# Figures are printed, never asserted. Uses a throw-away cluster with the release build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$HOME/.cargo/bin:$PATH"
+
+PORT=${PG_TIDE_BENCH_PORT:-5498}
+DATA=${PG_TIDE_BENCH_DATA:-/var/tmp/pg_tide-bench}
+BIN=/usr/lib/postgresql/15/bin
+DB=bench
+CLIENTS=4
+TX_BATCH1=${PG_TIDE_BENCH_TX1:-2500}    # transactions per client at batch 1
+TX_BATCH50=${PG_TIDE_BENCH_TX50:-200}   # transactions per client at batch 50
+
+bash scripts/setup.sh >/dev/null
+echo "==> building and installing pg_tide (release)"
+cargo pgrx install --release --pg-config "$BIN/pg_config" >/dev/null
+
+as_pg() { sudo -u postgres "$@"; }
+as_pg "$BIN/pg_ctl" -D "$DATA" stop -m immediate -w >/dev/null 2>&1 || true
+rm -rf "$DATA"
+mkdir -p "$(dirname "$DATA")"
+as_pg "$BIN/initdb" --auth=trust --username=postgres --encoding=UTF8 -D "$DATA" >/dev/null
+cat >> "$DATA/postgresql.conf" <<CONF
+port = $PORT
+listen_addresses = '127.0.0.1'
+unix_socket_directories = '/tmp'
+shared_preload_libraries = 'pg_tide'
+pg_tide.database = '$DB'
+max_connections = 50
+CONF
+as_pg "$BIN/pg_ctl" -D "$DATA" -l "$DATA/server.log" start -w -t 60 >/dev/null
+trap 'as_pg "$BIN/pg_ctl" -D "$DATA" stop -m fast -w >/dev/null 2>&1 || true' EXIT
+
+PSQL=("$BIN/psql" -X -q -h 127.0.0.1 -p "$PORT" -U postgres)
+"${PSQL[@]}" -d postgres -c "CREATE DATABASE $DB"
+"${PSQL[@]}" -d "$DB" -v ON_ERROR_STOP=1 <<'SQL'
+CREATE EXTENSION pg_tide;
+-- The baseline: the smallest queue that is still correct under concurrency.
+CREATE TABLE baseline_q (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    payload jsonb NOT NULL DEFAULT '{}',
+    state text NOT NULL DEFAULT 'ready',
+    locked_by integer,
+    locked_at timestamptz
+);
+CREATE INDEX baseline_q_ready ON baseline_q (id) WHERE state = 'ready';
+-- An external task whose own schedule never fires during the run (1 January).
+SELECT tide.schedule('bench', '0 0 1 1 *', queue => 'bench');
+SQL
+
+fill() { # $1 = number of runs / rows
+    "${PSQL[@]}" -d "$DB" -v ON_ERROR_STOP=1 -v n="$1" <<'SQL'
+-- Fixture: ready runs inserted directly (one distinct window each), as the tick would create.
+INSERT INTO tide.run (task_id, trigger, window_start, window_end, biz_date, version, state,
+                      reason, executor, queue, owner)
+SELECT t.task_id, 'manual', w, w + interval '1 second', w::date, 1, 'ready', 'bench fixture',
+       'external', 'bench', 'postgres'
+  FROM tide.task t,
+       LATERAL (SELECT coalesce(max(window_end), '2000-01-01') AS s FROM tide.run) last,
+       generate_series(1, :n) g,
+       LATERAL (SELECT last.s + g * interval '1 second' AS w) x
+ WHERE t.name = 'bench';
+INSERT INTO baseline_q (payload) SELECT '{}' FROM generate_series(1, :n);
+VACUUM ANALYZE tide.run;
+VACUUM ANALYZE baseline_q;
+SQL
+}
+
+tmp=$(mktemp -d)
+cat > "$tmp/tide.sql" <<'SQL'
+SELECT count(tide.complete(c.run_id, c.lease_token)) FROM tide.claim('bench', 'bench', :batch) c;
+SQL
+cat > "$tmp/baseline.sql" <<'SQL'
+BEGIN;
+WITH c AS MATERIALIZED (
+    SELECT id FROM baseline_q WHERE state = 'ready' ORDER BY id LIMIT :batch FOR UPDATE SKIP LOCKED)
+UPDATE baseline_q q SET state = 'running', locked_by = :client_id, locked_at = now()
+  FROM c WHERE q.id = c.id;
+UPDATE baseline_q SET state = 'done' WHERE state = 'running' AND locked_by = :client_id;
+COMMIT;
+SQL
+
+tps() { # $1 = script, $2 = batch, $3 = transactions per client
+    "$BIN/pgbench" -n -h 127.0.0.1 -p "$PORT" -U postgres -c "$CLIENTS" -j "$CLIENTS" \
+        -t "$3" -D batch="$2" -f "$1" "$DB" 2>/dev/null \
+        | sed -nE 's/^tps = ([0-9.]+) .*/\1/p'
+}
+
+declare -A result
+for batch in 1 50; do
+    tx=$TX_BATCH1; [ "$batch" = 50 ] && tx=$TX_BATCH50
+    fill $((CLIENTS * tx * batch))
+    result[tide_$batch]=$(tps "$tmp/tide.sql" "$batch" "$tx")
+    result[base_$batch]=$(tps "$tmp/baseline.sql" "$batch" "$tx")
+done
+left=$("${PSQL[@]}" -d "$DB" -Atc "SELECT count(*) FROM tide.run WHERE state <> 'succeeded'")
+
+# Tick cost: with no tasks due, a tick must not grow with the number of idle tasks.
+cat > "$tmp/tick.sql" <<'SQL'
+SELECT tide.tick();
+SQL
+tick_ms() {
+    "$BIN/pgbench" -n -h 127.0.0.1 -p "$PORT" -U postgres -c 1 -t 500 -f "$tmp/tick.sql" "$DB" 2>/dev/null \
+        | sed -nE 's/^latency average = ([0-9.]+) ms/\1/p'
+}
+tick_1=$(tick_ms)
+"${PSQL[@]}" -d "$DB" -v ON_ERROR_STOP=1 -c \
+    "SELECT count(tide.schedule('idle_' || g, '0 0 1 1 *', tz => 'Europe/London')) FROM generate_series(1, 10000) g" >/dev/null
+"${PSQL[@]}" -d "$DB" -c "VACUUM ANALYZE tide.task" >/dev/null
+tick_10k=$(tick_ms)
+rm -rf "$tmp"
+
+rate() { awk -v t="$1" -v b="$2" 'BEGIN { printf "%.0f", t * b }'; }
+pct() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f%%", 100 * a / b }'; }
+echo
+echo "==> claim + complete, $CLIENTS clients (runs per second)"
+printf '%-8s %14s %14s %10s\n' batch pg_tide baseline ratio
+for batch in 1 50; do
+    t=$(rate "${result[tide_$batch]}" "$batch"); b=$(rate "${result[base_$batch]}" "$batch")
+    printf '%-8s %14s %14s %10s\n' "$batch" "$t" "$b" "$(pct "$t" "$b")"
+done
+echo "(runs left unfinished by pg_tide: $left; target: batch 50 at least 50% of the baseline)"
+echo
+echo "==> one tide.tick() with nothing due (average of 500, ms)"
+printf '%-22s %10s\n' "1 task (baseline)" "$tick_1" "10,000 idle tasks" "$tick_10k"
+echo "(target: under 20 ms with 10,000 idle tasks)"

@@ -1,0 +1,1080 @@
+//! The engine on a real cluster: the run ledger driven through `tide.tick` with explicit
+//! instants (each test in its own database, where nothing else moves time), and the real
+//! scheduler and executor workers (in the workers' database), including `kill -9` and restarts.
+
+use std::time::Duration;
+
+use postgres::fallible_iterator::FallibleIterator;
+
+use pg_tide_pg_test::{db_err, one, refused, run_tests, wait_for, Client, Cluster, Failed, TestFn};
+
+fn exec(c: &mut Client, sql: &str) -> Result<(), Failed> {
+    c.batch_execute(sql).map_err(db_err)
+}
+
+/// The first fire of a task, as SQL text usable in a query.
+fn next_fire(c: &mut Client, task: &str) -> Result<String, Failed> {
+    one(
+        c,
+        &format!("SELECT next_fire_at::text FROM tide.task WHERE name = '{task}'"),
+    )
+}
+
+fn tick(c: &mut Client, at: &str) -> Result<serde_like::Counts, Failed> {
+    let text: String = one(c, &format!("SELECT tide.tick({at})::text"))?;
+    Ok(serde_like::Counts(text))
+}
+
+/// Just enough of the tick's JSON counts for assertions, without a JSON dependency.
+mod serde_like {
+    pub struct Counts(pub String);
+    impl Counts {
+        pub fn get(&self, key: &str) -> i64 {
+            let needle = format!("\"{key}\": ");
+            self.0
+                .find(&needle)
+                .map(|i| &self.0[i + needle.len()..])
+                .and_then(|rest| rest.split([',', '}']).next())
+                .and_then(|n| n.trim().parse().ok())
+                .unwrap_or(-1)
+        }
+    }
+}
+
+/// Windows of one task, oldest first, as "trigger or skip reason" labels.
+fn labels(c: &mut Client, task: &str) -> Result<String, Failed> {
+    one(
+        c,
+        &format!(
+            "SELECT string_agg(coalesce(r.skip_reason::text, r.trigger::text), ',' ORDER BY r.window_start)
+               FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = '{task}'"
+        ),
+    )
+}
+
+fn fires_create_one_run_per_window(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("t_fires")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('hourly', '0 * * * *', biz_window => 'hour')",
+    )?;
+    let base = next_fire(&mut c, "hourly")?;
+    let first = tick(
+        &mut c,
+        &format!("'{base}'::timestamptz + interval '5 seconds'"),
+    )?;
+    assert_eq!(
+        (first.get("tasks"), first.get("runs")),
+        (1, 1),
+        "{}",
+        first.0
+    );
+    let again = tick(
+        &mut c,
+        &format!("'{base}'::timestamptz + interval '5 seconds'"),
+    )?;
+    assert_eq!(
+        (again.get("tasks"), again.get("runs")),
+        (0, 0),
+        "{}",
+        again.0
+    );
+    let later = tick(
+        &mut c,
+        &format!("'{base}'::timestamptz + interval '1 hour 5 seconds'"),
+    )?;
+    assert_eq!(later.get("runs"), 1);
+    let summary: String = one(
+        &mut c,
+        &format!(
+            "SELECT concat_ws('|', count(*), count(DISTINCT window_start),
+                              min(window_start) = '{base}'::timestamptz - interval '1 hour',
+                              max(window_end) = '{base}'::timestamptz + interval '1 hour',
+                              bool_and(trigger = 'scheduled' AND state = 'ready'),
+                              (SELECT next_fire_at = '{base}'::timestamptz + interval '2 hours' FROM tide.task),
+                              (SELECT count(*) FROM tide.run_event WHERE from_state IS NULL))
+               FROM tide.run"
+        ),
+    )?;
+    assert_eq!(summary, "2|2|t|t|t|t|2");
+    Ok(())
+}
+
+fn misfire_policies_after_downtime(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("t_misfire")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('cu', '0 * * * *', biz_window => 'hour');
+         SELECT tide.schedule('cu2', '0 * * * *', biz_window => 'hour', catch_up_max => 2);
+         SELECT tide.schedule('latest', '0 * * * *', biz_window => 'hour', misfire => 'latest');
+         SELECT tide.schedule('coal', '0 * * * *', biz_window => 'hour', misfire => 'coalesce');
+         SELECT tide.schedule('skip', '0 * * * *', biz_window => 'hour', misfire => 'skip');
+         SELECT tide.schedule('ret', '0 * * * *', biz_window => 'hour', source_retention => '150 minutes');",
+    )?;
+    let base = next_fire(&mut c, "cu")?;
+    // Down for three fires: base, +1h and +2h were missed; +3h is on time.
+    let at = format!("'{base}'::timestamptz + interval '3 hours 5 seconds'");
+    let counts = tick(&mut c, &at)?;
+    assert_eq!(counts.get("tasks"), 6, "{}", counts.0);
+    let cases = [
+        ("cu", "catch_up,catch_up,catch_up,scheduled"),
+        ("cu2", "catch_up_limit,catch_up,catch_up,scheduled"),
+        ("latest", "superseded,superseded,superseded,scheduled"),
+        ("coal", "catch_up,coalesced,coalesced,scheduled"),
+        ("skip", "misfire,misfire,misfire,scheduled"),
+        (
+            "ret",
+            "beyond_retention,beyond_retention,catch_up,scheduled",
+        ),
+    ];
+    for (task, want) in cases {
+        assert_eq!(labels(&mut c, task)?, want, "task {task}");
+    }
+    // The coalesced run spans the three missed windows, and the skipped ones point to it.
+    let coalesced: String = one(
+        &mut c,
+        &format!(
+            "SELECT concat_ws('|', r.window_start = '{base}'::timestamptz - interval '1 hour',
+                              r.window_end = '{base}'::timestamptz + interval '2 hours',
+                              (SELECT count(*) FROM tide.run s WHERE s.covered_by = r.run_id))
+               FROM tide.run r JOIN tide.task t USING (task_id)
+              WHERE t.name = 'coal' AND r.trigger = 'catch_up'"
+        ),
+    )?;
+    assert_eq!(coalesced, "t|t|2");
+    // Skipped windows are finished records; runs are ready to claim.
+    let states: String = one(
+        &mut c,
+        "SELECT string_agg(DISTINCT state::text, ',' ORDER BY state::text) FROM tide.run",
+    )?;
+    assert_eq!(states, "ready,skipped");
+    // A second tick at the same instant creates nothing new.
+    let again = tick(&mut c, &at)?;
+    assert_eq!(again.get("tasks"), 0);
+    let total: i64 = one(&mut c, "SELECT count(*) FROM tide.run")?;
+    assert_eq!(total, 24);
+    Ok(())
+}
+
+fn pause_resume_records_the_paused_windows(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("t_pause")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('p', '*/10 * * * *');
+         SELECT tide.pause('p');
+         -- Paused two hours ago: the fires since then were held back.
+         UPDATE tide.task SET next_fire_at = date_trunc('hour', now()) - interval '2 hours';",
+    )?;
+    let idle = tick(&mut c, "now()")?;
+    assert_eq!(idle.get("tasks"), 0, "a paused task does not fire");
+    exec(&mut c, "SELECT tide.resume('p')")?;
+    tick(&mut c, "now()")?;
+    let summary: String = one(
+        &mut c,
+        "SELECT concat_ws('|', count(*) FILTER (WHERE r.skip_reason = 'paused') >= 12,
+                          count(*) FILTER (WHERE r.skip_reason = 'paused' AND r.fire_at > t.skip_until),
+                          count(*) FILTER (WHERE r.skip_reason IS DISTINCT FROM 'paused' AND r.fire_at <= t.skip_until))
+           FROM tide.run r JOIN tide.task t USING (task_id)",
+    )?;
+    assert_eq!(
+        summary, "t|0|0",
+        "paused windows are skipped, never caught up"
+    );
+    let next = next_fire(&mut c, "p")?;
+    let on = tick(
+        &mut c,
+        &format!("'{next}'::timestamptz + interval '5 seconds'"),
+    )?;
+    assert_eq!(on.get("runs"), 1, "after resuming it fires again");
+    Ok(())
+}
+
+/// Claims one run and returns (run_id, token).
+fn claim(c: &mut Client, extra: &str) -> Result<Option<(i64, i64)>, Failed> {
+    let rows = c
+        .query(
+            &format!("SELECT run_id, lease_token FROM tide.claim(worker => 'w1'{extra})"),
+            &[],
+        )
+        .map_err(db_err)?;
+    Ok(rows.first().map(|r| (r.get(0), r.get(1))))
+}
+
+/// A past window of an hourly task, made claimable with tide.rerun.
+fn rerun_hours_ago(c: &mut Client, task: &str, hours: i32) -> Result<i64, Failed> {
+    one(
+        c,
+        &format!(
+            "SELECT tide.rerun('{task}', window_start => date_trunc('hour', now()) - interval '{hours} hours')"
+        ),
+    )
+}
+
+fn retries_back_off_then_dead_letter_then_replay(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("t_retry")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('flaky', '0 * * * *', max_attempts => 3, backoff_base => '10 seconds',
+                              backoff_factor => 2, jitter => 'equal', args => '{\"account\": 7}')",
+    )?;
+    let run = rerun_hours_ago(&mut c, "flaky", 2)?;
+    // Equal jitter: the n-th delay lies in [d/2, d] with d = 10 s * 2^(n-1).
+    let bounds = [(5.0, 10.0), (10.0, 20.0)];
+    for attempt in 1..=3 {
+        let (id, token) = claim(&mut c, "")?.ok_or("nothing to claim")?;
+        assert_eq!(id, run);
+        let state: String = one(
+            &mut c,
+            &format!("SELECT tide.fail({id}, {token}, 'bank timeout')::text"),
+        )?;
+        if attempt == 3 {
+            assert_eq!(state, "dead", "max_attempts reached");
+            break;
+        }
+        assert_eq!(state, "retry");
+        let delay: f64 = one(
+            &mut c,
+            &format!(
+                "SELECT extract(epoch FROM r.run_after - a.finished_at)::float8
+                   FROM tide.run r JOIN tide.attempt a ON a.run_id = r.run_id AND a.attempt = r.attempts
+                  WHERE r.run_id = {id}"
+            ),
+        )?;
+        let (lo, hi) = bounds[attempt - 1];
+        assert!(
+            (lo..=hi).contains(&delay),
+            "attempt {attempt}: delay {delay} outside [{lo}, {hi}]"
+        );
+        assert!(
+            claim(&mut c, "")?.is_none(),
+            "not claimable during its backoff"
+        );
+        let moved = tick(
+            &mut c,
+            &format!("(SELECT run_after FROM tide.run WHERE run_id = {id})"),
+        )?;
+        assert_eq!(moved.get("retried"), 1);
+    }
+    // The dead letter keeps the whole context.
+    let dead: String = one(
+        &mut c,
+        &format!(
+            "SELECT concat_ws('|', task, version, args->>'account', jsonb_array_length(attempt_errors),
+                              (SELECT string_agg(DISTINCT e->>'error', ',') FROM jsonb_array_elements(attempt_errors) e),
+                              rules->>'max_attempts')
+               FROM tide.dead_letter WHERE run_id = {run}"
+        ),
+    )?;
+    assert_eq!(dead, "flaky|1|7|3|bank timeout|3");
+
+    // Replay from psql: back in line with a fresh budget, through the same claim path.
+    let replayed: i64 = one(&mut c, &format!("SELECT tide.replay({run})"))?;
+    assert_eq!(replayed, run);
+    let (id, token) = claim(&mut c, "")?.ok_or("replayed run not claimable")?;
+    let attempt: i32 = one(
+        &mut c,
+        &format!("SELECT attempts FROM tide.run WHERE run_id = {id}"),
+    )?;
+    assert_eq!(attempt, 4, "attempts keep counting across a replay");
+    let state: String = one(
+        &mut c,
+        &format!("SELECT tide.complete({id}, {token})::text"),
+    )?;
+    assert_eq!(state, "succeeded");
+
+    // A succeeded run is not replayed by accident (R4.6), only when forced.
+    let (code, message, hint) = refused(&mut c, &format!("SELECT tide.replay({run})"))?;
+    assert_eq!(code, "55000");
+    assert!(message.contains("already succeeded"), "{message}");
+    assert!(hint.contains("force => true"), "{hint}");
+    exec(&mut c, &format!("SELECT tide.replay({run}, force => true)"))?;
+    let history: String = one(
+        &mut c,
+        &format!(
+            "SELECT string_agg(coalesce(from_state::text, '') || '>' || to_state, ' ' ORDER BY event_id)
+               FROM tide.run_event WHERE run_id = {run}"
+        ),
+    )?;
+    assert_eq!(
+        history,
+        ">ready ready>running running>retry retry>ready ready>running running>retry retry>ready \
+         ready>running running>dead dead>ready ready>running running>succeeded succeeded>ready"
+    );
+    Ok(())
+}
+
+fn error_kinds_choose_the_path(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("t_kinds")?;
+    exec(&mut c, "SELECT tide.schedule('k', '0 * * * *')")?;
+    let a = rerun_hours_ago(&mut c, "k", 3)?;
+    let b = rerun_hours_ago(&mut c, "k", 2)?;
+    let (ida, ta) = claim(&mut c, "")?.ok_or("claim a")?;
+    let (idb, tb) = claim(&mut c, "")?.ok_or("claim b")?;
+    assert_eq!((ida, idb), (a, b), "oldest first");
+    let state: String = one(
+        &mut c,
+        &format!("SELECT tide.fail({a}, {ta}, 'account closed', 'business')::text"),
+    )?;
+    assert_eq!(state, "dead", "a business error is not retried");
+
+    let (code, message, hint) = refused(
+        &mut c,
+        &format!("SELECT tide.fail({b}, {tb}, 'x', 'sideways')"),
+    )?;
+    assert_eq!(code, "22023");
+    assert_eq!(message, "unknown error kind \"sideways\"");
+    assert!(hint.contains("'not_ready'"), "{hint}");
+    let still: String = one(
+        &mut c,
+        &format!("SELECT state::text FROM tide.run WHERE run_id = {b}"),
+    )?;
+    assert_eq!(still, "running", "a refused call changes nothing");
+
+    let state: String = one(
+        &mut c,
+        &format!("SELECT tide.fail({b}, {tb}, 'orders not loaded', 'not_ready')::text"),
+    )?;
+    assert_eq!(state, "waiting");
+    let next = next_fire(&mut c, "k")?;
+    let waits_for_next_window: bool = one(
+        &mut c,
+        &format!("SELECT run_after = '{next}'::timestamptz FROM tide.run WHERE run_id = {b}"),
+    )?;
+    assert!(waits_for_next_window);
+    tick(
+        &mut c,
+        &format!("'{next}'::timestamptz - interval '1 minute'"),
+    )?;
+    let before: String = one(
+        &mut c,
+        &format!("SELECT state::text FROM tide.run WHERE run_id = {b}"),
+    )?;
+    assert_eq!(before, "waiting", "no tight retry loop");
+    let at_next = tick(
+        &mut c,
+        &format!("'{next}'::timestamptz + interval '5 seconds'"),
+    )?;
+    assert_eq!(at_next.get("released"), 1, "{}", at_next.0);
+    let after: String = one(
+        &mut c,
+        &format!("SELECT state::text FROM tide.run WHERE run_id = {b}"),
+    )?;
+    assert_eq!(after, "ready");
+    Ok(())
+}
+
+fn stale_lease_tokens_are_fenced(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("t_fence")?;
+    exec(&mut c, "SELECT tide.schedule('s', '0 * * * *')")?;
+    let run = rerun_hours_ago(&mut c, "s", 2)?;
+    let (_, old) = claim(&mut c, ", lease => '1 second'")?.ok_or("claim")?;
+    let back = tick(&mut c, "now() + interval '1 minute'")?;
+    assert_eq!(back.get("taken_back"), 1, "{}", back.0);
+    let lost: String = one(
+        &mut c,
+        &format!("SELECT r.state || '/' || a.outcome FROM tide.run r JOIN tide.attempt a USING (run_id) WHERE r.run_id = {run}"),
+    )?;
+    assert_eq!(lost, "retry/lost", "the lost attempt counts");
+    for call in [
+        format!("SELECT tide.complete({run}, {old})"),
+        format!("SELECT tide.heartbeat({run}, {old})"),
+        format!("SELECT tide.fail({run}, {old}, 'late')"),
+    ] {
+        let (code, message, hint) = refused(&mut c, &call)?;
+        assert_eq!(code, "55000", "{call}");
+        assert!(
+            message.starts_with(&format!("lease token {old} of run {run} is stale")),
+            "{message}"
+        );
+        assert!(hint.contains("roll back"), "{hint}");
+    }
+    tick(&mut c, "now() + interval '2 hours'")?;
+    let (id, new) = claim(&mut c, "")?.ok_or("reclaim")?;
+    assert_eq!(id, run);
+    assert!(new > old, "fencing tokens only grow");
+    let expires: bool = one(
+        &mut c,
+        &format!("SELECT tide.heartbeat({run}, {new}, '{{\"offset\": 300}}') > now()"),
+    )?;
+    assert!(expires);
+    let (code, _, _) = refused(&mut c, &format!("SELECT tide.complete({run}, {old})"))?;
+    assert_eq!(code, "55000", "the old holder still cannot commit");
+    exec(
+        &mut c,
+        &format!("SELECT tide.complete({run}, {new}, '{{\"rows\": 3}}')"),
+    )?;
+    let done: String = one(
+        &mut c,
+        &format!("SELECT state || '|' || result::text || '|' || checkpoint::text FROM tide.run WHERE run_id = {run}"),
+    )?;
+    assert_eq!(done, "succeeded|{\"rows\": 3}|{\"offset\": 300}");
+    let (code, message, _) = refused(&mut c, &format!("SELECT tide.complete({run}, {new})"))?;
+    assert_eq!(code, "55000");
+    assert!(message.contains("now succeeded"), "{message}");
+    let (code, _, _) = refused(&mut c, "SELECT tide.complete(999999, 1)")?;
+    assert_eq!(code, "42704");
+
+    // Two claimers racing: SKIP LOCKED gives them different runs.
+    rerun_hours_ago(&mut c, "s", 3)?;
+    rerun_hours_ago(&mut c, "s", 4)?;
+    let mut other = cluster.connect("t_fence")?;
+    exec(&mut c, "BEGIN")?;
+    let (first, _) = claim(&mut c, "")?.ok_or("first claimer")?;
+    let (second, _) = claim(&mut other, "")?.ok_or("second claimer")?;
+    exec(&mut c, "COMMIT")?;
+    assert_ne!(first, second);
+    Ok(())
+}
+
+fn rerun_by_business_date(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("t_rerun")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('daily', '0 1 * * *', tz => 'Asia/Shanghai', biz_window => 'day')",
+    )?;
+    let day: String = one(
+        &mut c,
+        "SELECT ((now() AT TIME ZONE 'Asia/Shanghai')::date - 3)::text",
+    )?;
+    let run: i64 = one(
+        &mut c,
+        &format!("SELECT tide.rerun('daily', biz_date => '{day}')"),
+    )?;
+    let window: String = one(
+        &mut c,
+        &format!(
+            "SELECT concat_ws('|', trigger, biz_date = '{day}',
+                              window_start = '{day}'::timestamp AT TIME ZONE 'Asia/Shanghai',
+                              window_end = ('{day}'::date + 1)::timestamp AT TIME ZONE 'Asia/Shanghai',
+                              fire_at = (('{day}'::date + 1) + time '01:00') AT TIME ZONE 'Asia/Shanghai')
+               FROM tide.run WHERE run_id = {run}"
+        ),
+    )?;
+    assert_eq!(window, "manual|t|t|t|t");
+    let same: i64 = one(
+        &mut c,
+        &format!("SELECT tide.rerun('daily', biz_date => '{day}')"),
+    )?;
+    assert_eq!(same, run, "one window, one run");
+    let (id, token) = claim(&mut c, "")?.ok_or("claim")?;
+    exec(&mut c, &format!("SELECT tide.complete({id}, {token})"))?;
+
+    let (code, message, hint) = refused(
+        &mut c,
+        &format!("SELECT tide.rerun('daily', biz_date => '{day}')"),
+    )?;
+    assert_eq!(code, "55000");
+    assert!(
+        message.contains(&format!("business date {day}) already succeeded")),
+        "{message}"
+    );
+    assert!(hint.contains("tide.rerun(..., force => true)"), "{hint}");
+    let forced: i64 = one(
+        &mut c,
+        &format!("SELECT tide.rerun('daily', biz_date => '{day}', force => true)"),
+    )?;
+    assert_eq!(forced, run);
+
+    let refusals = [
+        (
+            format!("SELECT tide.rerun('daily', biz_date => '{day}'::date + 10)"),
+            "22023",
+            "a window that has already ended",
+        ),
+        (
+            format!("SELECT tide.rerun('daily', window_start => '{day} 05:00+08')"),
+            "22023",
+            "has no window for a window starting at",
+        ),
+        (
+            format!("SELECT tide.rerun('daily', biz_date => '{day}', window_start => now())"),
+            "22023",
+            "pass exactly one of biz_date or window_start",
+        ),
+        (
+            format!("SELECT tide.rerun('nightly', biz_date => '{day}')"),
+            "42704",
+            "task \"nightly\" does not exist",
+        ),
+    ];
+    for (sql, want_code, want_message) in refusals {
+        let (code, message, hint) = refused(&mut c, &sql)?;
+        assert_eq!(code, want_code, "{sql}");
+        assert!(message.contains(want_message), "{sql}: {message}");
+        assert!(!hint.is_empty(), "{sql}");
+    }
+
+    // Source retention: a date the source no longer keeps is refused, explicitly.
+    exec(
+        &mut c,
+        "SELECT tide.alter('daily', source_retention => '2 days', pending => 'keep')",
+    )?;
+    let (code, message, _) = refused(
+        &mut c,
+        &format!("SELECT tide.rerun('daily', biz_date => '{day}'::date - 10)"),
+    )?;
+    assert_eq!(code, "22023");
+    assert!(message.contains("beyond its source_retention"), "{message}");
+
+    // The rules changed (version 2): rerunning an older run needs an explicit choice (R12.2).
+    exec(
+        &mut c,
+        "SELECT tide.alter('daily', source_retention => '30 days', pending => 'keep')",
+    )?;
+    let (id, token) = claim(&mut c, "")?.ok_or("claim forced")?;
+    exec(&mut c, &format!("SELECT tide.complete({id}, {token})"))?;
+    let (code, message, hint) = refused(
+        &mut c,
+        &format!("SELECT tide.rerun('daily', biz_date => '{day}', force => true)"),
+    )?;
+    assert_eq!(code, "22023");
+    assert!(message.contains("changed since run"), "{message}");
+    assert!(hint.contains("version => 'original'"), "{hint}");
+    exec(
+        &mut c,
+        &format!(
+            "SELECT tide.rerun('daily', biz_date => '{day}', version => 'current', force => true)"
+        ),
+    )?;
+    let version: i32 = one(
+        &mut c,
+        &format!("SELECT version FROM tide.run WHERE run_id = {run}"),
+    )?;
+    assert_eq!(version, 3);
+    Ok(())
+}
+
+fn readiness_marker_and_deadline(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("t_ready")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('marked', '0 * * * *', ready_dataset => 'orders',
+                              ready_timeout => '10 minutes', not_ready_policy => 'skip');
+         SELECT tide.schedule('skips', '0 * * * *', ready_dataset => 'refunds',
+                              ready_timeout => '10 minutes', not_ready_policy => 'skip');
+         SELECT tide.schedule('fails', '0 * * * *', ready_dataset => 'refunds',
+                              ready_timeout => '10 minutes', not_ready_policy => 'fail');
+         SELECT tide.schedule('defers', '0 * * * *', ready_dataset => 'refunds',
+                              ready_timeout => '10 minutes');",
+    )?;
+    let base = next_fire(&mut c, "marked")?;
+    tick(
+        &mut c,
+        &format!("'{base}'::timestamptz + interval '5 seconds'"),
+    )?;
+    tick(
+        &mut c,
+        &format!("'{base}'::timestamptz + interval '1 minute'"),
+    )?;
+    let waiting: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM tide.run WHERE state = 'waiting'",
+    )?;
+    assert_eq!(waiting, 4, "runs wait for their data");
+    assert!(claim(&mut c, "")?.is_none());
+    let released: i32 = one(
+        &mut c,
+        "SELECT tide.mark_ready('orders', biz_date) FROM tide.run r JOIN tide.task t USING (task_id)
+          WHERE t.name = 'marked'",
+    )?;
+    assert_eq!(released, 1);
+    let marked: String = one(
+        &mut c,
+        "SELECT r.state || '|' || r.reason FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'marked'",
+    )?;
+    assert!(
+        marked.starts_with("ready|ready: orders marked ready for"),
+        "{marked}"
+    );
+
+    let late = tick(
+        &mut c,
+        &format!("'{base}'::timestamptz + interval '11 minutes'"),
+    )?;
+    assert_eq!(late.get("not_ready_deadline"), 3, "{}", late.0);
+    let outcomes: String = one(
+        &mut c,
+        "SELECT string_agg(t.name || '=' || r.state || coalesce(':' || r.skip_reason, '') || ':' || r.deferrals,
+                           ',' ORDER BY t.name)
+           FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name <> 'marked'",
+    )?;
+    assert_eq!(
+        outcomes,
+        "defers=waiting:1,fails=dead:0,skips=skipped:not_ready:0"
+    );
+    Ok(())
+}
+
+fn short_counts_need_a_check(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("t_check")?;
+    exec(&mut c, "SELECT tide.schedule('recon', '0 * * * *')")?;
+    let a = rerun_hours_ago(&mut c, "recon", 3)?;
+    let b = rerun_hours_ago(&mut c, "recon", 2)?;
+    for run in [a, b] {
+        let (id, token) = claim(&mut c, "")?.ok_or("claim")?;
+        assert_eq!(id, run);
+        let state: String = one(
+            &mut c,
+            &format!("SELECT tide.complete({id}, {token}, expected => 10, actual => 7)::text"),
+        )?;
+        assert_eq!(state, "need_check", "a shortfall is not success");
+    }
+    let accepted: String = one(&mut c, &format!("SELECT tide.resolve({a}, 'accept')::text"))?;
+    assert_eq!(accepted, "succeeded");
+    let replayed: String = one(&mut c, &format!("SELECT tide.resolve({b}, 'replay')::text"))?;
+    assert_eq!(replayed, "ready");
+    let (code, _, _) = refused(&mut c, &format!("SELECT tide.resolve({b}, 'accept')"))?;
+    assert_eq!(code, "55000", "only need_check runs are resolved");
+    let (code, message, hint) = refused(&mut c, &format!("SELECT tide.resolve({a}, 'maybe')"))?;
+    assert_eq!(code, "55000", "{message}");
+    assert!(!hint.is_empty());
+    let (code, _, _) = refused(
+        &mut c,
+        "SELECT tide.complete(1, 1, expected => -1, actual => 0)",
+    )?;
+    assert_eq!(code, "22023");
+    Ok(())
+}
+
+fn rule_changes_hold_unstarted_runs(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("t_versions")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('v', '0 * * * *', args => '{\"a\": 1}')",
+    )?;
+    let r1 = rerun_hours_ago(&mut c, "v", 2)?;
+    let version: i32 = one(&mut c, "SELECT tide.alter('v', args => '{\"a\": 2}')")?;
+    assert_eq!(version, 2);
+    let held: String = one(
+        &mut c,
+        &format!("SELECT state::text FROM tide.run WHERE run_id = {r1}"),
+    )?;
+    assert_eq!(
+        held, "held",
+        "nothing runs under rules it was not created for"
+    );
+    assert!(claim(&mut c, "")?.is_none());
+    let confirmed: i32 = one(&mut c, "SELECT tide.confirm('v', 1)")?;
+    assert_eq!(confirmed, 1);
+    let original: String = one(
+        &mut c,
+        &format!("SELECT state || '|' || version || '|' || (args->>'a') FROM tide.run WHERE run_id = {r1}"),
+    )?;
+    assert_eq!(original, "ready|1|1");
+
+    let r2 = rerun_hours_ago(&mut c, "v", 3)?;
+    exec(
+        &mut c,
+        "SELECT tide.alter('v', args => '{\"a\": 3}', pending => 'adopt')",
+    )?;
+    let adopted: String = one(
+        &mut c,
+        &format!(
+            "SELECT string_agg(state || '|' || version || '|' || (args->>'a'), ',' ORDER BY run_id)
+               FROM tide.run WHERE run_id IN ({r1}, {r2})"
+        ),
+    )?;
+    assert_eq!(adopted, "ready|3|3,ready|3|3");
+    let (code, message, hint) = refused(
+        &mut c,
+        "SELECT tide.alter('v', args => '{}', pending => 'maybe')",
+    )?;
+    assert_eq!(code, "22023");
+    assert_eq!(message, "unknown pending \"maybe\"");
+    assert!(hint.contains("'adopt'"), "{hint}");
+    let (code, message, _) = refused(&mut c, "SELECT tide.confirm('v', 9)")?;
+    assert_eq!(code, "22023");
+    assert_eq!(message, "task v has no rule version 9");
+    Ok(())
+}
+
+fn illegal_transitions_are_refused(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("t_transitions")?;
+    exec(&mut c, "SELECT tide.schedule('t', '0 * * * *')")?;
+    let run = rerun_hours_ago(&mut c, "t", 2)?;
+    let (code, message, hint) = refused(
+        &mut c,
+        &format!(
+            "UPDATE tide.run SET state = 'succeeded', reason = 'by hand' WHERE run_id = {run}"
+        ),
+    )?;
+    assert_eq!(code, "55000");
+    assert_eq!(
+        message,
+        format!("run {run} cannot go from ready to succeeded")
+    );
+    assert!(hint.contains("tide.run_transition"));
+    let (code, _, _) = refused(&mut c, "UPDATE tide.run_event SET reason = 'rewritten'")?;
+    assert_eq!(code, "55000", "history is append-only");
+    Ok(())
+}
+
+fn ready_runs_notify_waiting_claimers(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("t_notify")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('n', '0 * * * *', queue => 'billing')",
+    )?;
+    let mut listener = cluster.connect("t_notify")?;
+    exec(&mut listener, "LISTEN pg_tide_ready")?;
+    rerun_hours_ago(&mut c, "n", 2)?;
+    let mut notes = listener.notifications();
+    let note = notes
+        .timeout_iter(Duration::from_secs(10))
+        .next()
+        .map_err(db_err)?
+        .ok_or("no NOTIFY within 10 s")?;
+    assert_eq!(
+        (note.channel(), note.payload()),
+        ("pg_tide_ready", "billing")
+    );
+    Ok(())
+}
+
+fn bad_options_are_refused(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("t_bad_options")?;
+    let cases = [
+        (
+            "SELECT tide.schedule('x', '@hourly', max_attempts => 0)",
+            "max_attempts must be between 1 and 100, got 0",
+        ),
+        (
+            "SELECT tide.schedule('x', '@hourly', backoff_base => '-10 seconds')",
+            "backoff_base must be a positive interval, got -10 seconds",
+        ),
+        (
+            "SELECT tide.schedule('x', '@hourly', timeout => '0')",
+            "timeout must be a positive interval, got 0 seconds",
+        ),
+        (
+            "SELECT tide.schedule('x', '@hourly', misfire => 'catchup')",
+            "unknown misfire policy \"catchup\"",
+        ),
+        (
+            "SELECT tide.schedule('x', '@hourly', jitter => 'random')",
+            "unknown jitter \"random\"",
+        ),
+        (
+            "SELECT tide.schedule('x', '@hourly', backoff_factor => 0.5)",
+            "backoff_factor must be between 1 and 100, got 0.5",
+        ),
+        (
+            "SELECT * FROM tide.claim(n => 0)",
+            "n must be between 1 and 1000, got 0",
+        ),
+        (
+            "SELECT * FROM tide.claim(lease => '-1 minute')",
+            "lease must be a positive interval, got -00:01:00",
+        ),
+    ];
+    for (sql, want) in cases {
+        let (code, message, hint) = refused(&mut c, sql)?;
+        assert_eq!((code.as_str(), message.as_str()), ("22023", want), "{sql}");
+        assert!(!hint.is_empty(), "{sql}");
+    }
+    let (code, _, _) = refused(&mut c, "SELECT * FROM tide.claim(queue => NULL)")?;
+    assert_eq!(code, "22004");
+    let tasks: i64 = one(&mut c, "SELECT count(*) FROM tide.task")?;
+    assert_eq!(tasks, 0, "nothing was written");
+    Ok(())
+}
+
+// --- The real workers -------------------------------------------------------------------------
+
+fn state_of(c: &mut Client, run: i64) -> Result<Option<String>, String> {
+    c.query_one(
+        "SELECT state::text FROM tide.run WHERE run_id = $1",
+        &[&run],
+    )
+    .map(|r| Some(r.get(0)))
+    .map_err(|e| pg_tide_pg_test::describe(&e))
+}
+
+fn wait_state(c: &mut Client, run: i64, want: &str, within: Duration) -> Result<(), Failed> {
+    wait_for(&format!("run {run} to be {want}"), within, || {
+        Ok(state_of(c, run)?.filter(|s| s == want))
+    })?;
+    Ok(())
+}
+
+fn sql_task_runs_as_its_owner(cluster: &Cluster) -> Result<(), Failed> {
+    let mut admin = cluster.workers_db()?;
+    exec(
+        &mut admin,
+        "DROP ROLE IF EXISTS alice; CREATE ROLE alice LOGIN;
+         GRANT CREATE ON SCHEMA public TO alice;",
+    )?;
+    let mut alice = cluster.connect_as(pg_tide_pg_test::WORKERS_DB, "alice")?;
+    exec(
+        &mut alice,
+        "CREATE TABLE alice_bills (run bigint, who name, day date, account int);
+         SELECT tide.schedule('alice_bill', '0 1 * * *', biz_window => 'day', args => '{\"account\": 42}',
+             command => 'INSERT INTO alice_bills SELECT tide.run_id(), current_user, tide.biz_date(), (tide.args()->>''account'')::int');
+         SELECT tide.schedule('alice_escape', '0 1 * * *', biz_window => 'day', command => 'RESET ROLE');",
+    )?;
+    let bill: i64 = one(
+        &mut alice,
+        "SELECT tide.rerun('alice_bill', biz_date => current_date - 2)",
+    )?;
+    let escape: i64 = one(
+        &mut alice,
+        "SELECT tide.rerun('alice_escape', biz_date => current_date - 2)",
+    )?;
+    wait_state(&mut alice, bill, "succeeded", Duration::from_secs(30))?;
+    let row: String = one(
+        &mut alice,
+        "SELECT concat_ws('|', count(*), min(who), min(day) = current_date - 2, min(account)) FROM alice_bills",
+    )?;
+    assert_eq!(row, "1|alice|t|42", "ran once, as alice, with its context");
+    // The command cannot leave its owner's identity.
+    wait_state(&mut alice, escape, "dead", Duration::from_secs(30))?;
+    let error: String = one(
+        &mut alice,
+        &format!(
+            "SELECT last_error_kind || ': ' || last_error FROM tide.run WHERE run_id = {escape}"
+        ),
+    )?;
+    assert!(
+        error.starts_with("business: cannot set parameter \"role\""),
+        "{error}"
+    );
+    exec(
+        &mut alice,
+        "SELECT tide.unschedule('alice_bill'); SELECT tide.unschedule('alice_escape')",
+    )?;
+    Ok(())
+}
+
+fn transient_command_errors_are_retried(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "DROP TABLE IF EXISTS flaky_effects;
+         CREATE TABLE flaky_effects (run bigint);
+         -- Fails with a serialization failure on the first attempt of a run.
+         CREATE OR REPLACE FUNCTION flaky() RETURNS void LANGUAGE plpgsql AS $$
+         BEGIN
+             IF (SELECT attempts FROM tide.run WHERE run_id = tide.run_id()) < 2 THEN
+                 RAISE EXCEPTION 'could not serialize' USING ERRCODE = 'serialization_failure';
+             END IF;
+             INSERT INTO flaky_effects VALUES (tide.run_id());
+         END $$;
+         SELECT tide.schedule('flaky_sql', '0 1 * * *', biz_window => 'day', command => 'SELECT flaky()',
+                              backoff_base => '1 second', jitter => 'none');",
+    )?;
+    let run: i64 = one(
+        &mut c,
+        "SELECT tide.rerun('flaky_sql', biz_date => current_date - 2)",
+    )?;
+    wait_state(&mut c, run, "succeeded", Duration::from_secs(30))?;
+    let summary: String = one(
+        &mut c,
+        &format!(
+            "SELECT concat_ws('|', (SELECT count(*) FROM flaky_effects),
+                              string_agg(a.outcome || ':' || coalesce(a.error_kind::text || ':' || a.sqlstate, ''), ',' ORDER BY a.attempt))
+               FROM tide.attempt a WHERE a.run_id = {run}"
+        ),
+    )?;
+    assert_eq!(summary, "1|failed:transient:40001,succeeded:");
+    exec(&mut c, "SELECT tide.unschedule('flaky_sql')")?;
+    Ok(())
+}
+
+fn executor_killed_mid_run_is_taken_back(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "DROP TABLE IF EXISTS slow_effects;
+         CREATE TABLE slow_effects (run bigint, attempt int);
+         -- Writes its effect, then hangs on its first attempt (the test kills it there).
+         CREATE OR REPLACE FUNCTION slow() RETURNS void LANGUAGE plpgsql AS $$
+         DECLARE n int := (SELECT attempts FROM tide.run WHERE run_id = tide.run_id());
+         BEGIN
+             INSERT INTO slow_effects VALUES (tide.run_id(), n);
+             IF n = 1 THEN PERFORM pg_sleep(60); END IF;
+         END $$;
+         SELECT tide.schedule('slow_sql', '0 1 * * *', biz_window => 'day', command => 'SELECT slow()',
+                              timeout => '3 seconds', backoff_base => '1 second', jitter => 'none');",
+    )?;
+    let run: i64 = one(
+        &mut c,
+        "SELECT tide.rerun('slow_sql', biz_date => current_date - 2)",
+    )?;
+    wait_state(&mut c, run, "running", Duration::from_secs(30))?;
+    drop(c);
+    let killed = cluster.kill_9("pg_tide executor")?;
+    assert!(killed >= 1, "no executor to kill");
+    let mut c = cluster.workers_db()?;
+    wait_state(&mut c, run, "succeeded", Duration::from_secs(60))?;
+    let summary: String = one(
+        &mut c,
+        &format!(
+            "SELECT concat_ws('|', (SELECT string_agg(attempt::text, ',') FROM slow_effects WHERE run = {run}),
+                              string_agg(outcome::text, ',' ORDER BY attempt))
+               FROM tide.attempt WHERE run_id = {run}"
+        ),
+    )?;
+    assert_eq!(
+        summary, "2|lost,succeeded",
+        "the killed attempt left nothing; the run succeeded once"
+    );
+    exec(&mut c, "SELECT tide.unschedule('slow_sql')")?;
+    Ok(())
+}
+
+fn readiness_checks_run_in_the_executors(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "DROP TABLE IF EXISTS loads;
+         CREATE TABLE loads (day date);
+         SELECT tide.schedule('after_load', '0 1 * * *', biz_window => 'day',
+                              ready_check => 'EXISTS (SELECT 1 FROM loads WHERE day = tide.biz_date())',
+                              recheck_interval => '1 second');",
+    )?;
+    let run: i64 = one(
+        &mut c,
+        "SELECT tide.rerun('after_load', biz_date => current_date - 2)",
+    )?;
+    wait_for(
+        "the readiness check to run",
+        Duration::from_secs(30),
+        || {
+            let reason: String = c
+                .query_one("SELECT reason FROM tide.run WHERE run_id = $1", &[&run])
+                .map_err(|e| pg_tide_pg_test::describe(&e))?
+                .get(0);
+            Ok((reason == "waiting: readiness check returned false").then_some(()))
+        },
+    )?;
+    exec(&mut c, "INSERT INTO loads VALUES (current_date - 2)")?;
+    wait_state(&mut c, run, "ready", Duration::from_secs(30))?;
+    exec(&mut c, "SELECT tide.unschedule('after_load')")?;
+    Ok(())
+}
+
+fn scheduler_survives_terminate_and_restart(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('every_second', '* * * * * *')",
+    )?;
+    let scheduler_pid = |c: &mut Client| -> Result<Option<i32>, String> {
+        c.query_opt(
+            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg_tide scheduler'",
+            &[],
+        )
+        .map(|r| r.map(|r| r.get(0)))
+        .map_err(|e| pg_tide_pg_test::describe(&e))
+    };
+    let count = |c: &mut Client| -> Result<i64, String> {
+        c.query_one(
+            "SELECT count(*) FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'every_second'",
+            &[],
+        )
+        .map(|r| r.get(0))
+        .map_err(|e| pg_tide_pg_test::describe(&e))
+    };
+    wait_for("the scheduler to fire", Duration::from_secs(30), || {
+        Ok((count(&mut c)? >= 3).then_some(()))
+    })?;
+    let old = wait_for("a scheduler", Duration::from_secs(30), || {
+        scheduler_pid(&mut c)
+    })?;
+    let terminated: bool = one(&mut c, &format!("SELECT pg_terminate_backend({old})"))?;
+    assert!(terminated);
+    wait_for("a new scheduler", Duration::from_secs(30), || {
+        Ok(scheduler_pid(&mut c)?.filter(|p| *p != old))
+    })?;
+    let before = count(&mut c)?;
+    wait_for(
+        "firing after pg_terminate_backend",
+        Duration::from_secs(30),
+        || Ok((count(&mut c)? > before + 2).then_some(())),
+    )?;
+    drop(c);
+    cluster.restart()?;
+    let mut c = cluster.workers_db()?;
+    let before = count(&mut c)?;
+    wait_for("firing after a restart", Duration::from_secs(30), || {
+        Ok((count(&mut c)? > before + 2).then_some(()))
+    })?;
+    exec(&mut c, "SELECT tide.pause('every_second')")?;
+    // Nothing lost or doubled: the windows tile time without gaps or overlaps.
+    let tiling: String = one(
+        &mut c,
+        "SELECT concat_ws('|', count(*) = count(DISTINCT window_start),
+                          count(*) FILTER (WHERE prev_end IS NOT NULL AND prev_end <> window_start))
+           FROM (SELECT window_start, lag(window_end) OVER (ORDER BY window_start) AS prev_end
+                   FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'every_second') w",
+    )?;
+    assert_eq!(tiling, "t|0");
+    exec(&mut c, "SELECT tide.unschedule('every_second')")?;
+    Ok(())
+}
+
+fn main() {
+    let tests: &[(&str, TestFn)] = &[
+        (
+            "fires_create_one_run_per_window",
+            fires_create_one_run_per_window,
+        ),
+        (
+            "misfire_policies_after_downtime",
+            misfire_policies_after_downtime,
+        ),
+        (
+            "pause_resume_records_the_paused_windows",
+            pause_resume_records_the_paused_windows,
+        ),
+        (
+            "retries_back_off_then_dead_letter_then_replay",
+            retries_back_off_then_dead_letter_then_replay,
+        ),
+        ("error_kinds_choose_the_path", error_kinds_choose_the_path),
+        (
+            "stale_lease_tokens_are_fenced",
+            stale_lease_tokens_are_fenced,
+        ),
+        ("rerun_by_business_date", rerun_by_business_date),
+        (
+            "readiness_marker_and_deadline",
+            readiness_marker_and_deadline,
+        ),
+        ("short_counts_need_a_check", short_counts_need_a_check),
+        (
+            "rule_changes_hold_unstarted_runs",
+            rule_changes_hold_unstarted_runs,
+        ),
+        (
+            "illegal_transitions_are_refused",
+            illegal_transitions_are_refused,
+        ),
+        (
+            "ready_runs_notify_waiting_claimers",
+            ready_runs_notify_waiting_claimers,
+        ),
+        ("bad_options_are_refused", bad_options_are_refused),
+        (
+            "workers_sql_task_runs_as_its_owner",
+            sql_task_runs_as_its_owner,
+        ),
+        (
+            "workers_transient_command_errors_are_retried",
+            transient_command_errors_are_retried,
+        ),
+        (
+            "workers_readiness_checks_run_in_the_executors",
+            readiness_checks_run_in_the_executors,
+        ),
+        (
+            "workers_executor_killed_mid_run_is_taken_back",
+            executor_killed_mid_run_is_taken_back,
+        ),
+        (
+            "workers_scheduler_survives_terminate_and_restart",
+            scheduler_survives_terminate_and_restart,
+        ),
+    ];
+    run_tests("engine", tests)
+}

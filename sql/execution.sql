@@ -1,0 +1,819 @@
+-- pg_tide execution: claiming, leases and fencing, completion, failure and retry, the SQL
+-- command executor's per-run wrapper, readiness, replay and rerun, rule-version confirmation.
+-- Every state change below is an UPDATE of tide.run, checked and recorded by tide.run_changed.
+
+-- Run context, for a task's command and readiness check (set by pg_tide's executors).
+CREATE FUNCTION tide.run_id() RETURNS bigint
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$ SELECT nullif(current_setting('tide.run_id', true), '')::bigint $$;
+COMMENT ON FUNCTION tide.run_id() IS
+    'Inside a task''s command or readiness check: the id of the run being executed; NULL elsewhere.';
+
+CREATE FUNCTION tide.biz_date() RETURNS date
+LANGUAGE sql STABLE
+AS $$ SELECT r.biz_date FROM tide.run r WHERE r.run_id = tide.run_id() $$;
+COMMENT ON FUNCTION tide.biz_date() IS
+    'Inside a task''s command or readiness check: the business date of the run (never "today minus one").';
+
+CREATE FUNCTION tide.window_start() RETURNS timestamptz
+LANGUAGE sql STABLE
+AS $$ SELECT r.window_start FROM tide.run r WHERE r.run_id = tide.run_id() $$;
+COMMENT ON FUNCTION tide.window_start() IS
+    'Inside a task''s command or readiness check: start of the run''s business window (inclusive).';
+
+CREATE FUNCTION tide.window_end() RETURNS timestamptz
+LANGUAGE sql STABLE
+AS $$ SELECT r.window_end FROM tide.run r WHERE r.run_id = tide.run_id() $$;
+COMMENT ON FUNCTION tide.window_end() IS
+    'Inside a task''s command or readiness check: end of the run''s business window (exclusive).';
+
+CREATE FUNCTION tide.args() RETURNS jsonb
+LANGUAGE sql STABLE
+AS $$ SELECT r.args FROM tide.run r WHERE r.run_id = tide.run_id() $$;
+COMMENT ON FUNCTION tide.args() IS
+    'Inside a task''s command or readiness check: the run''s args (a JSON object).';
+
+CREATE FUNCTION tide.report(expected bigint, actual bigint) RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF tide.run_id() IS NULL THEN
+        RAISE EXCEPTION 'tide.report is only meaningful inside a task''s command'
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'external workers pass expected and actual to tide.complete(run_id, token, ...)';
+    END IF;
+    PERFORM set_config('tide.expected', coalesce(expected::text, ''), true);
+    PERFORM set_config('tide.actual', coalesce(actual::text, ''), true);
+END
+$$;
+COMMENT ON FUNCTION tide.report(bigint, bigint) IS
+    'report(expected, actual): inside a task''s command, the counts its completion is checked against; actual < expected ends the run in need_check.';
+
+CREATE FUNCTION tide.not_ready(message text DEFAULT 'input not ready') RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    RAISE EXCEPTION '%', message USING ERRCODE = 'TDNR0',
+        HINT = 'pg_tide re-checks this run at its next window; it is not retried at once';
+END
+$$;
+COMMENT ON FUNCTION tide.not_ready(text) IS
+    'not_ready(message): inside a task''s command, stop: the input is not there yet (SQLSTATE TDNR0). The run waits for the next window instead of retrying.';
+
+CREATE FUNCTION tide.business_error(message text) RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    RAISE EXCEPTION '%', message USING ERRCODE = 'TDBE0',
+        HINT = 'retrying cannot fix this: the run goes to the dead letters (tide.dead_letter) for a human';
+END
+$$;
+COMMENT ON FUNCTION tide.business_error(text) IS
+    'business_error(message): inside a task''s command, fail for good (SQLSTATE TDBE0): the run goes to the dead letters without retries.';
+
+-- A stale lease token: explain who has the run now, change nothing.
+CREATE FUNCTION tide._refuse_stale(p_run_id bigint, p_token bigint, p_function text) RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    r tide.run;
+BEGIN
+    IF p_run_id IS NULL OR p_token IS NULL THEN
+        RAISE EXCEPTION '%: % must not be NULL', p_function, CASE WHEN p_run_id IS NULL THEN 'run_id' ELSE 'token' END
+            USING ERRCODE = 'null_value_not_allowed',
+                  HINT = 'pass the run_id and lease_token that tide.claim returned';
+    END IF;
+    SELECT * INTO r FROM tide.run WHERE run_id = p_run_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'run % does not exist', p_run_id
+            USING ERRCODE = 'undefined_object',
+                  HINT = 'pass the run_id that tide.claim returned; runs of other roles'' tasks are not visible';
+    END IF;
+    RAISE EXCEPTION 'lease token % of run % is stale: the run is now % (%)', p_token, p_run_id, r.state,
+        CASE WHEN r.state = 'running' THEN format('held by %s with token %s', coalesce(r.lease_owner, 'another worker'), r.lease_token)
+             ELSE r.reason END
+        USING ERRCODE = 'object_not_in_prerequisite_state',
+              HINT = 'this worker lost the run (its lease expired or it was never its claim): roll back its work; the run''s current holder finishes it';
+END
+$$;
+COMMENT ON FUNCTION tide._refuse_stale(bigint, bigint, text) IS
+    'Internal: raises the fencing error for a call with a stale lease token.';
+
+CREATE FUNCTION tide._claim(p_executor tide.executor, p_queue text, p_worker text, p_n integer, p_lease interval)
+RETURNS SETOF tide.run
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    ids bigint[];
+BEGIN
+    -- The candidates are fixed in an array first: a LIMIT subquery under FOR UPDATE SKIP LOCKED
+    -- may be re-evaluated and claim more rows than asked.
+    IF p_queue IS NULL THEN
+        SELECT array_agg(c.run_id) INTO ids FROM (
+            SELECT r.run_id FROM tide.run r
+             WHERE r.state = 'ready' AND r.executor = p_executor
+               AND (r.run_after IS NULL OR r.run_after <= now())
+             ORDER BY r.priority DESC, r.run_id
+             LIMIT p_n FOR UPDATE SKIP LOCKED) c;
+    ELSE
+        SELECT array_agg(c.run_id) INTO ids FROM (
+            SELECT r.run_id FROM tide.run r
+             WHERE r.state = 'ready' AND r.executor = p_executor AND r.queue = p_queue
+               AND (r.run_after IS NULL OR r.run_after <= now())
+             ORDER BY r.priority DESC, r.run_id
+             LIMIT p_n FOR UPDATE SKIP LOCKED) c;
+    END IF;
+    IF ids IS NULL THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH claimed AS (
+        UPDATE tide.run r
+           SET state = 'running',
+               attempts = r.attempts + 1,
+               tries = r.tries + 1,
+               lease_owner = p_worker,
+               lease_token = nextval('tide.lease_token_seq'),
+               lease_length = l.length,
+               lease_expires_at = now() + l.length,
+               started_at = coalesce(r.started_at, now()),
+               finished_at = NULL,
+               updated_at = now(),
+               reason = format('claimed by %s, attempt %s of %s', coalesce(p_worker, 'a worker'),
+                               r.tries + 1, (v.rules->>'max_attempts'))
+          FROM tide.task_version v,
+               LATERAL (SELECT coalesce(p_lease, CASE WHEN p_executor = 'sql'
+                   THEN (v.rules->>'timeout')::interval + least((v.rules->>'timeout')::interval, interval '1 minute')
+                   ELSE (v.rules->>'lease')::interval END) AS length) l
+         WHERE r.run_id = ANY (ids) AND v.task_id = r.task_id AND v.version = r.version
+        RETURNING r.*
+    ), attempt AS (
+        INSERT INTO tide.attempt (run_id, attempt, worker, lease_token, owner)
+        SELECT c.run_id, c.attempts, c.lease_owner, c.lease_token, c.owner FROM claimed c
+    )
+    SELECT * FROM claimed c ORDER BY c.priority DESC, c.run_id;
+END
+$$;
+COMMENT ON FUNCTION tide._claim(tide.executor, text, text, integer, interval) IS
+    'Internal: the one claim path of external workers and pg_tide''s SQL executors.';
+
+CREATE FUNCTION tide.claim(queue text DEFAULT 'default', worker text DEFAULT NULL, n integer DEFAULT 1,
+                           lease interval DEFAULT NULL)
+RETURNS TABLE (run_id bigint, lease_token bigint, lease_expires_at timestamptz, task text, args jsonb,
+               window_start timestamptz, window_end timestamptz, biz_date date, attempt integer,
+               version integer, checkpoint jsonb, trigger tide.run_trigger, dedupe_key text)
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF claim.queue IS NULL THEN
+        RAISE EXCEPTION 'queue must not be NULL' USING ERRCODE = 'null_value_not_allowed',
+            HINT = 'pass the queue your tasks use, such as ''default''';
+    END IF;
+    IF claim.n IS NULL OR claim.n < 1 OR claim.n > 1000 THEN
+        RAISE EXCEPTION 'n must be between 1 and 1000, got %', coalesce(claim.n::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'claim at most 1000 runs at a time; batches of 10 to 100 work well';
+    END IF;
+    IF claim.lease IS NOT NULL AND claim.lease <= interval '0' THEN
+        RAISE EXCEPTION 'lease must be a positive interval, got %', claim.lease
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'pass lease => ''5 minutes'', or omit it to use the task''s lease';
+    END IF;
+    RETURN QUERY
+    SELECT c.run_id, c.lease_token, c.lease_expires_at, t.name, c.args, c.window_start, c.window_end,
+           c.biz_date, c.attempts, c.version, c.checkpoint, c.trigger, c.dedupe_key
+      FROM tide._claim('external', claim.queue, claim.worker, claim.n, claim.lease) c
+      JOIN tide.task t ON t.task_id = c.task_id
+     ORDER BY c.priority DESC, c.run_id;
+END
+$$;
+COMMENT ON FUNCTION tide.claim(text, text, integer, interval) IS
+    'claim(queue => ''default'', worker => NULL, n => 1, lease => task''s lease): claims up to n ready runs of external tasks (FOR UPDATE SKIP LOCKED, priority then oldest) and returns their context with a fencing lease_token.';
+
+CREATE FUNCTION tide.heartbeat(run_id bigint, token bigint, progress jsonb DEFAULT NULL) RETURNS timestamptz
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    expires timestamptz;
+BEGIN
+    UPDATE tide.run r
+       SET lease_expires_at = now() + r.lease_length,
+           checkpoint = coalesce(heartbeat.progress, r.checkpoint),
+           updated_at = now()
+     WHERE r.run_id = heartbeat.run_id AND r.lease_token = heartbeat.token AND r.state = 'running'
+    RETURNING r.lease_expires_at INTO expires;
+    IF NOT FOUND THEN
+        PERFORM tide._refuse_stale(heartbeat.run_id, heartbeat.token, 'tide.heartbeat');
+    END IF;
+    RETURN expires;
+END
+$$;
+COMMENT ON FUNCTION tide.heartbeat(bigint, bigint, jsonb) IS
+    'heartbeat(run_id, token, progress => NULL): extends the lease by its length and stores progress as the checkpoint; returns the new expiry. A stale token is refused.';
+
+CREATE FUNCTION tide.complete(run_id bigint, token bigint, result jsonb DEFAULT NULL,
+                              expected bigint DEFAULT NULL, actual bigint DEFAULT NULL)
+RETURNS tide.run_state
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    short boolean := complete.actual < complete.expected;
+    done tide.run;
+BEGIN
+    IF complete.expected < 0 OR complete.actual < 0 THEN
+        RAISE EXCEPTION 'expected and actual must not be negative, got expected %, actual %',
+            complete.expected, complete.actual
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'pass the number of records the run should have and did process';
+    END IF;
+    UPDATE tide.run r
+       SET state = CASE WHEN short THEN 'need_check' ELSE 'succeeded' END::tide.run_state,
+           result = complete.result,
+           expected = complete.expected,
+           actual = complete.actual,
+           finished_at = now(),
+           updated_at = now(),
+           lease_expires_at = NULL,
+           reason = CASE WHEN short
+                         THEN format('completed short: expected %s, actual %s', complete.expected, complete.actual)
+                         ELSE format('completed by %s', coalesce(r.lease_owner, 'a worker')) END
+     WHERE r.run_id = complete.run_id AND r.lease_token = complete.token AND r.state = 'running'
+    RETURNING * INTO done;
+    IF NOT FOUND THEN
+        PERFORM tide._refuse_stale(complete.run_id, complete.token, 'tide.complete');
+    END IF;
+    UPDATE tide.attempt a
+       SET finished_at = now(),
+           outcome = CASE WHEN short THEN 'need_check' ELSE 'succeeded' END::tide.attempt_outcome
+     WHERE a.run_id = done.run_id AND a.attempt = done.attempts;
+    RETURN done.state;
+END
+$$;
+COMMENT ON FUNCTION tide.complete(bigint, bigint, jsonb, bigint, bigint) IS
+    'complete(run_id, token, result => NULL, expected => NULL, actual => NULL): finishes a claimed run: succeeded, or need_check when actual < expected. A stale token is refused and nothing changes.';
+
+-- The one failure path: a worker's tide.fail, an SQL command's error, a lost lease.
+CREATE FUNCTION tide._fail(p_run_id bigint, p_error text, p_kind tide.error_kind, p_sqlstate text,
+                           p_outcome tide.attempt_outcome, p_now timestamptz)
+RETURNS tide.run_state
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    r tide.run;
+    rules jsonb;
+    next_fire timestamptz;
+    max_attempts integer;
+    new_state tide.run_state;
+    wait_until timestamptz;
+    why text;
+BEGIN
+    SELECT * INTO r FROM tide.run WHERE run_id = p_run_id FOR UPDATE;
+    SELECT v.rules INTO rules FROM tide.task_version v WHERE v.task_id = r.task_id AND v.version = r.version;
+    max_attempts := (rules->>'max_attempts')::integer;
+    IF p_kind = 'business' THEN
+        new_state := 'dead';
+        why := format('business error: %s', p_error);
+    ELSIF r.tries >= max_attempts THEN
+        new_state := 'dead';
+        why := format('gave up after %s of %s attempts: %s', r.tries, max_attempts, p_error);
+    ELSIF p_kind = 'transient' THEN
+        new_state := 'retry';
+        wait_until := p_now + tide.backoff_delay(r.tries, (rules->>'backoff_base')::interval,
+                                                 (rules->>'backoff_factor')::float8,
+                                                 (rules->>'backoff_cap')::interval,
+                                                 rules->>'jitter', random());
+        why := format('attempt %s of %s failed, retry after %s: %s', r.tries, max_attempts,
+                      to_char(wait_until AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS" UTC"'), p_error);
+    ELSE
+        -- Not ready: wait for the next window, never a tight loop.
+        SELECT t.next_fire_at INTO next_fire FROM tide.task t WHERE t.task_id = r.task_id;
+        wait_until := CASE WHEN next_fire > p_now THEN next_fire
+                           ELSE p_now + (rules->>'recheck_interval')::interval END;
+        new_state := 'waiting';
+        why := format('not ready (attempt %s of %s), waits until %s: %s', r.tries, max_attempts,
+                      to_char(wait_until AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS" UTC"'), p_error);
+    END IF;
+    UPDATE tide.run
+       SET state = new_state,
+           run_after = wait_until,
+           ready_deadline = NULL,
+           last_error = p_error,
+           last_error_kind = p_kind,
+           lease_expires_at = NULL,
+           finished_at = CASE WHEN new_state = 'dead' THEN p_now END,
+           updated_at = now(),
+           reason = why
+     WHERE run_id = p_run_id;
+    UPDATE tide.attempt
+       SET finished_at = p_now, outcome = p_outcome, error_kind = p_kind, sqlstate = p_sqlstate, error = p_error
+     WHERE run_id = p_run_id AND attempt = r.attempts;
+    RETURN new_state;
+END
+$$;
+COMMENT ON FUNCTION tide._fail(bigint, text, tide.error_kind, text, tide.attempt_outcome, timestamptz) IS
+    'Internal: records a failed attempt and decides retry (with backoff), wait (not ready) or dead letter.';
+
+CREATE FUNCTION tide.fail(run_id bigint, token bigint, error text, kind text DEFAULT 'transient')
+RETURNS tide.run_state
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    k tide.error_kind;
+BEGIN
+    IF fail.error IS NULL OR fail.kind IS NULL THEN
+        RAISE EXCEPTION '% must not be NULL', CASE WHEN fail.error IS NULL THEN 'error' ELSE 'kind' END
+            USING ERRCODE = 'null_value_not_allowed', HINT = 'say what went wrong: tide.fail(run_id, token, ''timeout calling the bank'')';
+    END IF;
+    k := tide.error_kind_from(fail.kind)::tide.error_kind;
+    PERFORM 1 FROM tide.run r
+     WHERE r.run_id = fail.run_id AND r.lease_token = fail.token AND r.state = 'running'
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM tide._refuse_stale(fail.run_id, fail.token, 'tide.fail');
+    END IF;
+    RETURN tide._fail(fail.run_id, fail.error, k, NULL, 'failed', now());
+END
+$$;
+COMMENT ON FUNCTION tide.fail(bigint, bigint, text, text) IS
+    'fail(run_id, token, error, kind => ''transient''): records a failed attempt. transient = retry with backoff up to max_attempts; business = dead letter at once; not_ready = wait for the next window. Returns the run''s new state.';
+
+-- The SQL executor's body for one claimed run, called as the task's owner. The command runs in
+-- a subtransaction together with its completion: a run whose completion is refused (its lease
+-- was lost meanwhile) leaves no effects, and an error is recorded as a failed attempt.
+CREATE FUNCTION tide._execute(p_run_id bigint, p_token bigint) RETURNS text
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    cmd text;
+    n bigint;
+    st text;
+    msg text;
+    final tide.run_state;
+BEGIN
+    SELECT v.rules->>'command' INTO cmd
+      FROM tide.run r JOIN tide.task_version v ON v.task_id = r.task_id AND v.version = r.version
+     WHERE r.run_id = p_run_id;
+    PERFORM set_config('tide.run_id', p_run_id::text, true);
+    PERFORM set_config('tide.expected', '', true);
+    PERFORM set_config('tide.actual', '', true);
+    BEGIN
+        IF cmd IS NULL THEN
+            PERFORM tide.business_error('the task has no command in this rule version');
+        END IF;
+        EXECUTE cmd;
+        GET DIAGNOSTICS n = ROW_COUNT;
+        final := tide.complete(p_run_id, p_token, jsonb_build_object('row_count', n),
+                               nullif(current_setting('tide.expected', true), '')::bigint,
+                               nullif(current_setting('tide.actual', true), '')::bigint);
+        RETURN final::text;
+    EXCEPTION WHEN query_canceled OR others THEN
+        GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
+    END;
+    PERFORM set_config('tide.run_id', '', true);
+    PERFORM 1 FROM tide.run r
+     WHERE r.run_id = p_run_id AND r.lease_token = p_token AND r.state = 'running' FOR UPDATE;
+    IF NOT FOUND THEN
+        -- Fenced: the lease was lost and the run taken back; the command's effects are undone.
+        RETURN 'fenced';
+    END IF;
+    final := tide._fail(p_run_id, msg, tide.error_kind_of(st)::tide.error_kind, st, 'failed', now());
+    RETURN final::text;
+END
+$$;
+COMMENT ON FUNCTION tide._execute(bigint, bigint) IS
+    'Internal: runs a claimed run''s command and completes or fails it in the same transaction (called by pg_tide executors as the task owner).';
+
+-- Readiness of one waiting run whose task declares a check, called by an executor as the owner.
+CREATE FUNCTION tide._check_ready(p_run_id bigint) RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    r tide.run;
+    rules jsonb;
+    ok boolean;
+    st text;
+    msg text;
+BEGIN
+    SELECT * INTO r FROM tide.run WHERE run_id = p_run_id AND state = 'waiting' FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    SELECT v.rules INTO rules FROM tide.task_version v WHERE v.task_id = r.task_id AND v.version = r.version;
+    PERFORM set_config('tide.run_id', p_run_id::text, true);
+    BEGIN
+        IF rules->>'ready_dataset' IS NOT NULL AND NOT EXISTS (
+               SELECT 1 FROM tide.ready_marker m
+                WHERE m.dataset = rules->>'ready_dataset' AND m.biz_date = r.biz_date) THEN
+            ok := false;
+            msg := format('dataset %s is not marked ready for %s', rules->>'ready_dataset', r.biz_date);
+        ELSE
+            EXECUTE format('SELECT (%s)::boolean', rules->>'ready_check') INTO ok;
+            msg := 'readiness check returned ' || coalesce(ok::text, 'NULL');
+        END IF;
+    EXCEPTION WHEN query_canceled OR others THEN
+        GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
+        ok := false;
+        msg := format('readiness check failed (%s): %s', st, msg);
+    END;
+    PERFORM set_config('tide.run_id', '', true);
+    IF ok THEN
+        UPDATE tide.run SET state = 'ready', run_after = NULL, updated_at = now(),
+                            reason = 'ready: readiness check passed'
+         WHERE run_id = p_run_id;
+    ELSE
+        UPDATE tide.run SET run_after = now() + (rules->>'recheck_interval')::interval, updated_at = now(),
+                            last_error = CASE WHEN st IS NOT NULL THEN msg ELSE last_error END,
+                            reason = 'waiting: ' || msg
+         WHERE run_id = p_run_id;
+    END IF;
+    RETURN coalesce(ok, false);
+END
+$$;
+COMMENT ON FUNCTION tide._check_ready(bigint) IS
+    'Internal: evaluates a waiting run''s readiness check as the task owner (called by pg_tide executors).';
+
+-- The next waiting run whose readiness check is due; locked until the caller's transaction ends.
+CREATE FUNCTION tide._claim_check()
+RETURNS TABLE (run_id bigint, owner name, timeout interval)
+LANGUAGE sql
+AS $$
+    SELECT r.run_id, r.owner, least((v.rules->>'timeout')::interval, interval '1 minute')
+      FROM tide.run r JOIN tide.task_version v ON v.task_id = r.task_id AND v.version = r.version
+     WHERE r.state = 'waiting' AND (r.run_after IS NULL OR r.run_after <= now())
+       AND v.rules->>'ready_check' IS NOT NULL
+     ORDER BY r.run_after NULLS FIRST, r.run_id
+     LIMIT 1
+       FOR UPDATE OF r SKIP LOCKED
+$$;
+COMMENT ON FUNCTION tide._claim_check() IS
+    'Internal: the next waiting run whose readiness check is due (for pg_tide executors).';
+
+CREATE FUNCTION tide.mark_ready(dataset text, biz_date date, details jsonb DEFAULT NULL) RETURNS integer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    released integer;
+BEGIN
+    IF mark_ready.dataset IS NULL OR btrim(mark_ready.dataset) = '' OR mark_ready.biz_date IS NULL THEN
+        RAISE EXCEPTION 'dataset and biz_date must be given, got dataset %, biz_date %',
+            coalesce(quote_literal(mark_ready.dataset), 'NULL'), coalesce(mark_ready.biz_date::text, 'NULL')
+            USING ERRCODE = 'null_value_not_allowed',
+                  HINT = 'for example: SELECT tide.mark_ready(''orders'', DATE ''2026-11-28'')';
+    END IF;
+    INSERT INTO tide.ready_marker AS m (dataset, biz_date, details)
+    VALUES (mark_ready.dataset, mark_ready.biz_date, mark_ready.details)
+    ON CONFLICT ON CONSTRAINT ready_marker_pkey DO UPDATE
+       SET marked_at = now(), marked_by = current_user, details = coalesce(EXCLUDED.details, m.details);
+    -- Runs that only wait for this marker are ready now; runs with a check are re-checked now.
+    WITH waiting AS (
+        SELECT r.run_id, v.rules->>'ready_check' IS NULL AS marker_only
+          FROM tide.run r JOIN tide.task_version v ON v.task_id = r.task_id AND v.version = r.version
+         WHERE r.state = 'waiting' AND r.biz_date = mark_ready.biz_date
+           AND v.rules->>'ready_dataset' = mark_ready.dataset
+           FOR UPDATE OF r
+    )
+    UPDATE tide.run r
+       SET state = CASE WHEN w.marker_only THEN 'ready' ELSE 'waiting' END::tide.run_state,
+           run_after = NULL, updated_at = now(),
+           reason = CASE WHEN w.marker_only THEN format('ready: %s marked ready for %s', mark_ready.dataset, mark_ready.biz_date)
+                         ELSE r.reason END
+      FROM waiting w WHERE r.run_id = w.run_id;
+    GET DIAGNOSTICS released = ROW_COUNT;
+    RETURN released;
+END
+$$;
+COMMENT ON FUNCTION tide.mark_ready(text, date, jsonb) IS
+    'mark_ready(dataset, biz_date, details => NULL): records that a dataset is complete for a business date; runs waiting for it become ready. Returns how many runs it released.';
+
+-- The state a (re)opened run starts in: waiting when its rules declare readiness.
+CREATE FUNCTION tide._open_state(rules jsonb) RETURNS tide.run_state
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT CASE WHEN rules->>'ready_dataset' IS NOT NULL OR rules->>'ready_check' IS NOT NULL
+                THEN 'waiting' ELSE 'ready' END::tide.run_state
+$$;
+COMMENT ON FUNCTION tide._open_state(jsonb) IS 'Internal: waiting if the rules declare readiness, else ready.';
+
+-- Reopens a finished run: the shared path of tide.replay, tide.rerun and tide.resolve.
+CREATE FUNCTION tide._reopen(p_run_id bigint, p_trigger tide.run_trigger, p_version text, p_force boolean,
+                             p_function text)
+RETURNS bigint
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    r tide.run;
+    t tide.task;
+    use_version integer;
+    rules jsonb;
+BEGIN
+    SELECT * INTO r FROM tide.run WHERE run_id = p_run_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'run % does not exist', p_run_id USING ERRCODE = 'undefined_object',
+            HINT = 'find runs with: SELECT run_id, state, biz_date FROM tide.run WHERE task_id = ...';
+    END IF;
+    SELECT * INTO t FROM tide.task WHERE task_id = r.task_id;
+    IF r.state IN ('waiting', 'ready', 'running', 'retry', 'held') THEN
+        RAISE NOTICE 'run % is already % (%); nothing to reopen', r.run_id, r.state, r.reason;
+        RETURN r.run_id;
+    END IF;
+    IF r.state = 'succeeded' AND NOT coalesce(p_force, false) THEN
+        RAISE EXCEPTION 'run % of task % (business date %) already succeeded', r.run_id, t.name, coalesce(r.biz_date::text, r.dedupe_key)
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = format('running it again could write its data twice; if that is intended, call %s(..., force => true)', p_function);
+    END IF;
+    IF p_version IS NULL THEN
+        IF r.version <> t.version THEN
+            RAISE EXCEPTION 'the rules of task % changed since run % was created (version % then, % now)', t.name, r.run_id, r.version, t.version
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = format('choose explicitly: %s(..., version => ''original'') or version => ''current''', p_function);
+        END IF;
+        use_version := r.version;
+    ELSIF lower(p_version) = 'original' THEN
+        use_version := r.version;
+    ELSIF lower(p_version) = 'current' THEN
+        use_version := t.version;
+    ELSE
+        RAISE EXCEPTION 'unknown version "%"', p_version USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'use version => ''original'' (the rules the run was created under) or ''current''';
+    END IF;
+    IF t.source_retention IS NOT NULL AND r.window_start < now() - t.source_retention THEN
+        RAISE EXCEPTION 'the window of run % starts at %, beyond the task''s source_retention of %', r.run_id, r.window_start, t.source_retention
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'the source no longer has this data; if it was restored, raise source_retention with tide.alter first';
+    END IF;
+    SELECT v.rules INTO rules FROM tide.task_version v WHERE v.task_id = r.task_id AND v.version = use_version;
+    UPDATE tide.run
+       SET state = tide._open_state(rules),
+           trigger = p_trigger,
+           version = use_version,
+           args = CASE WHEN use_version = r.version THEN r.args ELSE rules->'args' END,
+           queue = rules->>'queue',
+           priority = (rules->>'priority')::integer,
+           executor = CASE WHEN rules->>'command' IS NULL THEN 'external' ELSE 'sql' END::tide.executor,
+           skip_reason = NULL, covered_by = NULL, tries = 0, deferrals = 0,
+           run_after = NULL, ready_deadline = NULL, finished_at = NULL, lease_expires_at = NULL,
+           updated_at = now(),
+           reason = format('%s by %s (from %s%s, version %s)', p_trigger, current_user, r.state,
+                           CASE WHEN r.state = 'succeeded' THEN ', forced' ELSE '' END, use_version)
+     WHERE run_id = r.run_id;
+    RETURN r.run_id;
+END
+$$;
+COMMENT ON FUNCTION tide._reopen(bigint, tide.run_trigger, text, boolean, text) IS
+    'Internal: reopens a finished run (the shared path of replay, rerun and resolve).';
+
+CREATE FUNCTION tide.replay(run_id bigint, version text DEFAULT NULL, force boolean DEFAULT false) RETURNS bigint
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF replay.run_id IS NULL THEN
+        RAISE EXCEPTION 'run_id must not be NULL' USING ERRCODE = 'null_value_not_allowed',
+            HINT = 'pick one from tide.dead_letter';
+    END IF;
+    RETURN tide._reopen(replay.run_id, 'replay', replay.version, replay.force, 'tide.replay');
+END
+$$;
+COMMENT ON FUNCTION tide.replay(bigint, text, boolean) IS
+    'replay(run_id, version => ''original''|''current'', force => false): puts a dead, need_check, cancelled or skipped run back in line through the normal path. A succeeded run needs force => true. When the task''s rules changed since the run, version must be chosen.';
+
+CREATE FUNCTION tide._rerun(p_task_id bigint, p_fire timestamptz, p_start timestamptz, p_end timestamptz,
+                            p_biz_date date, p_version text, p_force boolean)
+RETURNS bigint
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    t tide.task;
+    id bigint;
+BEGIN
+    SELECT * INTO t FROM tide.task WHERE task_id = p_task_id;
+    IF t.source_retention IS NOT NULL AND p_start < now() - t.source_retention THEN
+        RAISE EXCEPTION 'business date % of task % is beyond its source_retention of %', p_biz_date, t.name, t.source_retention
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'the source no longer has this data; if it was restored, raise source_retention with tide.alter first';
+    END IF;
+    INSERT INTO tide.run (task_id, trigger, fire_at, window_start, window_end, biz_date, version, state, reason,
+                          executor, queue, priority, args, owner)
+    SELECT t.task_id, 'manual', p_fire, p_start, p_end, p_biz_date, t.version, tide._open_state(tide.task_rules(t)),
+           format('manual rerun by %s', current_user),
+           CASE WHEN t.command IS NULL THEN 'external' ELSE 'sql' END::tide.executor,
+           t.queue, t.priority, t.args, t.owner
+    ON CONFLICT (task_id, window_start) DO NOTHING
+    RETURNING run_id INTO id;
+    IF id IS NOT NULL THEN
+        PERFORM tide._record_created(ARRAY[id]);
+        RETURN id;
+    END IF;
+    SELECT r.run_id INTO id FROM tide.run r WHERE r.task_id = p_task_id AND r.window_start = p_start;
+    RETURN tide._reopen(id, 'manual', p_version, p_force, 'tide.rerun');
+END
+$$;
+COMMENT ON FUNCTION tide._rerun(bigint, timestamptz, timestamptz, timestamptz, date, text, boolean) IS
+    'Internal: creates or reopens the run of one window (tide.rerun after the window is computed).';
+
+CREATE FUNCTION tide.resolve(run_id bigint, decision text) RETURNS tide.run_state
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    r tide.run;
+BEGIN
+    SELECT * INTO r FROM tide.run x WHERE x.run_id = resolve.run_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'run % does not exist', resolve.run_id USING ERRCODE = 'undefined_object',
+            HINT = 'runs waiting for a decision: SELECT run_id FROM tide.run WHERE state = ''need_check''';
+    END IF;
+    IF r.state <> 'need_check' THEN
+        RAISE EXCEPTION 'run % is %, not need_check', r.run_id, r.state USING ERRCODE = 'object_not_in_prerequisite_state',
+            HINT = 'tide.resolve settles runs that completed short (actual < expected); use tide.replay for other runs';
+    END IF;
+    CASE lower(coalesce(resolve.decision, ''))
+    WHEN 'accept' THEN
+        UPDATE tide.run x SET state = 'succeeded', updated_at = now(),
+               reason = format('accepted by %s: expected %s, actual %s', current_user, x.expected, x.actual)
+         WHERE x.run_id = r.run_id;
+    WHEN 'replay' THEN
+        PERFORM tide._reopen(r.run_id, 'replay', 'original', false, 'tide.resolve');
+    ELSE
+        RAISE EXCEPTION 'unknown decision "%"', resolve.decision USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'use ''accept'' (the short count is right) or ''replay'' (run it again)';
+    END CASE;
+    RETURN (SELECT x.state FROM tide.run x WHERE x.run_id = r.run_id);
+END
+$$;
+COMMENT ON FUNCTION tide.resolve(bigint, text) IS
+    'resolve(run_id, ''accept''|''replay''): settles a need_check run: accept its short count as succeeded, or replay it.';
+
+-- Unstarted runs of a task whose rules just changed (called by tide.alter).
+CREATE FUNCTION tide._apply_pending(p_task_id bigint, p_version integer, p_mode text) RETURNS integer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    n integer;
+    rules jsonb;
+BEGIN
+    SELECT v.rules INTO rules FROM tide.task_version v WHERE v.task_id = p_task_id AND v.version = p_version;
+    IF p_mode = 'keep' THEN
+        RETURN 0;
+    ELSIF p_mode = 'adopt' THEN
+        UPDATE tide.run r
+           SET version = p_version, args = rules->'args', queue = rules->>'queue',
+               priority = (rules->>'priority')::integer,
+               executor = CASE WHEN rules->>'command' IS NULL THEN 'external' ELSE 'sql' END::tide.executor,
+               updated_at = now(),
+               reason = format('%s; adopted rule version %s', r.reason, p_version)
+         WHERE r.task_id = p_task_id AND r.state IN ('waiting', 'ready', 'retry', 'held') AND r.version <> p_version;
+    ELSE
+        UPDATE tide.run r
+           SET state = 'held', updated_at = now(),
+               reason = format('held: rules changed to version %s; confirm with tide.confirm', p_version)
+         WHERE r.task_id = p_task_id AND r.state IN ('waiting', 'ready', 'retry') AND r.version <> p_version;
+    END IF;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+COMMENT ON FUNCTION tide._apply_pending(bigint, integer, text) IS
+    'Internal: applies tide.alter''s pending => adopt | keep | hold to a task''s unstarted runs.';
+
+CREATE FUNCTION tide.confirm(task text, version integer) RETURNS integer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    t tide.task;
+    rules jsonb;
+    n integer;
+BEGIN
+    SELECT * INTO t FROM tide.task x WHERE x.name = confirm.task;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'task "%" does not exist', confirm.task USING ERRCODE = 'undefined_object',
+            HINT = 'list your tasks with: SELECT name FROM tide.task';
+    END IF;
+    SELECT v.rules INTO rules FROM tide.task_version v WHERE v.task_id = t.task_id AND v.version = confirm.version;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'task % has no rule version %', confirm.task, coalesce(confirm.version::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = format('versions are 1 to %s; see tide.task_version', t.version);
+    END IF;
+    UPDATE tide.run r
+       SET state = tide._open_state(rules), version = confirm.version,
+           args = CASE WHEN r.version = confirm.version THEN r.args ELSE rules->'args' END,
+           queue = rules->>'queue', priority = (rules->>'priority')::integer,
+           executor = CASE WHEN rules->>'command' IS NULL THEN 'external' ELSE 'sql' END::tide.executor,
+           run_after = NULL, updated_at = now(),
+           reason = format('confirmed by %s under rule version %s', current_user, confirm.version)
+     WHERE r.task_id = t.task_id AND r.state = 'held';
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+COMMENT ON FUNCTION tide.confirm(text, integer) IS
+    'confirm(task, version): releases the task''s held runs to run under the given rule version; returns how many.';
+
+CREATE FUNCTION tide.cancel(run_id bigint, reason text DEFAULT NULL) RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    UPDATE tide.run r
+       SET state = 'cancelled', finished_at = now(), updated_at = now(), lease_expires_at = NULL,
+           reason = format('cancelled by %s%s', current_user, coalesce(': ' || cancel.reason, ''))
+     WHERE r.run_id = cancel.run_id AND r.state IN ('waiting', 'ready', 'retry', 'held');
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM tide.run r WHERE r.run_id = cancel.run_id) THEN
+        RAISE EXCEPTION 'run % does not exist', cancel.run_id USING ERRCODE = 'undefined_object',
+            HINT = 'see SELECT run_id, state FROM tide.run';
+    END IF;
+    RETURN false;
+END
+$$;
+COMMENT ON FUNCTION tide.cancel(bigint, text) IS
+    'cancel(run_id, reason => NULL): cancels a run that has not started (waiting, ready, retry, held); false if it is running or finished.';
+
+-- The tick's work on existing runs, all at the instant p_now.
+CREATE FUNCTION tide._tick_runs(p_now timestamptz) RETURNS jsonb
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    retried integer;
+    released integer;
+    lost integer := 0;
+    expired integer := 0;
+    rec record;
+    rules jsonb;
+    next_deadline timestamptz;
+BEGIN
+    -- Backoff passed: retries are ready again.
+    UPDATE tide.run r SET state = 'ready', run_after = NULL, updated_at = now(),
+                          reason = format('retry due (attempt %s next)', r.tries + 1)
+     WHERE r.state = 'retry' AND r.run_after <= p_now;
+    GET DIAGNOSTICS retried = ROW_COUNT;
+
+    -- Leases that expired: the attempt is lost and counts; the run retries or goes dead.
+    FOR rec IN SELECT x.run_id, x.lease_owner, x.lease_token FROM tide.run x
+              WHERE x.state = 'running' AND x.lease_expires_at < p_now
+              ORDER BY x.lease_expires_at FOR UPDATE SKIP LOCKED LOOP
+        PERFORM tide._fail(rec.run_id, format('lease of %s (token %s) expired', coalesce(rec.lease_owner, 'a worker'), rec.lease_token),
+                           'transient', NULL, 'lost', p_now);
+        lost := lost + 1;
+    END LOOP;
+
+    -- Waiting runs without an SQL check: released by their marker, or by time when they only
+    -- waited for the next window. Runs with a check are released by the executors.
+    UPDATE tide.run r
+       SET state = 'ready', run_after = NULL, updated_at = now(),
+           reason = CASE WHEN v.rules->>'ready_dataset' IS NOT NULL
+                         THEN format('ready: %s marked ready for %s', v.rules->>'ready_dataset', r.biz_date)
+                         ELSE 'ready: next window reached' END
+      FROM tide.task_version v
+     WHERE r.state = 'waiting' AND v.task_id = r.task_id AND v.version = r.version
+       AND v.rules->>'ready_check' IS NULL
+       AND CASE WHEN v.rules->>'ready_dataset' IS NOT NULL
+                THEN EXISTS (SELECT 1 FROM tide.ready_marker m
+                              WHERE m.dataset = v.rules->>'ready_dataset' AND m.biz_date = r.biz_date)
+                ELSE r.run_after IS NULL OR r.run_after <= p_now END;
+    GET DIAGNOSTICS released = ROW_COUNT;
+
+    -- Still not ready at the deadline: the task's not_ready_policy decides.
+    FOR rec IN SELECT x.run_id, x.task_id, x.version, x.deferrals, x.ready_deadline FROM tide.run x
+              WHERE x.state = 'waiting' AND x.ready_deadline <= p_now
+              FOR UPDATE SKIP LOCKED LOOP
+        SELECT v.rules INTO rules FROM tide.task_version v WHERE v.task_id = rec.task_id AND v.version = rec.version;
+        expired := expired + 1;
+        IF rules->>'not_ready_policy' = 'skip' THEN
+            UPDATE tide.run SET state = 'skipped', skip_reason = 'not_ready', finished_at = p_now, updated_at = now(),
+                                reason = format('skipped: not ready by %s', rec.ready_deadline)
+             WHERE run_id = rec.run_id;
+        ELSIF rules->>'not_ready_policy' = 'fail' OR rec.deferrals + 1 >= (rules->>'max_attempts')::integer THEN
+            UPDATE tide.run SET state = 'dead', finished_at = p_now, updated_at = now(), last_error_kind = 'not_ready',
+                                last_error = format('not ready by %s', rec.ready_deadline),
+                                reason = format('dead: not ready by %s (deferred %s times)', rec.ready_deadline, rec.deferrals)
+             WHERE run_id = rec.run_id;
+        ELSE
+            SELECT t.next_fire_at INTO next_deadline FROM tide.task t WHERE t.task_id = rec.task_id;
+            next_deadline := greatest(coalesce(rec.ready_deadline + (rules->>'ready_timeout')::interval, next_deadline),
+                                      p_now + (rules->>'recheck_interval')::interval);
+            UPDATE tide.run SET deferrals = deferrals + 1, ready_deadline = next_deadline, updated_at = now(),
+                                reason = format('not ready by %s: deferred to the next window (until %s)', rec.ready_deadline, next_deadline)
+             WHERE run_id = rec.run_id;
+        END IF;
+    END LOOP;
+
+    RETURN jsonb_build_object('retried', retried, 'taken_back', lost, 'released', released, 'not_ready_deadline', expired);
+END
+$$;
+COMMENT ON FUNCTION tide._tick_runs(timestamptz) IS
+    'Internal: the tick''s work on existing runs: due retries, expired leases, readiness releases and deadlines.';
+
+CREATE VIEW tide.dead_letter WITH (security_invoker = true) AS
+SELECT r.run_id, t.name AS task, r.version, r.trigger, r.biz_date, r.window_start, r.window_end, r.dedupe_key,
+       r.args, r.attempts, r.last_error_kind, r.last_error, r.finished_at AS died_at, r.reason,
+       (SELECT jsonb_agg(jsonb_build_object('attempt', a.attempt, 'worker', a.worker, 'claimed_at', a.claimed_at,
+                                            'finished_at', a.finished_at, 'outcome', a.outcome,
+                                            'error_kind', a.error_kind, 'sqlstate', a.sqlstate, 'error', a.error)
+                         ORDER BY a.attempt)
+          FROM tide.attempt a WHERE a.run_id = r.run_id) AS attempt_errors,
+       v.rules
+  FROM tide.run r
+  JOIN tide.task t ON t.task_id = r.task_id
+  JOIN tide.task_version v ON v.task_id = r.task_id AND v.version = r.version
+ WHERE r.state = 'dead';
+COMMENT ON VIEW tide.dead_letter IS
+    'Dead runs with their full context: task, rule version and rules, window, args, and every attempt''s error. Replay one with tide.replay(run_id).';
+GRANT SELECT ON tide.dead_letter TO PUBLIC;

@@ -1,0 +1,209 @@
+//! The Rust pieces of the run ledger's SQL surface: retry delays and error classes for the
+//! PL/pgSQL ledger (`sql/execution.sql`), and `tide.rerun`, which needs the calendar to find a
+//! business date's window.
+
+use chrono::{Duration, NaiveDate, NaiveTime};
+use pgrx::datum::{Date, Interval, TimestampWithTimeZone};
+use pgrx::prelude::*;
+
+use crate::calendar::{fire_iter, previous_fire, to_local, window_for, BizWindow, WindowKind};
+use crate::catalog::load_task;
+use crate::error::TideError;
+use crate::pgtime::{from_pg, now, to_pg};
+use crate::retry::{classify, delay_us, ErrorKind, Jitter};
+use crate::rules::Span;
+use crate::sqlerr::{raise, required, OrRaise};
+
+pub fn span_of(i: &Interval) -> Span {
+    Span {
+        months: i.months(),
+        days: i.days(),
+        micros: i.micros(),
+    }
+}
+
+fn micros_of(i: &Interval) -> i64 {
+    i64::try_from(span_of(i).approx_micros()).unwrap_or(i64::MAX)
+}
+
+/// The delay before the next try after `tries` failed ones: `min(cap, base * factor^(tries-1))`
+/// spread by `jitter` using `unit` (a random number in [0, 1), pass `random()`).
+#[pg_extern(immutable, parallel_safe)]
+fn backoff_delay(
+    tries: i32,
+    base: Interval,
+    factor: f64,
+    cap: Interval,
+    jitter: &str,
+    unit: f64,
+) -> Interval {
+    const F: &str = "tide.backoff_delay";
+    let jitter = Jitter::parse(jitter).or_raise(F);
+    let us = delay_us(
+        tries,
+        micros_of(&base),
+        factor,
+        micros_of(&cap),
+        jitter,
+        unit,
+    );
+    Interval::from_micros(us)
+}
+
+/// How a failed command's SQLSTATE is treated: 'transient', 'business' or 'not_ready'.
+#[pg_extern(immutable, parallel_safe)]
+fn error_kind_of(sqlstate: &str) -> &'static str {
+    classify(sqlstate).as_str()
+}
+
+/// Checks an error kind given by a worker and returns its canonical spelling.
+#[pg_extern(immutable, parallel_safe)]
+fn error_kind_from(kind: &str) -> &'static str {
+    ErrorKind::parse(kind).or_raise("tide.fail").as_str()
+}
+
+/// The window of a task whose business date is `biz_date`: the one window of the task's
+/// calendar starting on that local date.
+fn window_by_date(
+    rules: &crate::rules::TaskRules,
+    biz_date: NaiveDate,
+    task: &str,
+) -> Result<(Option<chrono::DateTime<chrono::Utc>>, BizWindow), TideError> {
+    let (tz, policy, kind) = (rules.tz, rules.policy, rules.biz_window);
+    // The first fire at or after the local midnight of the date, then every fire while its
+    // window still starts on or before that date.
+    let midnight = biz_date.and_time(NaiveTime::MIN);
+    let start = crate::calendar::zone_instant(tz, midnight) - Duration::days(1);
+    let mut found: Vec<(chrono::DateTime<chrono::Utc>, BizWindow)> = Vec::new();
+    for fire in fire_iter(&rules.schedule, tz, policy, start).take(20_000) {
+        let Some(w) = window_for(&rules.schedule, tz, policy, kind, fire) else {
+            continue;
+        };
+        if w.biz_date > biz_date {
+            break;
+        }
+        if w.biz_date == biz_date && !found.iter().any(|(_, f)| f.start == w.start) {
+            found.push((fire, w));
+        }
+        if to_local(tz, fire).date() > biz_date + Duration::days(62) {
+            break;
+        }
+    }
+    match found.len() {
+        1 => Ok((Some(found[0].0), found[0].1)),
+        0 => Err(TideError::NoWindow {
+            task: task.to_string(),
+            what: format!("business date {biz_date}"),
+            hint: match kind {
+                WindowKind::Week => {
+                    "week windows start on Mondays: pass the Monday's date".to_string()
+                }
+                WindowKind::Month => {
+                    "month windows start on the 1st: pass the first day of the month".to_string()
+                }
+                _ => "see the task's windows with tide.preview(task)".to_string(),
+            },
+        }),
+        n => Err(TideError::NoWindow {
+            task: task.to_string(),
+            what: format!("one business date {biz_date} ({n} windows start that day)"),
+            hint: "pass window_start => the start of the window instead".to_string(),
+        }),
+    }
+}
+
+/// The window of a task that starts exactly at `start`.
+fn window_by_start(
+    rules: &crate::rules::TaskRules,
+    start: chrono::DateTime<chrono::Utc>,
+    task: &str,
+) -> Result<(Option<chrono::DateTime<chrono::Utc>>, BizWindow), TideError> {
+    let (tz, policy, kind) = (rules.tz, rules.policy, rules.biz_window);
+    let not_a_start = || TideError::NoWindow {
+        task: task.to_string(),
+        what: format!("a window starting at {start}"),
+        hint: "see the task's windows with tide.preview(task), or pass biz_date".to_string(),
+    };
+    let fire = match kind {
+        // A fire window starts at a fire and ends at the next one.
+        WindowKind::Fire => fire_iter(&rules.schedule, tz, policy, start)
+            .next()
+            .filter(|_| {
+                previous_fire(
+                    &rules.schedule,
+                    tz,
+                    policy,
+                    start + Duration::microseconds(1),
+                ) == Some(start)
+            }),
+        // A period window belongs to the first fire at or after its end.
+        _ => fire_iter(&rules.schedule, tz, policy, start)
+            .take(20_000)
+            .find(|f| {
+                window_for(&rules.schedule, tz, policy, kind, *f).is_some_and(|w| w.start >= start)
+            }),
+    }
+    .ok_or_else(not_a_start)?;
+    let w = window_for(&rules.schedule, tz, policy, kind, fire).ok_or_else(not_a_start)?;
+    if w.start != start {
+        return Err(not_a_start());
+    }
+    Ok((Some(fire), w))
+}
+
+/// Runs one window of a task again — or for the first time — by its explicit business date
+/// (or window start), through the same path as scheduled runs. A window already run
+/// successfully is refused unless `force`; `version` chooses between the run's original rules
+/// and the current ones when they differ. Returns the run id.
+#[pg_extern(volatile)]
+fn rerun(
+    task: Option<&str>,
+    biz_date: default!(Option<Date>, "NULL"),
+    window_start: default!(Option<TimestampWithTimeZone>, "NULL"),
+    version: default!(Option<&str>, "NULL"),
+    force: default!(Option<bool>, false),
+) -> i64 {
+    const F: &str = "tide.rerun";
+    let name = required(task, "task", F);
+    let row = load_task(name, true).or_raise(F);
+    let rules = row.rules.validate().or_raise(F);
+    let (fire, window) = match (biz_date, window_start) {
+        (Some(d), None) => {
+            let date = crate::pgtime::date_from_pg(d, "biz_date").or_raise(F);
+            window_by_date(&rules, date, name).or_raise(F)
+        }
+        (None, Some(ws)) => {
+            window_by_start(&rules, from_pg(ws, "window_start").or_raise(F), name).or_raise(F)
+        }
+        _ => raise(
+            TideError::OneOf {
+                params: "biz_date or window_start",
+            },
+            F,
+        ),
+    };
+    if window.end > now() {
+        raise(
+            TideError::OutOfRange {
+                param: "biz_date",
+                value: window.biz_date.to_string(),
+                expected: "a window that has already ended",
+            },
+            F,
+        );
+    }
+    Spi::get_one_with_args::<i64>(
+        "SELECT tide._rerun($1, $2, $3, $4, $5, $6, $7)",
+        &[
+            row.task_id.into(),
+            fire.map(to_pg).into(),
+            to_pg(window.start).into(),
+            to_pg(window.end).into(),
+            crate::pgtime::date_to_pg(window.biz_date).into(),
+            version.into(),
+            force.unwrap_or(false).into(),
+        ],
+    )
+    .or_raise(F)
+    .unwrap_or_else(|| raise(TideError::NoSuchTask(name.to_string()), F))
+}

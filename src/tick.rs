@@ -1,0 +1,442 @@
+//! The scheduler tick, `tide.tick(now)`: everything the scheduler does, in one transaction.
+//!
+//! It only creates and moves run records; it never runs user SQL (commands and readiness
+//! checks run in the executors). Tests call it with explicit instants to drive time.
+
+use chrono::{DateTime, Duration, Utc};
+use pgrx::datum::{Date, Interval, JsonB, TimestampWithTimeZone};
+use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
+use serde_json::{json, Map, Value};
+
+use crate::calendar::{fire_iter, previous_fire, window_for, BizWindow, WindowKind};
+use crate::ledger::span_of;
+use crate::misfire::{plan, Decision, Due, Misfire, Planned, Policy, SkipReason};
+use crate::pgtime::{date_to_pg, from_pg, to_pg};
+use crate::rules::{RuleText, TaskRules};
+use crate::sqlerr::{required, OrRaise};
+
+const F: &str = "tide.tick";
+/// Tasks handled per tick; more due tasks wait for the next tick (a second later).
+const TASKS_PER_TICK: i64 = 500;
+/// Windows of one task planned per tick: a long outage is worked off in bounded batches.
+const BATCH: usize = 1000;
+/// The most fires looked at for one task in one tick.
+const MAX_LOOKAHEAD: usize = 100_000;
+
+struct DueTask {
+    task_id: i64,
+    name: String,
+    rules: RuleText,
+    misfire: String,
+    threshold: Interval,
+    catch_up_max: i32,
+    retention: Option<Interval>,
+    next_fire_at: TimestampWithTimeZone,
+    skip_until: Option<TimestampWithTimeZone>,
+}
+
+fn micros(i: &Interval) -> i64 {
+    i64::try_from(span_of(i).approx_micros()).unwrap_or(i64::MAX)
+}
+
+/// Creates the runs that are due (and records the windows that are skipped), moves retries,
+/// takes back expired leases and releases ready runs. Returns counts of what it did.
+#[pg_extern(volatile)]
+fn tick(now: default!(Option<TimestampWithTimeZone>, "now()")) -> JsonB {
+    let now_pg = required(now, "now", F);
+    let now = from_pg(now_pg, "now").or_raise(F);
+    let mut counts: Map<String, Value> = Map::new();
+    let mut add = |key: &str, n: usize| {
+        let v = counts.get(key).and_then(Value::as_u64).unwrap_or(0) + n as u64;
+        counts.insert(key.to_string(), json!(v));
+    };
+    for key in ["tasks", "runs", "caught_up", "skipped"] {
+        add(key, 0);
+    }
+    Spi::connect_mut(|client| {
+        for task in due_tasks(client, now_pg) {
+            add("tasks", 1);
+            match fire_task(client, &task, now) {
+                Ok(done) => {
+                    add("runs", done.runs);
+                    add("caught_up", done.caught_up);
+                    add("skipped", done.skipped);
+                }
+                // Stored rules that no longer validate (written around tide.alter): the task is
+                // left for its owner to fix; other tasks are not held up.
+                Err(e) => {
+                    pgrx::warning!("pg_tide: task \"{}\" cannot be scheduled: {e}", task.name)
+                }
+            }
+        }
+    });
+    let runs = Spi::get_one_with_args::<JsonB>("SELECT tide._tick_runs($1)", &[now_pg.into()])
+        .or_raise(F)
+        .map(|j| j.0)
+        .unwrap_or(Value::Null);
+    let mut out = Value::Object(counts);
+    if let (Value::Object(out), Value::Object(runs)) = (&mut out, runs) {
+        out.extend(runs);
+    }
+    JsonB(out)
+}
+
+fn due_tasks(client: &mut SpiClient, now: TimestampWithTimeZone) -> Vec<DueTask> {
+    let rows = client
+        .update(
+            "SELECT task_id, name, schedule, command, tz, biz_window::text, queue, args,
+                    dst_gap::text, dst_overlap::text, misfire::text, misfire_threshold,
+                    catch_up_max, source_retention, next_fire_at, skip_until
+               FROM tide.task
+              WHERE NOT paused AND next_fire_at <= $1
+              ORDER BY next_fire_at
+              LIMIT $2
+                FOR UPDATE SKIP LOCKED",
+            None,
+            &[now.into(), TASKS_PER_TICK.into()],
+        )
+        .or_raise(F);
+    let mut out = Vec::new();
+    for row in rows {
+        let text = |i: usize| -> String { row.get::<String>(i).or_raise(F).unwrap_or_default() };
+        let (Some(task_id), Some(next_fire_at), Some(threshold)) = (
+            row.get::<i64>(1).or_raise(F),
+            row.get::<TimestampWithTimeZone>(15).or_raise(F),
+            row.get::<Interval>(12).or_raise(F),
+        ) else {
+            continue;
+        };
+        out.push(DueTask {
+            task_id,
+            name: text(2),
+            rules: RuleText {
+                schedule: text(3),
+                command: row.get::<String>(4).or_raise(F),
+                tz: text(5),
+                biz_window: text(6),
+                queue: text(7),
+                args: row
+                    .get::<JsonB>(8)
+                    .or_raise(F)
+                    .map(|j| j.0)
+                    .unwrap_or_default(),
+                dst_gap: text(9),
+                dst_overlap: text(10),
+            },
+            misfire: text(11),
+            threshold,
+            catch_up_max: row.get::<i32>(13).or_raise(F).unwrap_or(100),
+            retention: row.get::<Interval>(14).or_raise(F),
+            next_fire_at,
+            skip_until: row.get::<TimestampWithTimeZone>(16).or_raise(F),
+        });
+    }
+    out
+}
+
+#[derive(Default)]
+struct Done {
+    runs: usize,
+    caught_up: usize,
+    skipped: usize,
+}
+
+/// The windows of consecutive fires, one per window (a period window reached by several
+/// fires is kept once, with its first fire).
+fn windows(rules: &TaskRules, fires: &[DateTime<Utc>]) -> Vec<Due> {
+    let mut out: Vec<Due> = Vec::with_capacity(fires.len());
+    let mut previous = fires
+        .first()
+        .and_then(|f| previous_fire(&rules.schedule, rules.tz, rules.policy, *f));
+    for &fire in fires {
+        let window = match rules.biz_window {
+            WindowKind::Fire => previous.map(|start| BizWindow {
+                start,
+                end: fire,
+                biz_date: crate::calendar::to_local(rules.tz, start).date(),
+            }),
+            kind => window_for(&rules.schedule, rules.tz, rules.policy, kind, fire),
+        };
+        previous = Some(fire);
+        let Some(window) = window else { continue };
+        if out.last().is_some_and(|d| d.window.start >= window.start) {
+            continue;
+        }
+        out.push(Due { fire, window });
+    }
+    out
+}
+
+fn fire_task(client: &mut SpiClient, task: &DueTask, now: DateTime<Utc>) -> Result<Done, String> {
+    let rules = task.rules.validate().map_err(|e| e.to_string())?;
+    let misfire = Misfire::parse(&task.misfire).map_err(|e| e.to_string())?;
+    let from = from_pg(task.next_fire_at, "next_fire_at").map_err(|e| e.to_string())?;
+    let threshold = Duration::microseconds(micros(&task.threshold));
+    let catch_up_max = usize::try_from(task.catch_up_max).unwrap_or(0);
+    let missed = |f: DateTime<Utc>| now - f > threshold;
+
+    // Fires from next_fire_at (inclusive) up to now; a long outage is cut into batches, looking
+    // far enough ahead to know whether this batch is older than the windows a catch-up keeps.
+    let cap = BATCH + catch_up_max + 1;
+    let mut iter = fire_iter(
+        &rules.schedule,
+        rules.tz,
+        rules.policy,
+        from - Duration::seconds(1),
+    )
+    .peekable();
+    let mut fires = Vec::new();
+    let mut more_after = false;
+    while let Some(&f) = iter.peek() {
+        if f > now {
+            break;
+        }
+        fires.push(f);
+        iter.next();
+        if (fires.len() >= cap && missed(fires[cap - 1])) || fires.len() >= MAX_LOOKAHEAD {
+            more_after = true;
+            break;
+        }
+    }
+    let (batch, next_fire) = if more_after {
+        (&fires[..BATCH], Some(fires[BATCH]))
+    } else {
+        let next = iter.peek().copied();
+        (&fires[..], next)
+    };
+
+    let due = windows(&rules, batch);
+    let policy = Policy {
+        now,
+        threshold,
+        misfire,
+        catch_up_max,
+        retention: task
+            .retention
+            .as_ref()
+            .map(|r| Duration::microseconds(micros(r))),
+        skip_until: match task.skip_until {
+            Some(t) => Some(from_pg(t, "skip_until").map_err(|e| e.to_string())?),
+            None => None,
+        },
+    };
+    let mut planned = plan(&due, &policy, more_after);
+
+    // A coalesced span cut over several batches: its earlier windows were recorded as pending
+    // coalesced skips; the last batch turns the oldest of them into the run.
+    let pending: Option<i64> = client
+        .select(
+            "SELECT run_id FROM tide.run
+              WHERE task_id = $1 AND state = 'skipped' AND skip_reason = 'coalesced'
+                AND covered_by IS NULL
+              ORDER BY window_start LIMIT 1",
+            None,
+            &[task.task_id.into()],
+        )
+        .or_raise(F)
+        .next()
+        .and_then(|row| row.get::<i64>(1).ok().flatten());
+    let mut coalesced_end: Option<DateTime<Utc>> = None;
+    if pending.is_some() {
+        for p in planned.iter_mut() {
+            if let Decision::Coalesced { end, .. } = p.decision {
+                coalesced_end = Some(end);
+                p.decision = Decision::Skip(SkipReason::Coalesced);
+            }
+        }
+    }
+
+    let done = insert_runs(client, task.task_id, &planned, &fires, next_fire)?;
+
+    if !more_after {
+        cover_coalesced(client, task.task_id, pending, coalesced_end)?;
+    }
+    client
+        .update(
+            "UPDATE tide.task SET next_fire_at = $2 WHERE task_id = $1",
+            None,
+            &[task.task_id.into(), next_fire.map(to_pg).into()],
+        )
+        .or_raise(F);
+    Ok(done)
+}
+
+fn insert_runs(
+    client: &mut SpiClient,
+    task_id: i64,
+    planned: &[Planned],
+    fires: &[DateTime<Utc>],
+    next_fire: Option<DateTime<Utc>>,
+) -> Result<Done, String> {
+    let mut done = Done::default();
+    if planned.is_empty() {
+        return Ok(done);
+    }
+    let mut fire_at = Vec::new();
+    let mut starts = Vec::new();
+    let mut ends = Vec::new();
+    let mut dates: Vec<Date> = Vec::new();
+    let mut triggers = Vec::new();
+    let mut skips: Vec<Option<String>> = Vec::new();
+    let mut reasons = Vec::new();
+    let mut following: Vec<Option<TimestampWithTimeZone>> = Vec::new();
+    for p in planned {
+        let w = p.due.window;
+        let mut end = w.end;
+        let (trigger, skip, reason) = match p.decision {
+            Decision::Run => {
+                done.runs += 1;
+                ("scheduled", None, "scheduled fire".to_string())
+            }
+            Decision::CatchUp => {
+                done.caught_up += 1;
+                ("catch_up", None, "catch-up of a missed window".to_string())
+            }
+            Decision::Coalesced { end: e, windows } => {
+                done.caught_up += 1;
+                end = e;
+                (
+                    "catch_up",
+                    None,
+                    format!("coalesced run over {windows} missed windows"),
+                )
+            }
+            Decision::Skip(reason) => {
+                done.skipped += 1;
+                (
+                    "scheduled",
+                    Some(reason.as_str().to_string()),
+                    skip_text(reason),
+                )
+            }
+        };
+        fire_at.push(to_pg(p.due.fire));
+        starts.push(to_pg(w.start));
+        ends.push(to_pg(end));
+        dates.push(date_to_pg(w.biz_date));
+        triggers.push(trigger.to_string());
+        skips.push(skip);
+        reasons.push(reason);
+        // A run waiting for readiness is deferred at the next fire unless ready_timeout says
+        // otherwise.
+        let next = fires
+            .iter()
+            .find(|f| **f > p.due.fire)
+            .copied()
+            .or(next_fire);
+        following.push(next.map(to_pg));
+    }
+    let created = client
+        .update(
+            "INSERT INTO tide.run (task_id, trigger, fire_at, window_start, window_end, biz_date,
+                                   version, state, skip_reason, reason, executor, queue, priority,
+                                   args, owner, ready_deadline, finished_at)
+             SELECT t.task_id, u.trigger::tide.run_trigger, u.fire_at, u.window_start,
+                    u.window_end, u.biz_date, t.version,
+                    CASE WHEN u.skip IS NOT NULL THEN 'skipped'
+                         ELSE tide._open_state(tide.task_rules(t)) END,
+                    u.skip::tide.skip_reason, u.reason,
+                    CASE WHEN t.command IS NULL THEN 'external' ELSE 'sql' END::tide.executor,
+                    t.queue, t.priority, t.args, t.owner,
+                    CASE WHEN u.skip IS NULL AND tide._open_state(tide.task_rules(t)) = 'waiting'
+                         THEN coalesce(u.fire_at + t.ready_timeout, u.following) END,
+                    CASE WHEN u.skip IS NOT NULL THEN now() END
+               FROM tide.task t,
+                    unnest($2::timestamptz[], $3::timestamptz[], $4::timestamptz[], $5::date[],
+                           $6::text[], $7::text[], $8::text[], $9::timestamptz[])
+                      AS u(fire_at, window_start, window_end, biz_date, trigger, skip, reason, following)
+              WHERE t.task_id = $1
+             ON CONFLICT (task_id, window_start) DO NOTHING
+             RETURNING run_id",
+            None,
+            &[
+                task_id.into(),
+                fire_at.into(),
+                starts.into(),
+                ends.into(),
+                dates.into(),
+                triggers.into(),
+                skips.into(),
+                reasons.into(),
+                following.into(),
+            ],
+        )
+        .or_raise(F);
+    let ids: Vec<i64> = created
+        .into_iter()
+        .filter_map(|row| row.get::<i64>(1).ok().flatten())
+        .collect();
+    client
+        .update("SELECT tide._record_created($1)", None, &[ids.into()])
+        .or_raise(F);
+    // Skips covered by a coalesced run made in this same batch point to it.
+    if let Some(run) = planned
+        .iter()
+        .find(|p| matches!(p.decision, Decision::Coalesced { .. }))
+    {
+        client
+            .update(
+                "UPDATE tide.run s SET covered_by = c.run_id
+                   FROM tide.run c
+                  WHERE c.task_id = $1 AND c.window_start = $2
+                    AND s.task_id = $1 AND s.state = 'skipped' AND s.skip_reason = 'coalesced'
+                    AND s.covered_by IS NULL AND s.window_start > $2",
+                None,
+                &[task_id.into(), to_pg(run.due.window.start).into()],
+            )
+            .or_raise(F);
+    }
+    Ok(done)
+}
+
+fn skip_text(reason: SkipReason) -> String {
+    match reason {
+        SkipReason::Paused => "skipped: the task was paused",
+        SkipReason::Misfire => "skipped: missed window (misfire policy skip)",
+        SkipReason::Superseded => {
+            "skipped: missed window superseded by a newer one (misfire policy latest)"
+        }
+        SkipReason::Coalesced => "skipped: covered by a coalesced run",
+        SkipReason::CatchUpLimit => "skipped: more missed windows than catch_up_max",
+        SkipReason::BeyondRetention => "skipped: window older than the source's retention",
+    }
+    .to_string()
+}
+
+/// Ends a coalesced span planned over several batches: the oldest pending skip becomes the
+/// run covering all of them.
+fn cover_coalesced(
+    client: &mut SpiClient,
+    task_id: i64,
+    pending: Option<i64>,
+    end: Option<DateTime<Utc>>,
+) -> Result<(), String> {
+    let Some(run_id) = pending else {
+        return Ok(());
+    };
+    client
+        .update(
+            "WITH span AS (
+                 SELECT count(*) AS n, greatest(max(window_end), $3) AS span_end
+                   FROM tide.run
+                  WHERE task_id = $1 AND state = 'skipped' AND skip_reason = 'coalesced'
+                    AND covered_by IS NULL
+             ), promoted AS (
+                 UPDATE tide.run r
+                    SET state = tide._open_state(v.rules), skip_reason = NULL, finished_at = NULL,
+                        trigger = 'catch_up', window_end = span.span_end, updated_at = now(),
+                        reason = format('coalesced run over %s missed windows', span.n)
+                   FROM span, tide.task_version v
+                  WHERE r.run_id = $2 AND v.task_id = r.task_id AND v.version = r.version
+                 RETURNING r.run_id
+             )
+             UPDATE tide.run s SET covered_by = $2
+              WHERE s.task_id = $1 AND s.state = 'skipped' AND s.skip_reason = 'coalesced'
+                AND s.covered_by IS NULL AND s.run_id <> $2",
+            None,
+            &[task_id.into(), run_id.into(), end.map(to_pg).into()],
+        )
+        .or_raise(F);
+    Ok(())
+}

@@ -1,0 +1,286 @@
+//! The background workers: one scheduler, `pg_tide.executors` executors.
+//!
+//! Both are thin loops: wait on the latch, open a short transaction, call one SQL function,
+//! record errors, loop. All logic lives in SQL-callable functions (`tide.tick`, `tide._claim`,
+//! `tide._execute`, `tide._check_ready`) that tests call directly.
+//!
+//! Restart policy: registered with a restart time, and on SIGTERM (`pg_terminate_backend`, or
+//! shutdown) they exit with code 1, which the postmaster restarts after that time — exit code 0
+//! would unregister the worker for good. During shutdown nothing is restarted anyway.
+
+use std::ffi::c_int;
+use std::panic::AssertUnwindSafe;
+use std::time::Duration;
+
+use pgrx::bgworkers::{
+    BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
+};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+use crate::settings;
+
+const RESTART: Duration = Duration::from_secs(1);
+/// TimeoutId STATEMENT_TIMEOUT from utils/timeout.h (PostgreSQL 13 to 18).
+const STATEMENT_TIMEOUT: c_int = 3;
+
+extern "C-unwind" {
+    fn enable_timeout_after(id: c_int, delay_ms: c_int);
+    fn disable_timeout(id: c_int, keep_indicator: bool);
+}
+
+/// Registers the workers; called from `_PG_init` while shared_preload_libraries loads.
+pub fn register() {
+    BackgroundWorkerBuilder::new("pg_tide scheduler")
+        .set_type("pg_tide scheduler")
+        .set_library("pg_tide")
+        .set_function("pg_tide_scheduler_main")
+        .enable_spi_access()
+        .set_start_time(BgWorkerStartTime::RecoveryFinished)
+        .set_restart_time(Some(RESTART))
+        .load();
+    for i in 1..=settings::EXECUTORS.get() {
+        BackgroundWorkerBuilder::new(&format!("pg_tide executor {i}"))
+            .set_type("pg_tide executor")
+            .set_library("pg_tide")
+            .set_function("pg_tide_executor_main")
+            .set_argument(Some(pg_sys::Datum::from(i)))
+            .enable_spi_access()
+            .set_start_time(BgWorkerStartTime::RecoveryFinished)
+            .set_restart_time(Some(RESTART))
+            .load();
+    }
+}
+
+fn interval() -> Duration {
+    Duration::from_millis(u64::try_from(settings::TICK_INTERVAL.get()).unwrap_or(1000))
+}
+
+/// Exits so that the postmaster starts the worker again after `RESTART`.
+fn exit_for_restart() -> ! {
+    // SAFETY: ends the process the way a FATAL error would, running exit callbacks.
+    unsafe { pg_sys::proc_exit(1) }
+}
+
+/// Waits for the next round; false means: stop (SIGTERM or postmaster death).
+fn wait(timeout: Duration) -> bool {
+    let alive = BackgroundWorker::wait_latch(Some(timeout));
+    if BackgroundWorker::sighup_received() {
+        // SAFETY: the documented way for a worker to reload postgresql.conf on SIGHUP.
+        unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+    }
+    alive
+}
+
+fn start(name: &str) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    BackgroundWorker::connect_worker_to_spi(Some(&settings::database()), None);
+    log!("{name} started in database \"{}\"", settings::database());
+}
+
+/// Runs `body` in its own transaction. An error is logged and the transaction rolled back; the
+/// worker goes on.
+fn in_transaction<R>(what: &str, body: impl FnOnce() -> R) -> Option<R> {
+    // SAFETY: the standard sequence for a worker's own transaction, as in worker_spi.c.
+    unsafe {
+        pg_sys::SetCurrentStatementStartTimestamp();
+        pg_sys::StartTransactionCommand();
+        pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+    }
+    let result = PgTryBuilder::new(AssertUnwindSafe(move || Some(body())))
+        .catch_others(|e| {
+            let message = match &e {
+                pg_sys::panic::CaughtError::PostgresError(r)
+                | pg_sys::panic::CaughtError::ErrorReport(r)
+                | pg_sys::panic::CaughtError::RustPanic { ereport: r, .. } => {
+                    r.message().to_string()
+                }
+            };
+            warning!("pg_tide: {what} failed: {message}");
+            None
+        })
+        .execute();
+    // SAFETY: commit after success; after an error, abort (which also pops the snapshot and
+    // restores the user id and timeouts' state) so the next transaction starts clean.
+    unsafe {
+        if result.is_some() {
+            pg_sys::PopActiveSnapshot();
+            pg_sys::CommitTransactionCommand();
+        } else {
+            disable_timeout(STATEMENT_TIMEOUT, false);
+            pg_sys::AbortCurrentTransaction();
+        }
+    }
+    result
+}
+
+/// Whether this database has the extension (it may be created or dropped at any time).
+fn installed() -> bool {
+    Spi::get_one::<bool>("SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pg_tide')")
+        .ok()
+        .flatten()
+        .unwrap_or(false)
+}
+
+fn may_work() -> bool {
+    // SAFETY: reads shared recovery state.
+    settings::ENABLED.get() && !unsafe { pg_sys::RecoveryInProgress() }
+}
+
+#[pg_guard]
+#[no_mangle]
+pub extern "C-unwind" fn pg_tide_scheduler_main(_arg: pg_sys::Datum) {
+    start("pg_tide scheduler");
+    while wait(interval()) {
+        if !may_work() {
+            continue;
+        }
+        in_transaction("tick", || {
+            if installed() {
+                let counts = Spi::get_one::<pgrx::JsonB>("SELECT tide.tick()");
+                debug1!("pg_tide tick: {:?}", counts.ok().flatten().map(|j| j.0));
+            }
+        });
+    }
+    exit_for_restart();
+}
+
+/// One claimed SQL run: what the executor needs to run it as its owner.
+struct Claimed {
+    run_id: i64,
+    token: i64,
+    owner: String,
+    timeout_ms: i32,
+}
+
+#[pg_guard]
+#[no_mangle]
+pub extern "C-unwind" fn pg_tide_executor_main(arg: pg_sys::Datum) {
+    let number = arg.value();
+    let name = format!("pg_tide executor {number}");
+    start(&name);
+    while wait(interval()) {
+        // Work until there is nothing left, then sleep until the next poll.
+        while may_work() && BackgroundWorker::worker_continue() {
+            let did = in_transaction("readiness check", check_one)
+                .flatten()
+                .unwrap_or(false)
+                | execute_one(&name);
+            if !did || BackgroundWorker::sigterm_received() {
+                break;
+            }
+        }
+    }
+    exit_for_restart();
+}
+
+/// Claims one SQL run (committed at once, so the attempt is on record even if the command
+/// kills the process), then runs it in a second transaction.
+fn execute_one(worker: &str) -> bool {
+    let claimed = in_transaction("claim", || {
+        if !installed() {
+            return None;
+        }
+        Spi::connect_mut(|client| {
+            let rows = client
+                .update(
+                    "SELECT c.run_id, c.lease_token, c.owner::text,
+                            (extract(epoch FROM (v.rules->>'timeout')::interval) * 1000)::bigint
+                       FROM tide._claim('sql', NULL, $1, 1, NULL) c
+                       JOIN tide.task_version v ON v.task_id = c.task_id AND v.version = c.version",
+                    None,
+                    &[worker.into()],
+                )
+                .ok()?;
+            let row = rows.into_iter().next()?;
+            Some(Claimed {
+                run_id: row.get::<i64>(1).ok()??,
+                token: row.get::<i64>(2).ok()??,
+                owner: row.get::<String>(3).ok()??,
+                timeout_ms: row
+                    .get::<i64>(4)
+                    .ok()
+                    .flatten()
+                    .map(|ms| i32::try_from(ms).unwrap_or(i32::MAX))
+                    .unwrap_or(3_600_000),
+            })
+        })
+    })
+    .flatten();
+    let Some(run) = claimed else {
+        return false;
+    };
+    in_transaction("run", || {
+        as_owner(&run.owner, run.timeout_ms, || {
+            let outcome = Spi::get_one_with_args::<String>(
+                "SELECT tide._execute($1, $2)",
+                &[run.run_id.into(), run.token.into()],
+            );
+            debug1!("pg_tide: run {} {:?}", run.run_id, outcome);
+        })
+    });
+    true
+}
+
+/// Evaluates one due readiness check; true if there was one.
+fn check_one() -> Option<bool> {
+    if !installed() {
+        return None;
+    }
+    let due = Spi::connect_mut(|client| {
+        let rows = client
+            .update(
+                "SELECT run_id, owner::text,
+                        (extract(epoch FROM timeout) * 1000)::bigint FROM tide._claim_check()",
+                None,
+                &[],
+            )
+            .ok()?;
+        let row = rows.into_iter().next()?;
+        Some((
+            row.get::<i64>(1).ok()??,
+            row.get::<String>(2).ok()??,
+            row.get::<i64>(3).ok().flatten().unwrap_or(60_000),
+        ))
+    });
+    let (run_id, owner, timeout_ms) = due?;
+    as_owner(&owner, i32::try_from(timeout_ms).unwrap_or(60_000), || {
+        let ready =
+            Spi::get_one_with_args::<bool>("SELECT tide._check_ready($1)", &[run_id.into()]);
+        debug1!("pg_tide: readiness of run {run_id}: {ready:?}");
+    });
+    Some(true)
+}
+
+/// Runs `body` as role `owner`, as a SECURITY DEFINER function would: the user id is switched
+/// with SECURITY_LOCAL_USERID_CHANGE, so the user's SQL cannot SET ROLE or RESET ROLE back to
+/// the worker's superuser. A statement timeout bounds it.
+fn as_owner(owner: &str, timeout_ms: i32, body: impl FnOnce()) {
+    let Ok(role) = std::ffi::CString::new(owner) else {
+        return;
+    };
+    // SAFETY: get_role_oid with missing_ok returns InvalidOid for a dropped role.
+    let oid = unsafe { pg_sys::get_role_oid(role.as_ptr(), true) };
+    if oid == pg_sys::InvalidOid {
+        warning!("pg_tide: role \"{owner}\" no longer exists; its runs cannot be executed");
+        return;
+    }
+    let mut saved_user = pg_sys::InvalidOid;
+    let mut saved_context: c_int = 0;
+    // SAFETY: save, switch and restore the user id; an error in between aborts the transaction,
+    // and transaction abort restores the saved user id itself.
+    unsafe {
+        pg_sys::GetUserIdAndSecContext(&mut saved_user, &mut saved_context);
+        pg_sys::SetUserIdAndSecContext(
+            oid,
+            saved_context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as c_int,
+        );
+        enable_timeout_after(STATEMENT_TIMEOUT, timeout_ms.max(1));
+    }
+    body();
+    // SAFETY: as above.
+    unsafe {
+        disable_timeout(STATEMENT_TIMEOUT, false);
+        pg_sys::SetUserIdAndSecContext(saved_user, saved_context);
+    }
+}
