@@ -75,6 +75,10 @@ tmp=$(mktemp -d)
 cat > "$tmp/tide.sql" <<'SQL'
 SELECT count(tide.complete(c.run_id, c.lease_token)) FROM tide.claim('bench', 'bench', :batch) c;
 SQL
+cat > "$tmp/tide_many.sql" <<'SQL'
+SELECT tide.complete_many(array_agg(c.run_id), array_agg(c.lease_token))
+  FROM tide.claim('bench', 'bench', :batch) c;
+SQL
 cat > "$tmp/baseline.sql" <<'SQL'
 BEGIN;
 WITH c AS MATERIALIZED (
@@ -95,9 +99,11 @@ declare -A result
 for batch in 1 50; do
     tx=$TX_BATCH1; [ "$batch" = 50 ] && tx=$TX_BATCH50
     fill $((CLIENTS * tx * batch))
-    result[tide_$batch]=$(tps "$tmp/tide.sql" "$batch" "$tx")
     result[base_$batch]=$(tps "$tmp/baseline.sql" "$batch" "$tx")
+    result[tide_$batch]=$(tps "$tmp/tide.sql" "$batch" "$tx")
 done
+fill $((CLIENTS * TX_BATCH50 * 50))
+result[many_50]=$(tps "$tmp/tide_many.sql" 50 "$TX_BATCH50")
 left=$("${PSQL[@]}" -d "$DB" -Atc "SELECT count(*) FROM tide.run WHERE state <> 'succeeded'")
 
 # Tick cost: with no tasks due, a tick must not grow with the number of idle tasks.
@@ -119,10 +125,11 @@ rate() { awk -v t="$1" -v b="$2" 'BEGIN { printf "%.0f", t * b }'; }
 pct() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f%%", 100 * a / b }'; }
 echo
 echo "==> claim + complete, $CLIENTS clients (runs per second)"
-printf '%-8s %14s %14s %10s\n' batch pg_tide baseline ratio
-for batch in 1 50; do
-    t=$(rate "${result[tide_$batch]}" "$batch"); b=$(rate "${result[base_$batch]}" "$batch")
-    printf '%-8s %14s %14s %10s\n' "$batch" "$t" "$b" "$(pct "$t" "$b")"
+printf '%-34s %10s %10s %7s\n' "batch, completion" pg_tide baseline ratio
+for row in "1 tide_1 complete" "50 tide_50 complete" "50 many_50 complete_many"; do
+    set -- $row
+    t=$(rate "${result[$2]}" "$1"); b=$(rate "${result[base_$1]}" "$1")
+    printf '%-34s %10s %10s %7s\n' "$1, tide.$3" "$t" "$b" "$(pct "$t" "$b")"
 done
 echo "(runs left unfinished by pg_tide: $left; target: batch 50 at least 50% of the baseline)"
 echo

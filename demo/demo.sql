@@ -80,3 +80,78 @@ SELECT tide.schedule('typo', '0 1 * * *', tz => 'Asia/Shangai');
 SELECT tide.schedule('never', '0 0 30 2 *');
 \set ON_ERROR_STOP 1
 SELECT count(*) AS tasks FROM tide.task;
+
+\echo
+\echo '== Runs happen: the scheduler worker creates runs on time, executor workers run SQL commands'
+CREATE TABLE demo_rollup (run_id bigint PRIMARY KEY, window_start timestamptz, window_end timestamptz);
+-- Waits (polling, with a deadline) until a condition holds: the demo watches the real workers.
+CREATE FUNCTION demo_wait(condition text, seconds int DEFAULT 30) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE deadline timestamptz := clock_timestamp() + make_interval(secs => seconds); ok boolean;
+BEGIN
+    LOOP
+        EXECUTE 'SELECT ' || condition INTO ok;
+        EXIT WHEN ok;
+        IF clock_timestamp() > deadline THEN
+            RAISE EXCEPTION 'demo: timed out after % s waiting for %', seconds, condition;
+        END IF;
+        PERFORM pg_sleep(0.2);
+    END LOOP;
+END $$;
+SELECT tide.schedule('rollup_5s', '*/5 * * * * *',
+    command => 'INSERT INTO demo_rollup VALUES (tide.run_id(), tide.window_start(), tide.window_end())');
+SELECT demo_wait($$(SELECT count(*) >= 2 FROM tide.run r JOIN tide.task t USING (task_id)
+                     WHERE t.name = 'rollup_5s' AND r.state = 'succeeded')$$);
+SELECT tide.pause('rollup_5s');
+SELECT r.run_id, r.trigger, r.state, to_char(r.window_start, 'HH24:MI:SS') AS window_from,
+       to_char(r.window_end, 'HH24:MI:SS') AS window_to, r.reason
+  FROM tide.run r JOIN tide.task t USING (task_id)
+ WHERE t.name = 'rollup_5s' AND r.state = 'succeeded' ORDER BY r.run_id LIMIT 3;
+
+\echo
+\echo '== A retry: the bank sync hits a serialization failure (transient), backs off 1 s, succeeds'
+CREATE TABLE demo_bank (biz_date date PRIMARY KEY, synced_at timestamptz);
+CREATE FUNCTION demo_bank_sync() RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    IF (SELECT attempts FROM tide.run WHERE run_id = tide.run_id()) = 1 THEN
+        RAISE EXCEPTION 'could not serialize access due to concurrent update'
+            USING ERRCODE = 'serialization_failure';
+    END IF;
+    INSERT INTO demo_bank VALUES (tide.biz_date(), now());
+END $$;
+SELECT tide.schedule('bank_sync', '0 2 * * *', tz => 'Asia/Shanghai', biz_window => 'day',
+                     command => 'SELECT demo_bank_sync()',
+                     max_attempts => 3, backoff_base => '1 second', jitter => 'none');
+\echo '   rerun by explicit business date (never "today minus one"):'
+SELECT tide.rerun('bank_sync', biz_date => DATE '2026-11-01') AS run_id \gset
+SELECT demo_wait($$(SELECT state = 'succeeded' FROM tide.run WHERE run_id = $$ || :run_id || $$)$$);
+SELECT attempt, outcome, error_kind, sqlstate, error FROM tide.attempt WHERE run_id = :run_id ORDER BY attempt;
+
+\echo
+\echo '== A dead letter: a business error is not retried; fix the data, then replay from psql'
+CREATE TABLE demo_customers (id int PRIMARY KEY, billing_address text);
+INSERT INTO demo_customers VALUES (42, NULL);
+CREATE TABLE demo_invoices (biz_date date, customer int, address text, UNIQUE (biz_date, customer));
+SELECT tide.schedule('invoice_export', '0 3 * * *', biz_window => 'day', command => $cmd$
+    SELECT CASE WHEN billing_address IS NULL
+                THEN tide.business_error('customer ' || id || ' has no billing address') END
+      FROM demo_customers;
+    INSERT INTO demo_invoices SELECT tide.biz_date(), id, billing_address FROM demo_customers
+        ON CONFLICT DO NOTHING
+$cmd$);
+SELECT tide.rerun('invoice_export', biz_date => DATE '2026-11-01') AS run_id \gset
+SELECT demo_wait($$(SELECT state = 'dead' FROM tide.run WHERE run_id = $$ || :run_id || $$)$$);
+\x on
+SELECT run_id, task, version, biz_date, args, attempts, last_error_kind, last_error, attempt_errors
+  FROM tide.dead_letter WHERE run_id = :run_id;
+\x off
+UPDATE demo_customers SET billing_address = '1 Harbour Road' WHERE id = 42;
+SELECT tide.replay(:run_id);
+SELECT demo_wait($$(SELECT state = 'succeeded' FROM tide.run WHERE run_id = $$ || :run_id || $$)$$);
+\echo '   its whole history, from tide.run_event:'
+SELECT to_char(at, 'HH24:MI:SS.MS') AS at, from_state, to_state, reason
+  FROM tide.run_event WHERE run_id = :run_id ORDER BY event_id;
+\echo '   a second replay of a succeeded run is refused unless forced (it would write again):'
+\set ON_ERROR_STOP 0
+SELECT tide.replay(:run_id);
+\set ON_ERROR_STOP 1
+SELECT * FROM demo_invoices;

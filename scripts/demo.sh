@@ -32,6 +32,7 @@ port = $PORT
 listen_addresses = '127.0.0.1'
 unix_socket_directories = '/tmp'
 shared_preload_libraries = 'pg_tide'
+pg_tide.database = '$DB'
 CONF
 as_pg "$BIN/pg_ctl" -D "$DATA" -l "$DATA/server.log" start -w -t 60 >/dev/null
 

@@ -223,31 +223,88 @@ BEGIN
             complete.expected, complete.actual
             USING ERRCODE = 'invalid_parameter_value', HINT = 'pass the number of records the run should have and did process';
     END IF;
-    UPDATE tide.run r
-       SET state = CASE WHEN short THEN 'need_check' ELSE 'succeeded' END::tide.run_state,
-           result = complete.result,
-           expected = complete.expected,
-           actual = complete.actual,
-           finished_at = now(),
-           updated_at = now(),
-           lease_expires_at = NULL,
-           reason = CASE WHEN short
-                         THEN format('completed short: expected %s, actual %s', complete.expected, complete.actual)
-                         ELSE format('completed by %s', coalesce(r.lease_owner, 'a worker')) END
-     WHERE r.run_id = complete.run_id AND r.lease_token = complete.token AND r.state = 'running'
-    RETURNING * INTO done;
+    -- The run and its attempt in one statement (this is the hot path of every worker).
+    WITH done_run AS (
+        UPDATE tide.run r
+           SET state = CASE WHEN short THEN 'need_check' ELSE 'succeeded' END::tide.run_state,
+               result = complete.result,
+               expected = complete.expected,
+               actual = complete.actual,
+               finished_at = now(),
+               updated_at = now(),
+               lease_expires_at = NULL,
+               reason = CASE WHEN short
+                             THEN format('completed short: expected %s, actual %s', complete.expected, complete.actual)
+                             ELSE format('completed by %s', coalesce(r.lease_owner, 'a worker')) END
+         WHERE r.run_id = complete.run_id AND r.lease_token = complete.token AND r.state = 'running'
+        RETURNING r.*
+    ), done_attempt AS (
+        UPDATE tide.attempt a
+           SET finished_at = now(),
+               outcome = CASE WHEN short THEN 'need_check' ELSE 'succeeded' END::tide.attempt_outcome
+          FROM done_run d
+         WHERE a.run_id = d.run_id AND a.attempt = d.attempts
+    )
+    SELECT * INTO done FROM done_run;
     IF NOT FOUND THEN
         PERFORM tide._refuse_stale(complete.run_id, complete.token, 'tide.complete');
     END IF;
-    UPDATE tide.attempt a
-       SET finished_at = now(),
-           outcome = CASE WHEN short THEN 'need_check' ELSE 'succeeded' END::tide.attempt_outcome
-     WHERE a.run_id = done.run_id AND a.attempt = done.attempts;
     RETURN done.state;
 END
 $$;
 COMMENT ON FUNCTION tide.complete(bigint, bigint, jsonb, bigint, bigint) IS
     'complete(run_id, token, result => NULL, expected => NULL, actual => NULL): finishes a claimed run: succeeded, or need_check when actual < expected. A stale token is refused and nothing changes.';
+
+CREATE FUNCTION tide.complete_many(run_ids bigint[], tokens bigint[], results jsonb[] DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    done_ids bigint[];
+    stale record;
+BEGIN
+    IF complete_many.run_ids IS NULL OR complete_many.tokens IS NULL
+       OR cardinality(complete_many.run_ids) <> cardinality(complete_many.tokens)
+       OR cardinality(complete_many.results) <> cardinality(complete_many.run_ids) THEN
+        RAISE EXCEPTION 'run_ids, tokens and results must be arrays of the same length, got %, % and %',
+            coalesce(cardinality(complete_many.run_ids)::text, 'NULL'), coalesce(cardinality(complete_many.tokens)::text, 'NULL'),
+            coalesce(cardinality(complete_many.results)::text, 'no results')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'pass the run_id and lease_token columns of tide.claim as arrays, in the same order';
+    END IF;
+    -- All runs and their attempts in one statement each: the batch path of a busy worker.
+    WITH input AS (
+        SELECT i.run_id, i.token, complete_many.results[i.n] AS result
+          FROM unnest(complete_many.run_ids, complete_many.tokens) WITH ORDINALITY AS i(run_id, token, n)
+    ), done_run AS (
+        UPDATE tide.run r
+           SET state = 'succeeded', result = i.result, finished_at = now(), updated_at = now(),
+               lease_expires_at = NULL,
+               reason = format('completed by %s', coalesce(r.lease_owner, 'a worker'))
+          FROM input i
+         WHERE r.run_id = i.run_id AND r.lease_token = i.token AND r.state = 'running'
+        RETURNING r.run_id, r.attempts
+    ), done_attempt AS (
+        UPDATE tide.attempt a SET finished_at = now(), outcome = 'succeeded'
+          FROM done_run d WHERE a.run_id = d.run_id AND a.attempt = d.attempts
+    )
+    SELECT array_agg(d.run_id) INTO done_ids FROM done_run d;
+    IF coalesce(cardinality(done_ids), 0) < cardinality(complete_many.run_ids) THEN
+        -- All or nothing: raising undoes the completions above.
+        SELECT i.run_id, i.token INTO stale
+          FROM unnest(complete_many.run_ids, complete_many.tokens) AS i(run_id, token)
+         WHERE i.run_id <> ALL (coalesce(done_ids, '{}')) LIMIT 1;
+        IF FOUND THEN
+            PERFORM tide._refuse_stale(stale.run_id, stale.token, 'tide.complete_many');
+        END IF;
+        RAISE EXCEPTION 'run_ids must not repeat a run' USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'complete each claimed run once';
+    END IF;
+    RETURN cardinality(done_ids);
+END
+$$;
+COMMENT ON FUNCTION tide.complete_many(bigint[], bigint[], jsonb[]) IS
+    'complete_many(run_ids, tokens, results => NULL): completes a batch of claimed runs as succeeded in one call, all or nothing: one stale token refuses the whole batch. Returns how many.';
 
 -- The one failure path: a worker's tide.fail, an SQL command's error, a lost lease.
 CREATE FUNCTION tide._fail(p_run_id bigint, p_error text, p_kind tide.error_kind, p_sqlstate text,

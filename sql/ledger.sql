@@ -89,7 +89,6 @@ CREATE TABLE tide.run (
     finished_at      timestamptz,
     -- The idempotency key: a scheduled window, or (for event runs) a dedupe key. Exactly one.
     CONSTRAINT run_window_key UNIQUE (task_id, window_start),
-    CONSTRAINT run_dedupe_key UNIQUE (task_id, dedupe_key),
     CONSTRAINT run_one_key CHECK ((window_start IS NULL) <> (dedupe_key IS NULL)),
     CONSTRAINT run_window_order CHECK (window_end > window_start),
     CONSTRAINT run_skip_reason CHECK ((state = 'skipped') = (skip_reason IS NOT NULL)),
@@ -111,17 +110,23 @@ COMMENT ON COLUMN tide.run.run_after IS 'Not claimable (ready) or re-checked (wa
 COMMENT ON COLUMN tide.run.ready_deadline IS 'A waiting run not ready by then follows the task''s not_ready_policy.';
 COMMENT ON COLUMN tide.run.lease_token IS 'Fencing token of the current claim; heartbeat/complete/fail must present it.';
 
+-- Event runs' idempotency key; partial, so window runs carry no entry for it.
+CREATE UNIQUE INDEX run_dedupe_key ON tide.run (task_id, dedupe_key) WHERE dedupe_key IS NOT NULL;
+-- Every state change is a non-HOT update that touches each index, so the run table keeps few:
+-- the key, and small partial indexes over the states each scan needs.
 -- Claiming reads only ready runs: a partial index stays small however long the history grows.
 CREATE INDEX run_claim_idx ON tide.run (executor, queue, priority DESC, run_id) WHERE state = 'ready';
 -- The tick's scans, each over the few runs in that state.
 CREATE INDEX run_retry_idx ON tide.run (run_after) WHERE state = 'retry';
 CREATE INDEX run_lease_idx ON tide.run (lease_expires_at) WHERE state = 'running';
 CREATE INDEX run_waiting_idx ON tide.run (run_after) WHERE state = 'waiting';
-CREATE INDEX run_task_idx ON tide.run (task_id, state);
 CREATE INDEX run_covered_by_idx ON tide.run (covered_by) WHERE covered_by IS NOT NULL;
 
+-- tide.attempt and tide.run_event refer to runs without a foreign key: a foreign-key check
+-- locks the run row on every insert, and these inserts are the hot path of every claim and
+-- completion. Deleting runs deletes their attempts and history by the trigger run_deleted.
 CREATE TABLE tide.attempt (
-    run_id      bigint NOT NULL REFERENCES tide.run ON DELETE CASCADE,
+    run_id      bigint NOT NULL,
     attempt     integer NOT NULL,
     worker      text,
     lease_token bigint NOT NULL,
@@ -138,18 +143,18 @@ COMMENT ON TABLE tide.attempt IS
     'One row per execution attempt of a run: who claimed it, with which fencing token, how it ended.';
 
 CREATE TABLE tide.run_event (
-    event_id   bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    run_id     bigint NOT NULL REFERENCES tide.run ON DELETE CASCADE,
+    run_id     bigint NOT NULL,
+    event_id   bigint GENERATED ALWAYS AS IDENTITY,
     at         timestamptz NOT NULL DEFAULT clock_timestamp(),
     from_state tide.run_state,
     to_state   tide.run_state NOT NULL,
     reason     text NOT NULL,
     actor      name NOT NULL DEFAULT current_user,
-    owner      name NOT NULL
+    owner      name NOT NULL,
+    PRIMARY KEY (run_id, event_id)
 );
 COMMENT ON TABLE tide.run_event IS
     'Append-only history of every state change of every run, with its reason (written by the transition trigger).';
-CREATE INDEX run_event_run_idx ON tide.run_event (run_id, event_id);
 
 CREATE TABLE tide.ready_marker (
     dataset   text NOT NULL,
@@ -187,41 +192,52 @@ INSERT INTO tide.run_transition VALUES
     ('skipped', 'ready'), ('skipped', 'waiting');
 
 -- The one place a run changes state: refuses changes not in tide.run_transition, records every
--- change (and every new reason) in tide.run_event, and wakes claimers of newly ready runs with
--- one NOTIFY per queue per statement (NOTIFY takes a global lock at commit; never per row).
+-- change (and every new reason) in tide.run_event, and wakes claimers of newly ready runs.
+-- A row trigger whose WHEN clause (evaluated without calling it) skips updates that change
+-- neither state nor reason, such as heartbeats. NOTIFY of the same channel and payload is
+-- delivered once per transaction, and its lock is taken once, at commit.
 CREATE FUNCTION tide.run_changed() RETURNS trigger
 LANGUAGE plpgsql
 AS $$
-DECLARE
-    bad record;
 BEGIN
-    SELECT o.run_id, o.state AS from_state, n.state AS to_state INTO bad
-      FROM old_runs o JOIN new_runs n USING (run_id)
-     WHERE o.state <> n.state
-       AND NOT EXISTS (SELECT 1 FROM tide.run_transition t
-                        WHERE t.from_state = o.state AND t.to_state = n.state)
-     LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION 'run % cannot go from % to %', bad.run_id, bad.from_state, bad.to_state
+    IF OLD.state <> NEW.state AND NOT EXISTS (
+           SELECT 1 FROM tide.run_transition t
+            WHERE t.from_state = OLD.state AND t.to_state = NEW.state) THEN
+        RAISE EXCEPTION 'run % cannot go from % to %', NEW.run_id, OLD.state, NEW.state
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = 'allowed changes are listed in tide.run_transition; see the README''s run lifecycle';
     END IF;
     INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
-    SELECT n.run_id, o.state, n.state, n.reason, n.owner
-      FROM old_runs o JOIN new_runs n USING (run_id)
-     WHERE o.state <> n.state OR o.reason IS DISTINCT FROM n.reason
-     ORDER BY n.run_id;
-    PERFORM pg_notify('pg_tide_ready', q.queue)
-       FROM (SELECT DISTINCT n.queue FROM old_runs o JOIN new_runs n USING (run_id)
-              WHERE n.state = 'ready' AND o.state <> 'ready') q;
+    VALUES (NEW.run_id, OLD.state, NEW.state, NEW.reason, NEW.owner);
+    IF NEW.state = 'ready' AND OLD.state <> 'ready' THEN
+        PERFORM pg_notify('pg_tide_ready', NEW.queue);
+    END IF;
     RETURN NULL;
 END
 $$;
 COMMENT ON FUNCTION tide.run_changed() IS
-    'Trigger: checks run state changes against tide.run_transition, records them in tide.run_event, NOTIFYs pg_tide_ready once per queue.';
-CREATE TRIGGER run_updated AFTER UPDATE ON tide.run
-    REFERENCING OLD TABLE AS old_runs NEW TABLE AS new_runs
-    FOR EACH STATEMENT EXECUTE FUNCTION tide.run_changed();
+    'Trigger: checks run state changes against tide.run_transition, records them in tide.run_event, NOTIFYs pg_tide_ready with the queue of newly ready runs.';
+CREATE TRIGGER run_changed AFTER UPDATE ON tide.run
+    FOR EACH ROW WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.reason IS DISTINCT FROM NEW.reason)
+    EXECUTE FUNCTION tide.run_changed();
+
+-- SECURITY DEFINER: runs are deleted by a task owner's tide.unschedule (through the cascade of
+-- tide.task), and owners have no DELETE right on the history itself; this deletes only the
+-- history of the runs just deleted.
+CREATE FUNCTION tide.run_deleted() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    DELETE FROM tide.attempt a USING old_runs o WHERE a.run_id = o.run_id;
+    DELETE FROM tide.run_event e USING old_runs o WHERE e.run_id = o.run_id;
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION tide.run_deleted() IS
+    'Trigger: deleting runs deletes their attempts and history (the foreign keys they do not have).';
+CREATE TRIGGER run_deleted AFTER DELETE ON tide.run
+    REFERENCING OLD TABLE AS old_runs
+    FOR EACH STATEMENT EXECUTE FUNCTION tide.run_deleted();
 
 -- Creation is recorded by the creators (the tick, tide.rerun) calling this, not by an INSERT
 -- trigger: pg_dump restores tide.run with COPY, and a trigger would record every restored run

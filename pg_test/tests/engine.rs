@@ -419,10 +419,41 @@ fn stale_lease_tokens_are_fenced(cluster: &Cluster) -> Result<(), Failed> {
     rerun_hours_ago(&mut c, "s", 4)?;
     let mut other = cluster.connect("t_fence")?;
     exec(&mut c, "BEGIN")?;
-    let (first, _) = claim(&mut c, "")?.ok_or("first claimer")?;
-    let (second, _) = claim(&mut other, "")?.ok_or("second claimer")?;
+    let (first, t1) = claim(&mut c, "")?.ok_or("first claimer")?;
+    let (second, t2) = claim(&mut other, "")?.ok_or("second claimer")?;
     exec(&mut c, "COMMIT")?;
     assert_ne!(first, second);
+
+    // A batch completion is all or nothing: one stale token refuses the whole batch.
+    let (code, message, _) = refused(
+        &mut c,
+        &format!("SELECT tide.complete_many(ARRAY[{first}, {second}], ARRAY[{t1}, {old}])"),
+    )?;
+    assert_eq!(code, "55000");
+    assert!(
+        message.starts_with(&format!("lease token {old} of run {second} is stale")),
+        "{message}"
+    );
+    let untouched: String = one(
+        &mut c,
+        &format!("SELECT string_agg(state::text, ',' ORDER BY run_id) FROM tide.run WHERE run_id IN ({first}, {second})"),
+    )?;
+    assert_eq!(untouched, "running,running");
+    let (code, _, _) = refused(
+        &mut c,
+        &format!("SELECT tide.complete_many(ARRAY[{first}], ARRAY[{t1}, {t2}])"),
+    )?;
+    assert_eq!(code, "22023");
+    let n: i32 = one(
+        &mut c,
+        &format!("SELECT tide.complete_many(ARRAY[{first}, {second}], ARRAY[{t1}, {t2}], ARRAY['{{\"n\": 1}}', NULL]::jsonb[])"),
+    )?;
+    assert_eq!(n, 2);
+    let results: String = one(
+        &mut c,
+        &format!("SELECT string_agg(state || ':' || coalesce(result::text, '-'), ',' ORDER BY run_id) FROM tide.run WHERE run_id IN ({first}, {second})"),
+    )?;
+    assert_eq!(results, "succeeded:{\"n\": 1},succeeded:-");
     Ok(())
 }
 
@@ -706,6 +737,18 @@ fn illegal_transitions_are_refused(cluster: &Cluster) -> Result<(), Failed> {
     assert!(hint.contains("tide.run_transition"));
     let (code, _, _) = refused(&mut c, "UPDATE tide.run_event SET reason = 'rewritten'")?;
     assert_eq!(code, "55000", "history is append-only");
+    // Unscheduling a task removes its runs with their attempts and history.
+    let (_, token) = claim(&mut c, "")?.ok_or("claim")?;
+    exec(
+        &mut c,
+        &format!("SELECT tide.complete({run}, {token}); SELECT tide.unschedule('t')"),
+    )?;
+    let left: String = one(
+        &mut c,
+        "SELECT concat_ws('|', (SELECT count(*) FROM tide.run), (SELECT count(*) FROM tide.attempt),
+                          (SELECT count(*) FROM tide.run_event))",
+    )?;
+    assert_eq!(left, "0|0|0");
     Ok(())
 }
 
