@@ -1,7 +1,7 @@
 # The two commands of the README: `make demo` (the main job) and `make test` (every tier).
 # Both install what is missing first (scripts/setup.sh), so a fresh Debian 12 needs only Rust.
 
-.PHONY: demo test setup demo-stop
+.PHONY: demo test setup demo-stop bench
 
 demo:
 	bash scripts/demo.sh
@@ -14,3 +14,7 @@ setup:
 
 demo-stop:
 	bash scripts/demo-stop.sh
+
+# Benchmarks (figures beside a baseline measured in the same run; see README "Performance").
+bench:
+	bash bench/bench.sh

@@ -85,7 +85,7 @@ SELECT count(*) AS tasks FROM tide.task;
 \echo '== Runs happen: the scheduler worker creates runs on time, executor workers run SQL commands'
 CREATE TABLE demo_rollup (run_id bigint PRIMARY KEY, window_start timestamptz, window_end timestamptz);
 -- Waits (polling, with a deadline) until a condition holds: the demo watches the real workers.
-CREATE FUNCTION demo_wait(condition text, seconds int DEFAULT 30) RETURNS void LANGUAGE plpgsql AS $$
+CREATE PROCEDURE demo_wait(condition text, seconds int DEFAULT 30) LANGUAGE plpgsql AS $$
 DECLARE deadline timestamptz := clock_timestamp() + make_interval(secs => seconds); ok boolean;
 BEGIN
     LOOP
@@ -99,7 +99,7 @@ BEGIN
 END $$;
 SELECT tide.schedule('rollup_5s', '*/5 * * * * *',
     command => 'INSERT INTO demo_rollup VALUES (tide.run_id(), tide.window_start(), tide.window_end())');
-SELECT demo_wait($$(SELECT count(*) >= 2 FROM tide.run r JOIN tide.task t USING (task_id)
+CALL demo_wait($$(SELECT count(*) >= 2 FROM tide.run r JOIN tide.task t USING (task_id)
                      WHERE t.name = 'rollup_5s' AND r.state = 'succeeded')$$);
 SELECT tide.pause('rollup_5s');
 SELECT r.run_id, r.trigger, r.state, to_char(r.window_start, 'HH24:MI:SS') AS window_from,
@@ -123,7 +123,7 @@ SELECT tide.schedule('bank_sync', '0 2 * * *', tz => 'Asia/Shanghai', biz_window
                      max_attempts => 3, backoff_base => '1 second', jitter => 'none');
 \echo '   rerun by explicit business date (never "today minus one"):'
 SELECT tide.rerun('bank_sync', biz_date => DATE '2026-11-01') AS run_id \gset
-SELECT demo_wait($$(SELECT state = 'succeeded' FROM tide.run WHERE run_id = $$ || :run_id || $$)$$);
+CALL demo_wait($$(SELECT state = 'succeeded' FROM tide.run WHERE run_id = $$ || :run_id || $$)$$);
 SELECT attempt, outcome, error_kind, sqlstate, error FROM tide.attempt WHERE run_id = :run_id ORDER BY attempt;
 
 \echo
@@ -139,14 +139,14 @@ SELECT tide.schedule('invoice_export', '0 3 * * *', biz_window => 'day', command
         ON CONFLICT DO NOTHING
 $cmd$);
 SELECT tide.rerun('invoice_export', biz_date => DATE '2026-11-01') AS run_id \gset
-SELECT demo_wait($$(SELECT state = 'dead' FROM tide.run WHERE run_id = $$ || :run_id || $$)$$);
+CALL demo_wait($$(SELECT state = 'dead' FROM tide.run WHERE run_id = $$ || :run_id || $$)$$);
 \x on
 SELECT run_id, task, version, biz_date, args, attempts, last_error_kind, last_error, attempt_errors
   FROM tide.dead_letter WHERE run_id = :run_id;
 \x off
 UPDATE demo_customers SET billing_address = '1 Harbour Road' WHERE id = 42;
 SELECT tide.replay(:run_id);
-SELECT demo_wait($$(SELECT state = 'succeeded' FROM tide.run WHERE run_id = $$ || :run_id || $$)$$);
+CALL demo_wait($$(SELECT state = 'succeeded' FROM tide.run WHERE run_id = $$ || :run_id || $$)$$);
 \echo '   its whole history, from tide.run_event:'
 SELECT to_char(at, 'HH24:MI:SS.MS') AS at, from_state, to_state, reason
   FROM tide.run_event WHERE run_id = :run_id ORDER BY event_id;

@@ -139,8 +139,8 @@ BEGIN
                started_at = coalesce(r.started_at, now()),
                finished_at = NULL,
                updated_at = now(),
-               reason = format('claimed by %s, attempt %s of %s', coalesce(p_worker, 'a worker'),
-                               r.tries + 1, (v.rules->>'max_attempts'))
+               reason = format('claimed by %s, attempt %s (try %s of %s)', coalesce(p_worker, 'a worker'),
+                               r.attempts + 1, r.tries + 1, (v.rules->>'max_attempts'))
           FROM tide.task_version v,
                LATERAL (SELECT coalesce(p_lease, CASE WHEN p_executor = 'sql'
                    THEN (v.rules->>'timeout')::interval + least((v.rules->>'timeout')::interval, interval '1 minute')

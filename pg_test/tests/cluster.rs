@@ -120,7 +120,7 @@ fn roles_see_only_their_own_tasks(cluster: &Cluster) -> Result<(), Failed> {
 
 /// pg_dump keeps tasks and their versions; a restore into a new database has the same rules
 /// and new tasks get fresh ids.
-fn pg_dump_keeps_tasks_and_versions(cluster: &Cluster) -> Result<(), Failed> {
+fn pg_dump_keeps_tasks_versions_and_runs(cluster: &Cluster) -> Result<(), Failed> {
     let mut c = cluster.fresh_db("t_dump_src")?;
     c.batch_execute(
         "SELECT tide.schedule('daily_bill', '0 1 * * *', tz => 'Asia/Shanghai', biz_window => 'day');
@@ -134,6 +134,18 @@ fn pg_dump_keeps_tasks_and_versions(cluster: &Cluster) -> Result<(), Failed> {
                      FROM tide.task t JOIN tide.task_version v USING (task_id)";
     let before: String = one(&mut c, summary)?;
     assert_eq!(before, "daily_bill@1=default/Asia/Shanghai,daily_bill@2=billing/Asia/Shanghai,ny_sync@1=default/America/New_York");
+    // Runs with attempts and history: one succeeded, one waiting for its retry.
+    c.batch_execute(
+        "SELECT tide.rerun('ny_sync', window_start => date_trunc('hour', now()) - interval '3 hours');
+         SELECT tide.rerun('ny_sync', window_start => date_trunc('hour', now()) - interval '2 hours');
+         SELECT tide.complete(run_id, lease_token) FROM tide.claim(n => 1);
+         SELECT tide.fail(run_id, lease_token, 'timeout') FROM tide.claim(n => 1);",
+    )
+    .map_err(db_err)?;
+    let runs = "SELECT concat_ws('|', (SELECT string_agg(state::text, ',' ORDER BY run_id) FROM tide.run),
+                                 (SELECT count(*) FROM tide.attempt), (SELECT count(*) FROM tide.run_event))";
+    let runs_before: String = one(&mut c, runs)?;
+    assert_eq!(runs_before, "succeeded,retry|2|6");
 
     let dump_file = format!("/tmp/pg_tide-pg_test-dump-{}.sql", std::process::id());
     cluster.tool("pg_dump", &["-d", "t_dump_src", "-f", &dump_file])?;
@@ -163,6 +175,17 @@ fn pg_dump_keeps_tasks_and_versions(cluster: &Cluster) -> Result<(), Failed> {
     let mut dst = cluster.connect("t_dump_dst")?;
     let after: String = one(&mut dst, summary)?;
     assert_eq!(after, before);
+    let runs_after: String = one(&mut dst, runs)?;
+    assert_eq!(
+        runs_after, runs_before,
+        "runs, attempts and history restored, none recorded twice"
+    );
+    // Fencing tokens continue after the restore: a new claim gets a larger token.
+    dst.batch_execute("SELECT tide.tick(now() + interval '1 hour')")
+        .map_err(db_err)?;
+    let token: i64 = one(&mut dst, "SELECT lease_token FROM tide.claim(n => 1)")?;
+    let max_token: i64 = one(&mut c, "SELECT max(lease_token) FROM tide.attempt")?;
+    assert!(token > max_token, "token {token} <= {max_token}");
     let id: i64 = one(
         &mut dst,
         "SELECT tide.schedule('new_after_restore', '@daily')",
@@ -207,8 +230,8 @@ fn main() {
             roles_see_only_their_own_tasks,
         ),
         (
-            "pg_dump_keeps_tasks_and_versions",
-            pg_dump_keeps_tasks_and_versions,
+            "pg_dump_keeps_tasks_versions_and_runs",
+            pg_dump_keeps_tasks_versions_and_runs,
         ),
         ("tasks_survive_a_restart", tasks_survive_a_restart),
     ];
