@@ -4,9 +4,12 @@
 //! record errors, loop. All logic lives in SQL-callable functions (`tide.tick`, `tide._claim`,
 //! `tide._execute`, `tide._check_ready`) that tests call directly.
 //!
-//! Restart policy: registered with a restart time, and on SIGTERM (`pg_terminate_backend`, or
-//! shutdown) they exit with code 1, which the postmaster restarts after that time — exit code 0
-//! would unregister the worker for good. During shutdown nothing is restarted anyway.
+//! Restart policy: registered with a restart time. SIGTERM (`pg_terminate_backend`, or a
+//! shutdown) is handled by PostgreSQL's own `die`: at the next interrupt check — also inside a
+//! running command, so a fast shutdown never waits for a long one — the worker ends with FATAL,
+//! exit code 1, which the postmaster restarts after that time. Exit code 0 would unregister the
+//! worker for good. During shutdown nothing is restarted anyway; a command cut short leaves its
+//! run to be taken back when its lease expires.
 
 use std::ffi::c_int;
 use std::panic::AssertUnwindSafe;
@@ -27,6 +30,8 @@ const STATEMENT_TIMEOUT: c_int = 3;
 extern "C-unwind" {
     fn enable_timeout_after(id: c_int, delay_ms: c_int);
     fn disable_timeout(id: c_int, keep_indicator: bool);
+    /// PostgreSQL's SIGTERM handler (tcop/postgres.c): sets ProcDiePending and the latch.
+    fn die(postgres_signal_arg: c_int);
 }
 
 /// Registers the workers; called from `_PG_init` while shared_preload_libraries loads.
@@ -56,13 +61,14 @@ fn interval() -> Duration {
     Duration::from_millis(u64::try_from(settings::TICK_INTERVAL.get()).unwrap_or(1000))
 }
 
-/// Exits so that the postmaster starts the worker again after `RESTART`.
+/// Exits (the postmaster died) with code 1, as a FATAL error would.
 fn exit_for_restart() -> ! {
     // SAFETY: ends the process the way a FATAL error would, running exit callbacks.
     unsafe { pg_sys::proc_exit(1) }
 }
 
-/// Waits for the next round; false means: stop (SIGTERM or postmaster death).
+/// Waits for the next round; a pending SIGTERM ends the worker here (FATAL, exit code 1).
+/// False means the postmaster died.
 fn wait(timeout: Duration) -> bool {
     let alive = BackgroundWorker::wait_latch(Some(timeout));
     if BackgroundWorker::sighup_received() {
@@ -73,7 +79,11 @@ fn wait(timeout: Duration) -> bool {
 }
 
 fn start(name: &str) {
-    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP);
+    // SAFETY: installs PostgreSQL's standard SIGTERM handler, as regular backends have.
+    unsafe {
+        pg_sys::pqsignal(pg_sys::SIGTERM as c_int, Some(die));
+    }
     BackgroundWorker::connect_worker_to_spi(Some(&settings::database()), None);
     log!("{name} started in database \"{}\"", settings::database());
 }
@@ -166,7 +176,7 @@ pub extern "C-unwind" fn pg_tide_executor_main(arg: pg_sys::Datum) {
                 .flatten()
                 .unwrap_or(false)
                 | execute_one(&name);
-            if !did || BackgroundWorker::sigterm_received() {
+            if !did {
                 break;
             }
         }

@@ -254,6 +254,50 @@ impl Cluster {
         Ok(client)
     }
 
+    /// A streaming-replication standby of this cluster (pg_basebackup -R), started on its own
+    /// port with the same settings, pg_tide preloaded included.
+    pub fn standby(&self, name: &str) -> Result<Cluster, String> {
+        let data_dir = PathBuf::from(format!(
+            "/tmp/pg_tide-pg_test-{name}-{}",
+            std::process::id()
+        ));
+        if data_dir.exists() {
+            std::fs::remove_dir_all(&data_dir).map_err(|e| e.to_string())?;
+        }
+        let port = self.port.to_string();
+        check(
+            "pg_basebackup",
+            as_postgres(&pg_bin().join("pg_basebackup"))
+                .args([
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    &port,
+                    "-U",
+                    "postgres",
+                    "-R",
+                    "-X",
+                    "stream",
+                    "-c",
+                    "fast",
+                ])
+                .arg("-D")
+                .arg(&data_dir)
+                .output(),
+        )?;
+        let standby_port = free_port()?;
+        append(
+            &data_dir.join("postgresql.conf"),
+            &format!("\n# standby\nport = {standby_port}\n"),
+        )?;
+        let standby = Cluster {
+            data_dir,
+            port: standby_port,
+        };
+        standby.pg_ctl(&["start", "-w", "-t", "60"])?;
+        Ok(standby)
+    }
+
     /// The workers' database, created with pg_tide on first use and kept.
     pub fn workers_db(&self) -> Result<Client, String> {
         let mut admin = self.connect("postgres")?;

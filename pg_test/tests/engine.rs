@@ -923,6 +923,75 @@ fn transient_command_errors_are_retried(cluster: &Cluster) -> Result<(), Failed>
     Ok(())
 }
 
+fn statement_timeout_bounds_a_command(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('too_slow', '0 1 * * *', biz_window => 'day', command => 'SELECT pg_sleep(30)',
+                              timeout => '500 milliseconds', max_attempts => 1);",
+    )?;
+    let run: i64 = one(
+        &mut c,
+        "SELECT tide.rerun('too_slow', biz_date => current_date - 2)",
+    )?;
+    wait_state(&mut c, run, "dead", Duration::from_secs(20))?;
+    let error: String = one(
+        &mut c,
+        &format!("SELECT sqlstate || ' ' || error_kind || ': ' || error FROM tide.attempt WHERE run_id = {run}"),
+    )?;
+    assert_eq!(
+        error,
+        "57014 transient: canceling statement due to statement timeout"
+    );
+    exec(&mut c, "SELECT tide.unschedule('too_slow')")?;
+    Ok(())
+}
+
+fn terminating_an_executor_mid_command(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "DROP TABLE IF EXISTS term_effects;
+         CREATE TABLE term_effects (run bigint, attempt int);
+         CREATE OR REPLACE FUNCTION hang_once() RETURNS void LANGUAGE plpgsql AS $$
+         DECLARE n int := (SELECT attempts FROM tide.run WHERE run_id = tide.run_id());
+         BEGIN
+             INSERT INTO term_effects VALUES (tide.run_id(), n);
+             IF n = 1 THEN PERFORM pg_sleep(60); END IF;
+         END $$;
+         SELECT tide.schedule('hangs', '0 1 * * *', biz_window => 'day', command => 'SELECT hang_once()',
+                              timeout => '2 seconds', backoff_base => '1 second', jitter => 'none');",
+    )?;
+    let run: i64 = one(
+        &mut c,
+        "SELECT tide.rerun('hangs', biz_date => current_date - 2)",
+    )?;
+    wait_state(&mut c, run, "running", Duration::from_secs(30))?;
+    // pg_terminate_backend interrupts the command at once (it does not wait for it to end), and
+    // the executor comes back.
+    let worker: String = one(
+        &mut c,
+        &format!("SELECT lease_owner FROM tide.run WHERE run_id = {run}"),
+    )?;
+    let terminated: i64 = one(
+        &mut c,
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE backend_type = 'pg_tide executor'",
+    )?;
+    assert!(terminated >= 1, "no executor to terminate ({worker})");
+    wait_state(&mut c, run, "succeeded", Duration::from_secs(60))?;
+    let summary: String = one(
+        &mut c,
+        &format!(
+            "SELECT concat_ws('|', (SELECT string_agg(attempt::text, ',') FROM term_effects WHERE run = {run}),
+                              string_agg(outcome::text, ',' ORDER BY attempt))
+               FROM tide.attempt WHERE run_id = {run}"
+        ),
+    )?;
+    assert_eq!(summary, "2|lost,succeeded");
+    exec(&mut c, "SELECT tide.unschedule('hangs')")?;
+    Ok(())
+}
+
 fn executor_killed_mid_run_is_taken_back(cluster: &Cluster) -> Result<(), Failed> {
     let mut c = cluster.workers_db()?;
     exec(
@@ -992,7 +1061,73 @@ fn readiness_checks_run_in_the_executors(cluster: &Cluster) -> Result<(), Failed
     )?;
     exec(&mut c, "INSERT INTO loads VALUES (current_date - 2)")?;
     wait_state(&mut c, run, "ready", Duration::from_secs(30))?;
-    exec(&mut c, "SELECT tide.unschedule('after_load')")?;
+    // A check that fails is "not ready", recorded, and re-checked later; it stalls nothing.
+    exec(
+        &mut c,
+        "SELECT tide.schedule('broken_check', '0 1 * * *', biz_window => 'day',
+                              ready_check => '1/0 = 1', recheck_interval => '1 second');",
+    )?;
+    let broken: i64 = one(
+        &mut c,
+        "SELECT tide.rerun('broken_check', biz_date => current_date - 2)",
+    )?;
+    wait_for(
+        "the failing check to be recorded",
+        Duration::from_secs(30),
+        || {
+            let row = c
+                .query_one(
+                    "SELECT state::text, reason FROM tide.run WHERE run_id = $1",
+                    &[&broken],
+                )
+                .map_err(|e| pg_tide_pg_test::describe(&e))?;
+            let (state, reason): (String, String) = (row.get(0), row.get(1));
+            Ok((state == "waiting"
+                && reason == "waiting: readiness check failed (22012): division by zero")
+                .then_some(()))
+        },
+    )?;
+    exec(
+        &mut c,
+        "SELECT tide.unschedule('after_load'); SELECT tide.unschedule('broken_check')",
+    )?;
+    Ok(())
+}
+
+fn nothing_runs_on_a_standby(cluster: &Cluster) -> Result<(), Failed> {
+    let mut primary = cluster.workers_db()?;
+    exec(
+        &mut primary,
+        "SELECT tide.schedule('replicated', '* * * * * *')",
+    )?;
+    let standby = cluster.standby("standby")?;
+    let mut c = standby.connect(pg_tide_pg_test::WORKERS_DB)?;
+    let in_recovery: bool = one(&mut c, "SELECT pg_is_in_recovery()")?;
+    assert!(in_recovery);
+    // The primary's scheduler keeps firing and its runs replicate to the standby...
+    let seen = |c: &mut Client| -> Result<i64, String> {
+        c.query_one(
+            "SELECT count(*) FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'replicated'",
+            &[],
+        )
+        .map(|r| r.get(0))
+        .map_err(|e| pg_tide_pg_test::describe(&e))
+    };
+    let first = seen(&mut c)?;
+    wait_for(
+        "runs replicated to the standby",
+        Duration::from_secs(30),
+        || Ok((seen(&mut c)? > first + 2).then_some(())),
+    )?;
+    // ...while the standby runs no pg_tide worker of its own.
+    let workers: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM pg_stat_activity WHERE backend_type IN ('pg_tide scheduler', 'pg_tide executor')",
+    )?;
+    assert_eq!(workers, 0, "pg_tide workers on a standby");
+    drop(c);
+    drop(standby);
+    exec(&mut primary, "SELECT tide.unschedule('replicated')")?;
     Ok(())
 }
 
@@ -1111,8 +1246,20 @@ fn main() {
             readiness_checks_run_in_the_executors,
         ),
         (
+            "workers_statement_timeout_bounds_a_command",
+            statement_timeout_bounds_a_command,
+        ),
+        (
+            "workers_terminating_an_executor_mid_command",
+            terminating_an_executor_mid_command,
+        ),
+        (
             "workers_executor_killed_mid_run_is_taken_back",
             executor_killed_mid_run_is_taken_back,
+        ),
+        (
+            "workers_nothing_runs_on_a_standby",
+            nothing_runs_on_a_standby,
         ),
         (
             "workers_scheduler_survives_terminate_and_restart",
