@@ -1,4 +1,4 @@
--- Comments on the functions generated from Rust, so \df+ tide.* documents them.
+-- Comments on the functions generated from Rust, so \df+ tide.* documents them, and their privileges.
 COMMENT ON FUNCTION tide.next_fires(text, text, timestamptz, integer, text, text) IS
     'next_fires(schedule, tz => ''UTC'', after => now(), n => 5, dst_gap => ''shift'', dst_overlap => ''once''): the next n fire instants of a cron expression in a time zone, strictly after "after".';
 COMMENT ON FUNCTION tide.preview(text, integer, timestamptz) IS
@@ -23,3 +23,7 @@ COMMENT ON FUNCTION tide.error_kind_of(text) IS
     'error_kind_of(sqlstate): how a command error is treated: transient (connection, serialization, deadlock, lock or statement timeout, resources, shutdown), not_ready (TDNR0) or business (everything else).';
 COMMENT ON FUNCTION tide.error_kind_from(text) IS
     'error_kind_from(kind): checks an error kind given to tide.fail; returns its canonical spelling.';
+
+-- tide.tick moves time for every task it can see: only the scheduler (and superusers, such as
+-- tests driving time with explicit instants) may call it.
+REVOKE EXECUTE ON FUNCTION tide.tick(timestamptz) FROM PUBLIC;

@@ -821,10 +821,11 @@ BEGIN
       FROM tide.task_version v
      WHERE r.state = 'waiting' AND v.task_id = r.task_id AND v.version = r.version
        AND v.rules->>'ready_check' IS NULL
-       AND CASE WHEN v.rules->>'ready_dataset' IS NOT NULL
-                THEN EXISTS (SELECT 1 FROM tide.ready_marker m
-                              WHERE m.dataset = v.rules->>'ready_dataset' AND m.biz_date = r.biz_date)
-                ELSE r.run_after IS NULL OR r.run_after <= p_now END;
+       -- A run a worker reported not ready waits for its next window even if its marker is set.
+       AND (r.run_after IS NULL OR r.run_after <= p_now)
+       AND (v.rules->>'ready_dataset' IS NULL
+            OR EXISTS (SELECT 1 FROM tide.ready_marker m
+                        WHERE m.dataset = v.rules->>'ready_dataset' AND m.biz_date = r.biz_date));
     GET DIAGNOSTICS released = ROW_COUNT;
 
     -- Still not ready at the deadline: the task's not_ready_policy decides.

@@ -618,6 +618,24 @@ fn readiness_marker_and_deadline(cluster: &Cluster) -> Result<(), Failed> {
         "{marked}"
     );
 
+    // A worker that still finds the data incomplete sends the run to its next window: the
+    // marker does not release it again at once (no tight loop).
+    let (id, token) = claim(&mut c, "")?.ok_or("claim the marked run")?;
+    let state: String = one(
+        &mut c,
+        &format!("SELECT tide.fail({id}, {token}, 'orders incomplete', 'not_ready')::text"),
+    )?;
+    assert_eq!(state, "waiting");
+    tick(
+        &mut c,
+        &format!("'{base}'::timestamptz + interval '2 minutes'"),
+    )?;
+    let still: String = one(
+        &mut c,
+        &format!("SELECT state::text FROM tide.run WHERE run_id = {id}"),
+    )?;
+    assert_eq!(still, "waiting");
+
     let late = tick(
         &mut c,
         &format!("'{base}'::timestamptz + interval '11 minutes'"),
@@ -771,6 +789,22 @@ fn ready_runs_notify_waiting_claimers(cluster: &Cluster) -> Result<(), Failed> {
         (note.channel(), note.payload()),
         ("pg_tide_ready", "billing")
     );
+    Ok(())
+}
+
+fn only_the_scheduler_moves_time(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("t_tick_rights")?;
+    exec(&mut c, "DROP ROLE IF EXISTS bob; CREATE ROLE bob LOGIN")?;
+    let mut bob = cluster.connect_as("t_tick_rights", "bob")?;
+    exec(&mut bob, "SELECT tide.schedule('bobs', '0 * * * *')")?;
+    let (code, message, _) = refused(&mut bob, "SELECT tide.tick(now() + interval '1 year')")?;
+    assert_eq!(code, "42501");
+    assert!(
+        message.contains("permission denied for function tick"),
+        "{message}"
+    );
+    let runs: i64 = one(&mut c, "SELECT count(*) FROM tide.run")?;
+    assert_eq!(runs, 0);
     Ok(())
 }
 
@@ -1233,6 +1267,10 @@ fn main() {
             ready_runs_notify_waiting_claimers,
         ),
         ("bad_options_are_refused", bad_options_are_refused),
+        (
+            "only_the_scheduler_moves_time",
+            only_the_scheduler_moves_time,
+        ),
         (
             "workers_sql_task_runs_as_its_owner",
             sql_task_runs_as_its_owner,
