@@ -10,31 +10,16 @@ export PATH="$HOME/.cargo/bin:$PATH"
 
 PORT=${PG_TIDE_BENCH_PORT:-5498}
 DATA=${PG_TIDE_BENCH_DATA:-/var/tmp/pg_tide-bench}
-BIN=/usr/lib/postgresql/15/bin
 DB=bench
 CLIENTS=4
 TX_BATCH1=${PG_TIDE_BENCH_TX1:-2500}    # transactions per client at batch 1
-TX_BATCH50=${PG_TIDE_BENCH_TX50:-200}   # transactions per client at batch 50
+TX_BATCH50=${PG_TIDE_BENCH_TX50:-300}   # transactions per client at batch 50
+. scripts/cluster.sh
 
 bash scripts/setup.sh >/dev/null
-echo "==> building and installing pg_tide (release)"
-cargo pgrx install --release --pg-config "$BIN/pg_config" >/dev/null
-
-as_pg() { sudo -u postgres "$@"; }
-as_pg "$BIN/pg_ctl" -D "$DATA" stop -m immediate -w >/dev/null 2>&1 || true
-rm -rf "$DATA"
-mkdir -p "$(dirname "$DATA")"
-as_pg "$BIN/initdb" --auth=trust --username=postgres --encoding=UTF8 -D "$DATA" >/dev/null
-cat >> "$DATA/postgresql.conf" <<CONF
-port = $PORT
-listen_addresses = '127.0.0.1'
-unix_socket_directories = '/tmp'
-shared_preload_libraries = 'pg_tide'
-pg_tide.database = '$DB'
-max_connections = 50
-CONF
-as_pg "$BIN/pg_ctl" -D "$DATA" -l "$DATA/server.log" start -w -t 60 >/dev/null
-trap 'as_pg "$BIN/pg_ctl" -D "$DATA" stop -m fast -w >/dev/null 2>&1 || true' EXIT
+install_release
+start_cluster "$DATA" "$PORT" "$DB" "max_connections = 50"
+trap 'as_pg "$BIN/pg_ctl" -D "$DATA" stop -m fast -w >/dev/null 2>&1; rm -rf "$DATA"' EXIT
 
 PSQL=("$BIN/psql" -X -q -h 127.0.0.1 -p "$PORT" -U postgres)
 "${PSQL[@]}" -d postgres -c "CREATE DATABASE $DB"
@@ -72,21 +57,27 @@ SQL
 }
 
 tmp=$(mktemp -d)
+# Every script claims in one transaction and completes in a second one, as a worker does (it
+# works between the two); completion is by id.
 cat > "$tmp/tide.sql" <<'SQL'
-SELECT count(tide.complete(c.run_id, c.lease_token)) FROM tide.claim('bench', 'bench', :batch) c;
+SELECT array_agg(run_id)::text AS ids, array_agg(lease_token)::text AS tokens
+  FROM tide.claim('bench', 'bench', :batch) \gset
+SELECT count(tide.complete(u.run_id, u.token))
+  FROM unnest(':ids'::bigint[], ':tokens'::bigint[]) AS u(run_id, token);
 SQL
 cat > "$tmp/tide_many.sql" <<'SQL'
-SELECT tide.complete_many(array_agg(c.run_id), array_agg(c.lease_token))
-  FROM tide.claim('bench', 'bench', :batch) c;
+SELECT array_agg(run_id)::text AS ids, array_agg(lease_token)::text AS tokens
+  FROM tide.claim('bench', 'bench', :batch) \gset
+SELECT tide.complete_many(':ids'::bigint[], ':tokens'::bigint[]);
 SQL
 cat > "$tmp/baseline.sql" <<'SQL'
-BEGIN;
 WITH c AS MATERIALIZED (
-    SELECT id FROM baseline_q WHERE state = 'ready' ORDER BY id LIMIT :batch FOR UPDATE SKIP LOCKED)
-UPDATE baseline_q q SET state = 'running', locked_by = :client_id, locked_at = now()
-  FROM c WHERE q.id = c.id;
-UPDATE baseline_q SET state = 'done' WHERE state = 'running' AND locked_by = :client_id;
-COMMIT;
+    SELECT id FROM baseline_q WHERE state = 'ready' ORDER BY id LIMIT :batch FOR UPDATE SKIP LOCKED),
+claimed AS (
+    UPDATE baseline_q q SET state = 'running', locked_by = :client_id, locked_at = now()
+      FROM c WHERE q.id = c.id RETURNING q.id)
+SELECT string_agg(id::text, ',') AS ids FROM claimed \gset
+UPDATE baseline_q SET state = 'done' WHERE id IN (:ids);
 SQL
 
 tps() { # $1 = script, $2 = batch, $3 = transactions per client
@@ -95,15 +86,20 @@ tps() { # $1 = script, $2 = batch, $3 = transactions per client
         | sed -nE 's/^tps = ([0-9.]+) .*/\1/p'
 }
 
+# Two rounds, pg_tide and the baseline alternating; the better figure of each is kept, which
+# evens out the noise of a small machine.
+best() { awk -v a="${1:-0}" -v b="$2" 'BEGIN { print (a > b ? a : b) }'; }
 declare -A result
-for batch in 1 50; do
-    tx=$TX_BATCH1; [ "$batch" = 50 ] && tx=$TX_BATCH50
-    fill $((CLIENTS * tx * batch))
-    result[base_$batch]=$(tps "$tmp/baseline.sql" "$batch" "$tx")
-    result[tide_$batch]=$(tps "$tmp/tide.sql" "$batch" "$tx")
+for round in 1 2; do
+    for batch in 1 50; do
+        tx=$TX_BATCH1; [ "$batch" = 50 ] && tx=$TX_BATCH50
+        fill $((CLIENTS * tx * batch))
+        result[base_$batch]=$(best "${result[base_$batch]:-}" "$(tps "$tmp/baseline.sql" "$batch" "$tx")")
+        result[tide_$batch]=$(best "${result[tide_$batch]:-}" "$(tps "$tmp/tide.sql" "$batch" "$tx")")
+    done
+    fill $((CLIENTS * TX_BATCH50 * 50))
+    result[many_50]=$(best "${result[many_50]:-}" "$(tps "$tmp/tide_many.sql" 50 "$TX_BATCH50")")
 done
-fill $((CLIENTS * TX_BATCH50 * 50))
-result[many_50]=$(tps "$tmp/tide_many.sql" 50 "$TX_BATCH50")
 left=$("${PSQL[@]}" -d "$DB" -Atc "SELECT count(*) FROM tide.run WHERE state <> 'succeeded'")
 
 # Tick cost: with no tasks due, a tick must not grow with the number of idle tasks.
@@ -124,7 +120,7 @@ rm -rf "$tmp"
 rate() { awk -v t="$1" -v b="$2" 'BEGIN { printf "%.0f", t * b }'; }
 pct() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f%%", 100 * a / b }'; }
 echo
-echo "==> claim + complete, $CLIENTS clients (runs per second)"
+echo "==> claim + complete, $CLIENTS clients (runs per second, better of 2 rounds)"
 printf '%-34s %10s %10s %7s\n' "batch, completion" pg_tide baseline ratio
 for row in "1 tide_1 complete" "50 tide_50 complete" "50 many_50 complete_many"; do
     set -- $row

@@ -105,6 +105,8 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     ids bigint[];
+    token bigint;
+    ignored text;
 BEGIN
     -- The candidates are fixed in an array first: a LIMIT subquery under FOR UPDATE SKIP LOCKED
     -- may be re-evaluated and claim more rows than asked.
@@ -126,14 +128,18 @@ BEGIN
     IF ids IS NULL THEN
         RETURN;
     END IF;
+    -- One fencing token per claim: larger than any earlier claim's, so a run claimed again is
+    -- never completed with an older one.
+    token := nextval('tide.lease_token_seq');
+    -- This path writes its own history rows below, one statement for the batch.
+    ignored := set_config('tide.history', 'written', true);
     RETURN QUERY
-    WITH claimed AS (
         UPDATE tide.run r
            SET state = 'running',
                attempts = r.attempts + 1,
                tries = r.tries + 1,
                lease_owner = p_worker,
-               lease_token = nextval('tide.lease_token_seq'),
+               lease_token = token,
                lease_length = l.length,
                lease_expires_at = now() + l.length,
                started_at = coalesce(r.started_at, now()),
@@ -146,12 +152,14 @@ BEGIN
                    THEN (v.rules->>'timeout')::interval + least((v.rules->>'timeout')::interval, interval '1 minute')
                    ELSE (v.rules->>'lease')::interval END) AS length) l
          WHERE r.run_id = ANY (ids) AND v.task_id = r.task_id AND v.version = r.version
-        RETURNING r.*
-    ), attempt AS (
-        INSERT INTO tide.attempt (run_id, attempt, worker, lease_token, owner)
-        SELECT c.run_id, c.attempts, c.lease_owner, c.lease_token, c.owner FROM claimed c
-    )
-    SELECT * FROM claimed c ORDER BY c.priority DESC, c.run_id;
+        RETURNING r.*;
+    ignored := set_config('tide.history', '', true);
+    INSERT INTO tide.attempt (run_id, attempt, worker, lease_token, owner)
+    SELECT r.run_id, r.attempts, r.lease_owner, r.lease_token, r.owner
+      FROM tide.run r WHERE r.run_id = ANY (ids);
+    INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
+    SELECT r.run_id, 'ready', 'running', r.reason, r.owner
+      FROM tide.run r WHERE r.run_id = ANY (ids) ORDER BY r.run_id;
 END
 $$;
 COMMENT ON FUNCTION tide._claim(tide.executor, text, text, integer, interval) IS
@@ -216,40 +224,44 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     short boolean := complete.actual < complete.expected;
-    done tide.run;
+    done tide.run_state;
+    attempt_no integer;
+    why text;
+    who name;
+    ignored text;
 BEGIN
     IF complete.expected < 0 OR complete.actual < 0 THEN
         RAISE EXCEPTION 'expected and actual must not be negative, got expected %, actual %',
             complete.expected, complete.actual
             USING ERRCODE = 'invalid_parameter_value', HINT = 'pass the number of records the run should have and did process';
     END IF;
-    -- The run and its attempt in one statement (this is the hot path of every worker).
-    WITH done_run AS (
-        UPDATE tide.run r
-           SET state = CASE WHEN short THEN 'need_check' ELSE 'succeeded' END::tide.run_state,
-               result = complete.result,
-               expected = complete.expected,
-               actual = complete.actual,
-               finished_at = now(),
-               updated_at = now(),
-               lease_expires_at = NULL,
-               reason = CASE WHEN short
-                             THEN format('completed short: expected %s, actual %s', complete.expected, complete.actual)
-                             ELSE format('completed by %s', coalesce(r.lease_owner, 'a worker')) END
-         WHERE r.run_id = complete.run_id AND r.lease_token = complete.token AND r.state = 'running'
-        RETURNING r.*
-    ), done_attempt AS (
-        UPDATE tide.attempt a
-           SET finished_at = now(),
-               outcome = CASE WHEN short THEN 'need_check' ELSE 'succeeded' END::tide.attempt_outcome
-          FROM done_run d
-         WHERE a.run_id = d.run_id AND a.attempt = d.attempts
-    )
-    SELECT * INTO done FROM done_run;
+    -- The hot path of every worker: plain statements (cheaper here than data-modifying CTEs),
+    -- and the history row written here rather than by the trigger.
+    ignored := set_config('tide.history', 'written', true);
+    UPDATE tide.run r
+       SET state = CASE WHEN short THEN 'need_check' ELSE 'succeeded' END::tide.run_state,
+           result = complete.result,
+           expected = complete.expected,
+           actual = complete.actual,
+           finished_at = now(),
+           updated_at = now(),
+           lease_expires_at = NULL,
+           reason = CASE WHEN short
+                         THEN format('completed short: expected %s, actual %s', complete.expected, complete.actual)
+                         ELSE format('completed by %s', coalesce(r.lease_owner, 'a worker')) END
+     WHERE r.run_id = complete.run_id AND r.lease_token = complete.token AND r.state = 'running'
+    RETURNING r.state, r.attempts, r.reason, r.owner INTO done, attempt_no, why, who;
+    ignored := set_config('tide.history', '', true);
     IF NOT FOUND THEN
         PERFORM tide._refuse_stale(complete.run_id, complete.token, 'tide.complete');
     END IF;
-    RETURN done.state;
+    UPDATE tide.attempt a
+       SET finished_at = now(),
+           outcome = CASE WHEN short THEN 'need_check' ELSE 'succeeded' END::tide.attempt_outcome
+     WHERE a.run_id = complete.run_id AND a.attempt = attempt_no;
+    INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
+    VALUES (complete.run_id, 'running', done, why, who);
+    RETURN done;
 END
 $$;
 COMMENT ON FUNCTION tide.complete(bigint, bigint, jsonb, bigint, bigint) IS
@@ -262,7 +274,12 @@ AS $$
 DECLARE
     done_ids bigint[];
     stale record;
+    ignored text;
 BEGIN
+    IF coalesce(cardinality(complete_many.run_ids), 0) = 0
+       AND coalesce(cardinality(complete_many.tokens), 0) = 0 THEN
+        RETURN 0;  -- an empty claim: nothing to complete
+    END IF;
     IF complete_many.run_ids IS NULL OR complete_many.tokens IS NULL
        OR cardinality(complete_many.run_ids) <> cardinality(complete_many.tokens)
        OR cardinality(complete_many.results) <> cardinality(complete_many.run_ids) THEN
@@ -272,7 +289,9 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'pass the run_id and lease_token columns of tide.claim as arrays, in the same order';
     END IF;
-    -- All runs and their attempts in one statement each: the batch path of a busy worker.
+    -- All runs, their attempts and their history in one statement: the batch path of a busy
+    -- worker.
+    ignored := set_config('tide.history', 'written', true);
     WITH input AS (
         SELECT i.run_id, i.token, complete_many.results[i.n] AS result
           FROM unnest(complete_many.run_ids, complete_many.tokens) WITH ORDINALITY AS i(run_id, token, n)
@@ -283,12 +302,16 @@ BEGIN
                reason = format('completed by %s', coalesce(r.lease_owner, 'a worker'))
           FROM input i
          WHERE r.run_id = i.run_id AND r.lease_token = i.token AND r.state = 'running'
-        RETURNING r.run_id, r.attempts
+        RETURNING r.run_id, r.attempts, r.reason, r.owner
     ), done_attempt AS (
         UPDATE tide.attempt a SET finished_at = now(), outcome = 'succeeded'
           FROM done_run d WHERE a.run_id = d.run_id AND a.attempt = d.attempts
+    ), history AS (
+        INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
+        SELECT d.run_id, 'running', 'succeeded', d.reason, d.owner FROM done_run d ORDER BY d.run_id
     )
     SELECT array_agg(d.run_id) INTO done_ids FROM done_run d;
+    ignored := set_config('tide.history', '', true);
     IF coalesce(cardinality(done_ids), 0) < cardinality(complete_many.run_ids) THEN
         -- All or nothing: raising undoes the completions above.
         SELECT i.run_id, i.token INTO stale
@@ -304,7 +327,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide.complete_many(bigint[], bigint[], jsonb[]) IS
-    'complete_many(run_ids, tokens, results => NULL): completes a batch of claimed runs as succeeded in one call, all or nothing: one stale token refuses the whole batch. Returns how many.';
+    'complete_many(run_ids, tokens, results => NULL): completes a batch of claimed runs as succeeded in one call, all or nothing: one stale token refuses the whole batch. Returns how many (0 for empty arrays, as an empty claim aggregates to).';
 
 -- The one failure path: a worker's tide.fail, an SQL command's error, a lost lease.
 CREATE FUNCTION tide._fail(p_run_id bigint, p_error text, p_kind tide.error_kind, p_sqlstate text,

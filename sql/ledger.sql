@@ -118,7 +118,10 @@ CREATE UNIQUE INDEX run_dedupe_key ON tide.run (task_id, dedupe_key) WHERE dedup
 CREATE INDEX run_claim_idx ON tide.run (executor, queue, priority DESC, run_id) WHERE state = 'ready';
 -- The tick's scans, each over the few runs in that state.
 CREATE INDEX run_retry_idx ON tide.run (run_after) WHERE state = 'retry';
-CREATE INDEX run_lease_idx ON tide.run (lease_expires_at) WHERE state = 'running';
+-- Running runs by id, not by lease expiry: every claim inserts here, and time-ordered keys would
+-- make all claimers insert into the same rightmost page. The tick reads all running runs (as
+-- many as the workers hold) to find expired leases.
+CREATE INDEX run_running_idx ON tide.run (run_id) WHERE state = 'running';
 CREATE INDEX run_waiting_idx ON tide.run (run_after) WHERE state = 'waiting';
 CREATE INDEX run_covered_by_idx ON tide.run (covered_by) WHERE covered_by IS NOT NULL;
 
@@ -167,42 +170,50 @@ CREATE TABLE tide.ready_marker (
 COMMENT ON TABLE tide.ready_marker IS
     'Data-ready markers written by tide.mark_ready(dataset, biz_date); tasks with ready_dataset wait for them.';
 
--- The allowed state changes. Every UPDATE of tide.run is checked against this table by the
--- trigger below, whichever function (or hand-written UPDATE) makes it.
-CREATE TABLE tide.run_transition (
-    from_state tide.run_state NOT NULL,
-    to_state   tide.run_state NOT NULL,
-    PRIMARY KEY (from_state, to_state)
-);
-COMMENT ON TABLE tide.run_transition IS 'The allowed run state changes; anything else is refused.';
-INSERT INTO tide.run_transition VALUES
-    ('waiting', 'ready'), ('waiting', 'skipped'), ('waiting', 'dead'), ('waiting', 'cancelled'),
-    ('waiting', 'held'),
-    ('ready', 'running'), ('ready', 'waiting'), ('ready', 'skipped'), ('ready', 'cancelled'),
-    ('ready', 'held'),
-    ('retry', 'ready'), ('retry', 'cancelled'), ('retry', 'held'), ('retry', 'dead'),
-    ('running', 'succeeded'), ('running', 'need_check'), ('running', 'retry'), ('running', 'dead'),
-    ('running', 'waiting'), ('running', 'cancelled'),
-    ('held', 'ready'), ('held', 'waiting'), ('held', 'cancelled'),
+-- The allowed state changes, as one constant (tide.run_transition shows them as a table).
+CREATE FUNCTION tide._transitions() RETURNS text[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT ARRAY[
+    'waiting>ready', 'waiting>skipped', 'waiting>dead', 'waiting>cancelled', 'waiting>held',
+    'ready>running', 'ready>waiting', 'ready>skipped', 'ready>cancelled', 'ready>held',
+    'retry>ready', 'retry>cancelled', 'retry>held', 'retry>dead',
+    'running>succeeded', 'running>need_check', 'running>retry', 'running>dead', 'running>waiting',
+    'running>cancelled',
+    'held>ready', 'held>waiting', 'held>cancelled',
     -- Reopening finished runs (tide.replay / tide.rerun; succeeded only with force).
-    ('succeeded', 'ready'), ('succeeded', 'waiting'),
-    ('need_check', 'ready'), ('need_check', 'waiting'), ('need_check', 'succeeded'),
-    ('dead', 'ready'), ('dead', 'waiting'),
-    ('cancelled', 'ready'), ('cancelled', 'waiting'),
-    ('skipped', 'ready'), ('skipped', 'waiting');
+    'succeeded>ready', 'succeeded>waiting',
+    'need_check>ready', 'need_check>waiting', 'need_check>succeeded',
+    'dead>ready', 'dead>waiting',
+    'cancelled>ready', 'cancelled>waiting',
+    'skipped>ready', 'skipped>waiting'] $$;
+COMMENT ON FUNCTION tide._transitions() IS 'Internal: the allowed run state changes, as from>to.';
 
--- The one place a run changes state: refuses changes not in tide.run_transition, records every
--- change (and every new reason) in tide.run_event, and wakes claimers of newly ready runs.
--- A row trigger whose WHEN clause (evaluated without calling it) skips updates that change
--- neither state nor reason, such as heartbeats. NOTIFY of the same channel and payload is
--- delivered once per transaction, and its lock is taken once, at commit.
+CREATE FUNCTION tide._transition_allowed(from_state tide.run_state, to_state tide.run_state) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT from_state = to_state OR (from_state::text || '>' || to_state::text) = ANY (tide._transitions()) $$;
+COMMENT ON FUNCTION tide._transition_allowed(tide.run_state, tide.run_state) IS
+    'Whether a run may go from one state to another (see tide.run_transition).';
+
+CREATE VIEW tide.run_transition AS
+SELECT split_part(t, '>', 1)::tide.run_state AS from_state, split_part(t, '>', 2)::tide.run_state AS to_state
+  FROM unnest(tide._transitions()) AS t;
+COMMENT ON VIEW tide.run_transition IS 'The allowed run state changes; anything else is refused.';
+
+-- The one place a run changes state: refuses a change tide.run_transition does not allow,
+-- records every change (and every new reason) in tide.run_event, and wakes claimers of newly
+-- ready runs (NOTIFY of the same channel and payload is delivered once per transaction, its
+-- lock taken once, at commit). Every UPDATE of tide.run passes it — whichever function or
+-- hand-written statement makes it — except the three hot paths, tide.claim, tide.complete and
+-- tide.complete_many: their changes are legal by construction (ready to running, running to
+-- succeeded or need_check, guarded by their WHERE clauses), and they write their history rows
+-- themselves, one statement per batch, saying so with the transaction-local setting
+-- tide.history = 'written' while they update. The WHEN clause (evaluated without calling the
+-- function) skips those rows, and heartbeats, which change neither state nor reason.
 CREATE FUNCTION tide.run_changed() RETURNS trigger
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    IF OLD.state <> NEW.state AND NOT EXISTS (
-           SELECT 1 FROM tide.run_transition t
-            WHERE t.from_state = OLD.state AND t.to_state = NEW.state) THEN
+    IF NOT tide._transition_allowed(OLD.state, NEW.state) THEN
         RAISE EXCEPTION 'run % cannot go from % to %', NEW.run_id, OLD.state, NEW.state
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = 'allowed changes are listed in tide.run_transition; see the README''s run lifecycle';
@@ -216,9 +227,11 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide.run_changed() IS
-    'Trigger: checks run state changes against tide.run_transition, records them in tide.run_event, NOTIFYs pg_tide_ready with the queue of newly ready runs.';
+    'Trigger: refuses run state changes not in tide.run_transition, records them in tide.run_event, NOTIFYs pg_tide_ready with the queue of newly ready runs.';
 CREATE TRIGGER run_changed AFTER UPDATE ON tide.run
-    FOR EACH ROW WHEN (OLD.state IS DISTINCT FROM NEW.state OR OLD.reason IS DISTINCT FROM NEW.reason)
+    FOR EACH ROW
+    WHEN ((OLD.state IS DISTINCT FROM NEW.state OR OLD.reason IS DISTINCT FROM NEW.reason)
+          AND current_setting('tide.history', true) IS DISTINCT FROM 'written')
     EXECUTE FUNCTION tide.run_changed();
 
 -- SECURITY DEFINER: runs are deleted by a task owner's tide.unschedule (through the cascade of

@@ -7,6 +7,7 @@
 
 use pgrx::datum::{DatumWithOid, Interval, JsonB, TimestampWithTimeZone};
 use pgrx::prelude::*;
+use pgrx::spi::SpiHeapTupleData;
 
 use crate::error::TideError;
 use crate::ledger::span_of;
@@ -21,12 +22,37 @@ pub struct TaskRow {
     pub paused: bool,
 }
 
+/// The rule columns, in the order `rule_text` reads them.
+pub const RULE_COLUMNS: &str =
+    "schedule, command, tz, biz_window::text, queue, args, dst_gap::text, dst_overlap::text";
+
+/// The rules of a task row whose `RULE_COLUMNS` start at column `first` (1-based).
+pub fn rule_text(row: &SpiHeapTupleData, first: usize, function: &'static str) -> RuleText {
+    let text = |i: usize| -> String {
+        row.get::<String>(first + i)
+            .or_raise(function)
+            .unwrap_or_default()
+    };
+    RuleText {
+        schedule: text(0),
+        command: row.get::<String>(first + 1).or_raise(function),
+        tz: text(2),
+        biz_window: text(3),
+        queue: text(4),
+        args: row
+            .get::<JsonB>(first + 5)
+            .or_raise(function)
+            .map(|j| j.0)
+            .unwrap_or_default(),
+        dst_gap: text(6),
+        dst_overlap: text(7),
+    }
+}
+
 /// Reads a task by name (as the caller, so RLS applies). `lock` takes a row lock for a change.
 pub fn load_task(name: &str, lock: bool) -> Result<TaskRow, TideError> {
     let query = format!(
-        "SELECT task_id, schedule, command, tz, biz_window::text, queue, args,
-                dst_gap::text, dst_overlap::text, paused
-           FROM tide.task WHERE name = $1 {}",
+        "SELECT task_id, {RULE_COLUMNS}, paused FROM tide.task WHERE name = $1 {}",
         if lock { "FOR UPDATE" } else { "" }
     );
     const F: &str = "load_task";
@@ -36,23 +62,9 @@ pub fn load_task(name: &str, lock: bool) -> Result<TaskRow, TideError> {
         let Some(row) = table.into_iter().next() else {
             return Err(TideError::NoSuchTask(name.to_string()));
         };
-        let text = |i: usize| -> String { row.get::<String>(i).or_raise(F).unwrap_or_default() };
         Ok(TaskRow {
             task_id: row.get::<i64>(1).or_raise(F).unwrap_or_default(),
-            rules: RuleText {
-                schedule: text(2),
-                command: row.get::<String>(3).or_raise(F),
-                tz: text(4),
-                biz_window: text(5),
-                queue: text(6),
-                args: row
-                    .get::<JsonB>(7)
-                    .or_raise(F)
-                    .map(|j| j.0)
-                    .unwrap_or_default(),
-                dst_gap: text(8),
-                dst_overlap: text(9),
-            },
+            rules: rule_text(&row, 2, F),
             paused: row.get::<bool>(10).or_raise(F).unwrap_or_default(),
         })
     })

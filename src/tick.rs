@@ -10,6 +10,7 @@ use pgrx::spi::SpiClient;
 use serde_json::{json, Map, Value};
 
 use crate::calendar::{fire_iter, previous_fire, window_for, BizWindow, WindowKind};
+use crate::catalog::{rule_text, RULE_COLUMNS};
 use crate::ledger::span_of;
 use crate::misfire::{plan, Decision, Due, Misfire, Planned, Policy, SkipReason};
 use crate::pgtime::{date_to_pg, from_pg, to_pg};
@@ -83,19 +84,17 @@ fn tick(now: default!(Option<TimestampWithTimeZone>, "now()")) -> JsonB {
 }
 
 fn due_tasks(client: &mut SpiClient, now: TimestampWithTimeZone) -> Vec<DueTask> {
+    let query = format!(
+        "SELECT task_id, name, {RULE_COLUMNS}, misfire::text, misfire_threshold,
+                catch_up_max, source_retention, next_fire_at, skip_until
+           FROM tide.task
+          WHERE NOT paused AND next_fire_at <= $1
+          ORDER BY next_fire_at
+          LIMIT $2
+            FOR UPDATE SKIP LOCKED"
+    );
     let rows = client
-        .update(
-            "SELECT task_id, name, schedule, command, tz, biz_window::text, queue, args,
-                    dst_gap::text, dst_overlap::text, misfire::text, misfire_threshold,
-                    catch_up_max, source_retention, next_fire_at, skip_until
-               FROM tide.task
-              WHERE NOT paused AND next_fire_at <= $1
-              ORDER BY next_fire_at
-              LIMIT $2
-                FOR UPDATE SKIP LOCKED",
-            None,
-            &[now.into(), TASKS_PER_TICK.into()],
-        )
+        .update(&query, None, &[now.into(), TASKS_PER_TICK.into()])
         .or_raise(F);
     let mut out = Vec::new();
     for row in rows {
@@ -110,20 +109,7 @@ fn due_tasks(client: &mut SpiClient, now: TimestampWithTimeZone) -> Vec<DueTask>
         out.push(DueTask {
             task_id,
             name: text(2),
-            rules: RuleText {
-                schedule: text(3),
-                command: row.get::<String>(4).or_raise(F),
-                tz: text(5),
-                biz_window: text(6),
-                queue: text(7),
-                args: row
-                    .get::<JsonB>(8)
-                    .or_raise(F)
-                    .map(|j| j.0)
-                    .unwrap_or_default(),
-                dst_gap: text(9),
-                dst_overlap: text(10),
-            },
+            rules: rule_text(&row, 3, F),
             misfire: text(11),
             threshold,
             catch_up_max: row.get::<i32>(13).or_raise(F).unwrap_or(100),

@@ -247,11 +247,28 @@ impl Cluster {
         ] {
             admin.batch_execute(&sql).map_err(|e| describe(&e))?;
         }
+        self.with_extension(db)
+    }
+
+    /// A connection to `db`, with pg_tide created there if it is not yet.
+    fn with_extension(&self, db: &str) -> Result<Client, String> {
         let mut client = self.connect(db)?;
         client
-            .batch_execute("CREATE EXTENSION pg_tide")
+            .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_tide")
             .map_err(|e| format!("CREATE EXTENSION pg_tide: {}", describe(&e)))?;
         Ok(client)
+    }
+
+    /// The pids of the backends of a type (`pg_stat_activity.backend_type`).
+    pub fn pids(&self, backend_type: &str) -> Result<Vec<i32>, String> {
+        let mut admin = self.connect("postgres")?;
+        let rows = admin
+            .query(
+                "SELECT pid FROM pg_stat_activity WHERE backend_type = $1",
+                &[&backend_type],
+            )
+            .map_err(|e| describe(&e))?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
     /// A streaming-replication standby of this cluster (pg_basebackup -R), started on its own
@@ -313,27 +330,13 @@ impl Cluster {
                 .batch_execute(&format!("CREATE DATABASE {WORKERS_DB}"))
                 .map_err(|e| describe(&e))?;
         }
-        let mut client = self.connect(WORKERS_DB)?;
-        client
-            .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_tide")
-            .map_err(|e| format!("CREATE EXTENSION pg_tide: {}", describe(&e)))?;
-        Ok(client)
+        self.with_extension(WORKERS_DB)
     }
 
     /// Kills every backend of a type with SIGKILL (the postmaster then restarts all sessions)
     /// and waits until the server accepts connections again. Returns how many were killed.
     pub fn kill_9(&self, backend_type: &str) -> Result<usize, String> {
-        let mut admin = self.connect("postgres")?;
-        let pids: Vec<i32> = admin
-            .query(
-                "SELECT pid FROM pg_stat_activity WHERE backend_type = $1",
-                &[&backend_type],
-            )
-            .map_err(|e| describe(&e))?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
-        drop(admin);
+        let pids = self.pids(backend_type)?;
         // The first kill sends the postmaster into crash recovery, which ends the others: only
         // the first must succeed.
         let mut killed = 0;
@@ -350,18 +353,9 @@ impl Cluster {
             &format!("{backend_type} to come back after kill -9"),
             Duration::from_secs(60),
             || {
-                let Ok(mut c) = self.connect("postgres") else {
+                let Ok(back) = self.pids(backend_type) else {
                     return Ok(None);
                 };
-                let back: Vec<i32> = c
-                    .query(
-                        "SELECT pid FROM pg_stat_activity WHERE backend_type = $1",
-                        &[&backend_type],
-                    )
-                    .map_err(|e| describe(&e))?
-                    .iter()
-                    .map(|r| r.get(0))
-                    .collect();
                 Ok((!back.is_empty() && back.iter().all(|p| !pids.contains(p))).then_some(()))
             },
         )?;

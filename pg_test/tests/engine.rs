@@ -981,91 +981,70 @@ fn statement_timeout_bounds_a_command(cluster: &Cluster) -> Result<(), Failed> {
     Ok(())
 }
 
-fn terminating_an_executor_mid_command(cluster: &Cluster) -> Result<(), Failed> {
-    let mut c = cluster.workers_db()?;
+/// An SQL task whose command writes an effect, then hangs on its first attempt (until the test
+/// interrupts it); later attempts finish. Returns the run of one business date, once running.
+fn hang_once(c: &mut Client, task: &str) -> Result<i64, Failed> {
     exec(
-        &mut c,
-        "DROP TABLE IF EXISTS term_effects;
-         CREATE TABLE term_effects (run bigint, attempt int);
-         CREATE OR REPLACE FUNCTION hang_once() RETURNS void LANGUAGE plpgsql AS $$
-         DECLARE n int := (SELECT attempts FROM tide.run WHERE run_id = tide.run_id());
-         BEGIN
-             INSERT INTO term_effects VALUES (tide.run_id(), n);
-             IF n = 1 THEN PERFORM pg_sleep(60); END IF;
-         END $$;
-         SELECT tide.schedule('hangs', '0 1 * * *', biz_window => 'day', command => 'SELECT hang_once()',
-                              timeout => '2 seconds', backoff_base => '1 second', jitter => 'none');",
+        c,
+        &format!(
+            "DROP TABLE IF EXISTS {task}_effects;
+             CREATE TABLE {task}_effects (run bigint, attempt int);
+             CREATE OR REPLACE FUNCTION {task}() RETURNS void LANGUAGE plpgsql AS $$
+             DECLARE n int := (SELECT attempts FROM tide.run WHERE run_id = tide.run_id());
+             BEGIN
+                 INSERT INTO {task}_effects VALUES (tide.run_id(), n);
+                 IF n = 1 THEN PERFORM pg_sleep(60); END IF;
+             END $$;
+             SELECT tide.schedule('{task}', '0 1 * * *', biz_window => 'day', command => 'SELECT {task}()',
+                                  timeout => '3 seconds', backoff_base => '1 second', jitter => 'none');"
+        ),
     )?;
     let run: i64 = one(
-        &mut c,
-        "SELECT tide.rerun('hangs', biz_date => current_date - 2)",
+        c,
+        &format!("SELECT tide.rerun('{task}', biz_date => current_date - 2)"),
     )?;
-    wait_state(&mut c, run, "running", Duration::from_secs(30))?;
+    wait_state(c, run, "running", Duration::from_secs(30))?;
+    Ok(run)
+}
+
+/// After `hang_once` was interrupted: the run succeeded once, on its second attempt, and the
+/// interrupted attempt left no effect.
+fn succeeded_once_after_interruption(c: &mut Client, task: &str, run: i64) -> Result<(), Failed> {
+    wait_state(c, run, "succeeded", Duration::from_secs(60))?;
+    let summary: String = one(
+        c,
+        &format!(
+            "SELECT concat_ws('|', (SELECT string_agg(attempt::text, ',') FROM {task}_effects WHERE run = {run}),
+                              string_agg(outcome::text, ',' ORDER BY attempt))
+               FROM tide.attempt WHERE run_id = {run}"
+        ),
+    )?;
+    assert_eq!(summary, "2|lost,succeeded", "{task}");
+    exec(c, &format!("SELECT tide.unschedule('{task}')"))?;
+    Ok(())
+}
+
+fn terminating_an_executor_mid_command(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    let run = hang_once(&mut c, "hangs")?;
     // pg_terminate_backend interrupts the command at once (it does not wait for it to end), and
     // the executor comes back.
-    let worker: String = one(
-        &mut c,
-        &format!("SELECT lease_owner FROM tide.run WHERE run_id = {run}"),
-    )?;
     let terminated: i64 = one(
         &mut c,
         "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE backend_type = 'pg_tide executor'",
     )?;
-    assert!(terminated >= 1, "no executor to terminate ({worker})");
-    wait_state(&mut c, run, "succeeded", Duration::from_secs(60))?;
-    let summary: String = one(
-        &mut c,
-        &format!(
-            "SELECT concat_ws('|', (SELECT string_agg(attempt::text, ',') FROM term_effects WHERE run = {run}),
-                              string_agg(outcome::text, ',' ORDER BY attempt))
-               FROM tide.attempt WHERE run_id = {run}"
-        ),
-    )?;
-    assert_eq!(summary, "2|lost,succeeded");
-    exec(&mut c, "SELECT tide.unschedule('hangs')")?;
-    Ok(())
+    assert!(terminated >= 1, "no executor to terminate");
+    succeeded_once_after_interruption(&mut c, "hangs", run)
 }
 
 fn executor_killed_mid_run_is_taken_back(cluster: &Cluster) -> Result<(), Failed> {
     let mut c = cluster.workers_db()?;
-    exec(
-        &mut c,
-        "DROP TABLE IF EXISTS slow_effects;
-         CREATE TABLE slow_effects (run bigint, attempt int);
-         -- Writes its effect, then hangs on its first attempt (the test kills it there).
-         CREATE OR REPLACE FUNCTION slow() RETURNS void LANGUAGE plpgsql AS $$
-         DECLARE n int := (SELECT attempts FROM tide.run WHERE run_id = tide.run_id());
-         BEGIN
-             INSERT INTO slow_effects VALUES (tide.run_id(), n);
-             IF n = 1 THEN PERFORM pg_sleep(60); END IF;
-         END $$;
-         SELECT tide.schedule('slow_sql', '0 1 * * *', biz_window => 'day', command => 'SELECT slow()',
-                              timeout => '3 seconds', backoff_base => '1 second', jitter => 'none');",
-    )?;
-    let run: i64 = one(
-        &mut c,
-        "SELECT tide.rerun('slow_sql', biz_date => current_date - 2)",
-    )?;
-    wait_state(&mut c, run, "running", Duration::from_secs(30))?;
+    let run = hang_once(&mut c, "slow_sql")?;
     drop(c);
     let killed = cluster.kill_9("pg_tide executor")?;
     assert!(killed >= 1, "no executor to kill");
     let mut c = cluster.workers_db()?;
-    wait_state(&mut c, run, "succeeded", Duration::from_secs(60))?;
-    let summary: String = one(
-        &mut c,
-        &format!(
-            "SELECT concat_ws('|', (SELECT string_agg(attempt::text, ',') FROM slow_effects WHERE run = {run}),
-                              string_agg(outcome::text, ',' ORDER BY attempt))
-               FROM tide.attempt WHERE run_id = {run}"
-        ),
-    )?;
-    assert_eq!(
-        summary, "2|lost,succeeded",
-        "the killed attempt left nothing; the run succeeded once"
-    );
-    exec(&mut c, "SELECT tide.unschedule('slow_sql')")?;
-    Ok(())
+    succeeded_once_after_interruption(&mut c, "slow_sql", run)
 }
 
 fn readiness_checks_run_in_the_executors(cluster: &Cluster) -> Result<(), Failed> {
