@@ -449,6 +449,12 @@ fn stale_lease_tokens_are_fenced(cluster: &Cluster) -> Result<(), Failed> {
         &format!("SELECT tide.complete_many(ARRAY[{first}, {second}], ARRAY[{t1}, {t2}], ARRAY['{{\"n\": 1}}', NULL]::jsonb[])"),
     )?;
     assert_eq!(n, 2);
+    // An empty claim aggregates to NULL arrays: completing it is a no-op, not an error.
+    let none: i32 = one(
+        &mut c,
+        "SELECT tide.complete_many(array_agg(run_id), array_agg(lease_token)) FROM tide.claim(queue => 'empty')",
+    )?;
+    assert_eq!(none, 0);
     let results: String = one(
         &mut c,
         &format!("SELECT string_agg(state || ':' || coalesce(result::text, '-'), ',' ORDER BY run_id) FROM tide.run WHERE run_id IN ({first}, {second})"),
