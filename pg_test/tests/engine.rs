@@ -761,6 +761,16 @@ fn illegal_transitions_are_refused(cluster: &Cluster) -> Result<(), Failed> {
     assert!(hint.contains("tide.run_transition"));
     let (code, _, _) = refused(&mut c, "UPDATE tide.run_event SET reason = 'rewritten'")?;
     assert_eq!(code, "55000", "history is append-only");
+    // The hot paths' setting does not let a hand-written change past the check.
+    let (code, _, _) = refused(
+        &mut c,
+        &format!(
+            "BEGIN; SET LOCAL tide.history = 'written';
+             UPDATE tide.run SET state = 'succeeded' WHERE run_id = {run}"
+        ),
+    )?;
+    exec(&mut c, "ROLLBACK")?;
+    assert_eq!(code, "55000");
     // Unscheduling a task removes its runs with their attempts and history.
     let (_, token) = claim(&mut c, "")?.ok_or("claim")?;
     exec(
