@@ -41,17 +41,22 @@ SQL
 fill() { # $1 = number of runs / rows
     "${PSQL[@]}" -d "$DB" -v ON_ERROR_STOP=1 -v n="$1" <<'SQL'
 -- Fixture: ready runs inserted directly (one distinct window each), as the tick would create.
-INSERT INTO tide.run (task_id, trigger, window_start, window_end, biz_date, version, state,
-                      reason, executor, queue, owner)
-SELECT t.task_id, 'manual', w, w + interval '1 second', w::date, 1, 'ready', 'bench fixture',
-       'external', 'bench', 'postgres'
-  FROM tide.task t,
-       LATERAL (SELECT coalesce(max(window_end), '2000-01-01') AS s FROM tide.run) last,
-       generate_series(1, :n) g,
-       LATERAL (SELECT last.s + g * interval '1 second' AS w) x
- WHERE t.name = 'bench';
+WITH created AS (
+    INSERT INTO tide.run (task_id, trigger, window_start, window_end, biz_date, version, state,
+                          reason, executor, queue, owner)
+    SELECT t.task_id, 'manual', w, w + interval '1 second', w::date, 1, 'ready', 'bench fixture',
+           'external', 'bench', 'postgres'
+      FROM tide.task t,
+           LATERAL (SELECT coalesce(max(window_end), '2000-01-01') AS s FROM tide.run) last,
+           generate_series(1, :n) g,
+           LATERAL (SELECT last.s + g * interval '1 second' AS w) x
+     WHERE t.name = 'bench'
+    RETURNING run_id, task_id)
+INSERT INTO tide.pending (run_id, task_id, state, executor, queue, priority, owner)
+SELECT run_id, task_id, 'ready', 'external', 'bench', 0, 'postgres' FROM created;
 INSERT INTO baseline_q (payload) SELECT '{}' FROM generate_series(1, :n);
 VACUUM ANALYZE tide.run;
+VACUUM ANALYZE tide.pending;
 VACUUM ANALYZE baseline_q;
 SQL
 }

@@ -112,17 +112,17 @@ BEGIN
     -- may be re-evaluated and claim more rows than asked.
     IF p_queue IS NULL THEN
         SELECT array_agg(c.run_id) INTO ids FROM (
-            SELECT r.run_id FROM tide.run r
-             WHERE r.state = 'ready' AND r.executor = p_executor
-               AND (r.run_after IS NULL OR r.run_after <= now())
-             ORDER BY r.priority DESC, r.run_id
+            SELECT p.run_id FROM tide.pending p
+             WHERE p.state = 'ready' AND p.executor = p_executor
+               AND (p.due_at IS NULL OR p.due_at <= now())
+             ORDER BY p.priority DESC, p.run_id
              LIMIT p_n FOR UPDATE SKIP LOCKED) c;
     ELSE
         SELECT array_agg(c.run_id) INTO ids FROM (
-            SELECT r.run_id FROM tide.run r
-             WHERE r.state = 'ready' AND r.executor = p_executor AND r.queue = p_queue
-               AND (r.run_after IS NULL OR r.run_after <= now())
-             ORDER BY r.priority DESC, r.run_id
+            SELECT p.run_id FROM tide.pending p
+             WHERE p.state = 'ready' AND p.executor = p_executor AND p.queue = p_queue
+               AND (p.due_at IS NULL OR p.due_at <= now())
+             ORDER BY p.priority DESC, p.run_id
              LIMIT p_n FOR UPDATE SKIP LOCKED) c;
     END IF;
     IF ids IS NULL THEN
@@ -131,6 +131,7 @@ BEGIN
     -- One fencing token per claim: larger than any earlier claim's, so a run claimed again is
     -- never completed with an older one.
     token := nextval('tide.lease_token_seq');
+    UPDATE tide.pending p SET state = 'running', due_at = NULL WHERE p.run_id = ANY (ids);
     -- This path writes its own history rows below, one statement for the batch.
     ignored := set_config('tide.history', 'written', true);
     RETURN QUERY
@@ -143,6 +144,7 @@ BEGIN
                lease_length = l.length,
                lease_expires_at = now() + l.length,
                started_at = coalesce(r.started_at, now()),
+               claimed_at = now(),
                finished_at = NULL,
                updated_at = now(),
                reason = format('claimed by %s, attempt %s (try %s of %s)', coalesce(p_worker, 'a worker'),
@@ -154,9 +156,6 @@ BEGIN
          WHERE r.run_id = ANY (ids) AND v.task_id = r.task_id AND v.version = r.version
         RETURNING r.*;
     ignored := set_config('tide.history', '', true);
-    INSERT INTO tide.attempt (run_id, attempt, worker, lease_token, owner)
-    SELECT r.run_id, r.attempts, r.lease_owner, r.lease_token, r.owner
-      FROM tide.run r WHERE r.run_id = ANY (ids);
     INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
     SELECT r.run_id, 'ready', 'running', r.reason, r.owner
       FROM tide.run r WHERE r.run_id = ANY (ids) ORDER BY r.run_id;
@@ -228,6 +227,8 @@ DECLARE
     attempt_no integer;
     why text;
     who name;
+    worker text;
+    claimed timestamptz;
     ignored text;
 BEGIN
     IF complete.expected < 0 OR complete.actual < 0 THEN
@@ -250,15 +251,16 @@ BEGIN
                          THEN format('completed short: expected %s, actual %s', complete.expected, complete.actual)
                          ELSE format('completed by %s', coalesce(r.lease_owner, 'a worker')) END
      WHERE r.run_id = complete.run_id AND r.lease_token = complete.token AND r.state = 'running'
-    RETURNING r.state, r.attempts, r.reason, r.owner INTO done, attempt_no, why, who;
+    RETURNING r.state, r.attempts, r.reason, r.owner, r.lease_owner, r.claimed_at
+         INTO done, attempt_no, why, who, worker, claimed;
     ignored := set_config('tide.history', '', true);
     IF NOT FOUND THEN
         PERFORM tide._refuse_stale(complete.run_id, complete.token, 'tide.complete');
     END IF;
-    UPDATE tide.attempt a
-       SET finished_at = now(),
-           outcome = CASE WHEN short THEN 'need_check' ELSE 'succeeded' END::tide.attempt_outcome
-     WHERE a.run_id = complete.run_id AND a.attempt = attempt_no;
+    DELETE FROM tide.pending p WHERE p.run_id = complete.run_id;
+    INSERT INTO tide.attempt (run_id, attempt, worker, lease_token, claimed_at, finished_at, outcome, owner)
+    VALUES (complete.run_id, attempt_no, worker, complete.token, claimed, now(),
+            CASE WHEN short THEN 'need_check' ELSE 'succeeded' END::tide.attempt_outcome, who);
     INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
     VALUES (complete.run_id, 'running', done, why, who);
     RETURN done;
@@ -302,10 +304,13 @@ BEGIN
                reason = format('completed by %s', coalesce(r.lease_owner, 'a worker'))
           FROM input i
          WHERE r.run_id = i.run_id AND r.lease_token = i.token AND r.state = 'running'
-        RETURNING r.run_id, r.attempts, r.reason, r.owner
+        RETURNING r.run_id, r.attempts, r.reason, r.owner, r.lease_owner, r.lease_token, r.claimed_at
     ), done_attempt AS (
-        UPDATE tide.attempt a SET finished_at = now(), outcome = 'succeeded'
-          FROM done_run d WHERE a.run_id = d.run_id AND a.attempt = d.attempts
+        INSERT INTO tide.attempt (run_id, attempt, worker, lease_token, claimed_at, finished_at, outcome, owner)
+        SELECT d.run_id, d.attempts, d.lease_owner, d.lease_token, d.claimed_at, now(), 'succeeded', d.owner
+          FROM done_run d
+    ), done_pending AS (
+        DELETE FROM tide.pending p USING done_run d WHERE p.run_id = d.run_id
     ), history AS (
         INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
         SELECT d.run_id, 'running', 'succeeded', d.reason, d.owner FROM done_run d ORDER BY d.run_id
@@ -381,9 +386,10 @@ BEGIN
            updated_at = now(),
            reason = why
      WHERE run_id = p_run_id;
-    UPDATE tide.attempt
-       SET finished_at = p_now, outcome = p_outcome, error_kind = p_kind, sqlstate = p_sqlstate, error = p_error
-     WHERE run_id = p_run_id AND attempt = r.attempts;
+    INSERT INTO tide.attempt (run_id, attempt, worker, lease_token, claimed_at, finished_at, outcome,
+                              error_kind, sqlstate, error, owner)
+    VALUES (p_run_id, r.attempts, r.lease_owner, r.lease_token, coalesce(r.claimed_at, p_now), p_now, p_outcome,
+            p_kind, p_sqlstate, p_error, r.owner);
     RETURN new_state;
 END
 $$;
@@ -516,8 +522,9 @@ LANGUAGE sql
 AS $$
     SELECT r.run_id, r.owner, least((v.rules->>'timeout')::interval, interval '1 minute')
       FROM tide.run r JOIN tide.task_version v ON v.task_id = r.task_id AND v.version = r.version
-     WHERE r.state = 'waiting' AND (r.run_after IS NULL OR r.run_after <= now())
-       AND v.rules->>'ready_check' IS NOT NULL
+     WHERE r.run_id IN (SELECT p.run_id FROM tide.pending p
+                         WHERE p.state = 'waiting' AND (p.due_at IS NULL OR p.due_at <= now()))
+       AND r.state = 'waiting' AND v.rules->>'ready_check' IS NOT NULL
      ORDER BY r.run_after NULLS FIRST, r.run_id
      LIMIT 1
        FOR UPDATE OF r SKIP LOCKED
@@ -545,7 +552,8 @@ BEGIN
     WITH waiting AS (
         SELECT r.run_id, v.rules->>'ready_check' IS NULL AS marker_only
           FROM tide.run r JOIN tide.task_version v ON v.task_id = r.task_id AND v.version = r.version
-         WHERE r.state = 'waiting' AND r.biz_date = mark_ready.biz_date
+         WHERE r.run_id IN (SELECT p.run_id FROM tide.pending p WHERE p.state = 'waiting')
+           AND r.state = 'waiting' AND r.biz_date = mark_ready.biz_date
            AND v.rules->>'ready_dataset' = mark_ready.dataset
            FOR UPDATE OF r
     )
@@ -737,12 +745,16 @@ BEGIN
                executor = CASE WHEN rules->>'command' IS NULL THEN 'external' ELSE 'sql' END::tide.executor,
                updated_at = now(),
                reason = format('%s; adopted rule version %s', r.reason, p_version)
-         WHERE r.task_id = p_task_id AND r.state IN ('waiting', 'ready', 'retry', 'held') AND r.version <> p_version;
+         WHERE r.run_id IN (SELECT p.run_id FROM tide.pending p
+                             WHERE p.task_id = p_task_id AND p.state IN ('waiting', 'ready', 'retry', 'held'))
+           AND r.version <> p_version;
     ELSE
         UPDATE tide.run r
            SET state = 'held', updated_at = now(),
                reason = format('held: rules changed to version %s; confirm with tide.confirm', p_version)
-         WHERE r.task_id = p_task_id AND r.state IN ('waiting', 'ready', 'retry') AND r.version <> p_version;
+         WHERE r.run_id IN (SELECT p.run_id FROM tide.pending p
+                             WHERE p.task_id = p_task_id AND p.state IN ('waiting', 'ready', 'retry'))
+           AND r.version <> p_version;
     END IF;
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
@@ -777,7 +789,7 @@ BEGIN
            executor = CASE WHEN rules->>'command' IS NULL THEN 'external' ELSE 'sql' END::tide.executor,
            run_after = NULL, updated_at = now(),
            reason = format('confirmed by %s under rule version %s', current_user, confirm.version)
-     WHERE r.task_id = t.task_id AND r.state = 'held';
+     WHERE r.run_id IN (SELECT p.run_id FROM tide.pending p WHERE p.task_id = t.task_id AND p.state = 'held');
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END
@@ -822,13 +834,15 @@ BEGIN
     -- Backoff passed: retries are ready again.
     UPDATE tide.run r SET state = 'ready', run_after = NULL, updated_at = now(),
                           reason = format('retry due (attempt %s next)', r.tries + 1)
-     WHERE r.state = 'retry' AND r.run_after <= p_now;
+     WHERE r.run_id IN (SELECT p.run_id FROM tide.pending p WHERE p.state = 'retry' AND p.due_at <= p_now)
+       AND r.state = 'retry';
     GET DIAGNOSTICS retried = ROW_COUNT;
 
     -- Leases that expired: the attempt is lost and counts; the run retries or goes dead.
     FOR rec IN SELECT x.run_id, x.lease_owner, x.lease_token FROM tide.run x
-              WHERE x.state = 'running' AND x.lease_expires_at < p_now
-              ORDER BY x.lease_expires_at FOR UPDATE SKIP LOCKED LOOP
+              WHERE x.run_id IN (SELECT p.run_id FROM tide.pending p WHERE p.state = 'running')
+                AND x.state = 'running' AND x.lease_expires_at < p_now
+              ORDER BY x.lease_expires_at FOR UPDATE OF x SKIP LOCKED LOOP
         PERFORM tide._fail(rec.run_id, format('lease of %s (token %s) expired', coalesce(rec.lease_owner, 'a worker'), rec.lease_token),
                            'transient', NULL, 'lost', p_now);
         lost := lost + 1;
@@ -842,7 +856,8 @@ BEGIN
                          THEN format('ready: %s marked ready for %s', v.rules->>'ready_dataset', r.biz_date)
                          ELSE 'ready: next window reached' END
       FROM tide.task_version v
-     WHERE r.state = 'waiting' AND v.task_id = r.task_id AND v.version = r.version
+     WHERE r.run_id IN (SELECT p.run_id FROM tide.pending p WHERE p.state = 'waiting')
+       AND r.state = 'waiting' AND v.task_id = r.task_id AND v.version = r.version
        AND v.rules->>'ready_check' IS NULL
        -- A run a worker reported not ready waits for its next window even if its marker is set.
        AND (r.run_after IS NULL OR r.run_after <= p_now)
@@ -853,8 +868,9 @@ BEGIN
 
     -- Still not ready at the deadline: the task's not_ready_policy decides.
     FOR rec IN SELECT x.run_id, x.task_id, x.version, x.deferrals, x.ready_deadline FROM tide.run x
-              WHERE x.state = 'waiting' AND x.ready_deadline <= p_now
-              FOR UPDATE SKIP LOCKED LOOP
+              WHERE x.run_id IN (SELECT p.run_id FROM tide.pending p WHERE p.state = 'waiting')
+                AND x.state = 'waiting' AND x.ready_deadline <= p_now
+              FOR UPDATE OF x SKIP LOCKED LOOP
         SELECT v.rules INTO rules FROM tide.task_version v WHERE v.task_id = rec.task_id AND v.version = rec.version;
         expired := expired + 1;
         IF rules->>'not_ready_policy' = 'skip' THEN

@@ -41,6 +41,23 @@ mod serde_like {
     }
 }
 
+/// tide.pending holds exactly the unfinished runs, with their state, queue and due time.
+fn pending_in_step(c: &mut Client) -> Result<(), Failed> {
+    let out_of_step: String = one(
+        c,
+        "SELECT coalesce(string_agg(coalesce(r.run_id, p.run_id)::text, ','), '')
+           FROM tide.run r FULL JOIN tide.pending p USING (run_id)
+          WHERE (r.state IN ('waiting', 'ready', 'running', 'retry', 'held')) IS DISTINCT FROM (p.run_id IS NOT NULL)
+             OR (p.run_id IS NOT NULL AND (p.state, p.queue, p.priority, p.executor, p.due_at)
+                     IS DISTINCT FROM (r.state, r.queue, r.priority, r.executor, r.run_after))",
+    )?;
+    assert_eq!(
+        out_of_step, "",
+        "runs whose tide.pending row is out of step"
+    );
+    Ok(())
+}
+
 /// Windows of one task, oldest first, as "trigger or skip reason" labels.
 fn labels(c: &mut Client, task: &str) -> Result<String, Failed> {
     one(
@@ -97,6 +114,7 @@ fn fires_create_one_run_per_window(cluster: &Cluster) -> Result<(), Failed> {
         ),
     )?;
     assert_eq!(summary, "2|2|t|t|t|t|2");
+    pending_in_step(&mut c)?;
     Ok(())
 }
 
@@ -153,6 +171,7 @@ fn misfire_policies_after_downtime(cluster: &Cluster) -> Result<(), Failed> {
     assert_eq!(again.get("tasks"), 0);
     let total: i64 = one(&mut c, "SELECT count(*) FROM tide.run")?;
     assert_eq!(total, 24);
+    pending_in_step(&mut c)?;
     Ok(())
 }
 
@@ -186,6 +205,7 @@ fn pause_resume_records_the_paused_windows(cluster: &Cluster) -> Result<(), Fail
         &format!("'{next}'::timestamptz + interval '5 seconds'"),
     )?;
     assert_eq!(on.get("runs"), 1, "after resuming it fires again");
+    pending_in_step(&mut c)?;
     Ok(())
 }
 
@@ -300,6 +320,7 @@ fn retries_back_off_then_dead_letter_then_replay(cluster: &Cluster) -> Result<()
         ">ready ready>running running>retry retry>ready ready>running running>retry retry>ready \
          ready>running running>dead dead>ready ready>running running>succeeded succeeded>ready"
     );
+    pending_in_step(&mut c)?;
     Ok(())
 }
 
@@ -360,6 +381,7 @@ fn error_kinds_choose_the_path(cluster: &Cluster) -> Result<(), Failed> {
         &format!("SELECT state::text FROM tide.run WHERE run_id = {b}"),
     )?;
     assert_eq!(after, "ready");
+    pending_in_step(&mut c)?;
     Ok(())
 }
 
@@ -460,6 +482,7 @@ fn stale_lease_tokens_are_fenced(cluster: &Cluster) -> Result<(), Failed> {
         &format!("SELECT string_agg(state || ':' || coalesce(result::text, '-'), ',' ORDER BY run_id) FROM tide.run WHERE run_id IN ({first}, {second})"),
     )?;
     assert_eq!(results, "succeeded:{\"n\": 1},succeeded:-");
+    pending_in_step(&mut c)?;
     Ok(())
 }
 
@@ -578,6 +601,7 @@ fn rerun_by_business_date(cluster: &Cluster) -> Result<(), Failed> {
         &format!("SELECT version FROM tide.run WHERE run_id = {run}"),
     )?;
     assert_eq!(version, 3);
+    pending_in_step(&mut c)?;
     Ok(())
 }
 
@@ -657,6 +681,7 @@ fn readiness_marker_and_deadline(cluster: &Cluster) -> Result<(), Failed> {
         outcomes,
         "defers=waiting:1,fails=dead:0,skips=skipped:not_ready:0"
     );
+    pending_in_step(&mut c)?;
     Ok(())
 }
 
@@ -688,6 +713,7 @@ fn short_counts_need_a_check(cluster: &Cluster) -> Result<(), Failed> {
         "SELECT tide.complete(1, 1, expected => -1, actual => 0)",
     )?;
     assert_eq!(code, "22023");
+    pending_in_step(&mut c)?;
     Ok(())
 }
 
@@ -740,6 +766,7 @@ fn rule_changes_hold_unstarted_runs(cluster: &Cluster) -> Result<(), Failed> {
     let (code, message, _) = refused(&mut c, "SELECT tide.confirm('v', 9)")?;
     assert_eq!(code, "22023");
     assert_eq!(message, "task v has no rule version 9");
+    pending_in_step(&mut c)?;
     Ok(())
 }
 
