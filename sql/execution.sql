@@ -570,6 +570,12 @@ $$;
 COMMENT ON FUNCTION tide.mark_ready(text, date, jsonb) IS
     'mark_ready(dataset, biz_date, details => NULL): records that a dataset is complete for a business date; runs waiting for it become ready. Returns how many runs it released.';
 
+-- Who runs a run of a task with this command: pg_tide's SQL executors, or external workers.
+CREATE FUNCTION tide._executor_of(command text) RETURNS tide.executor
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT CASE WHEN command IS NULL THEN 'external' ELSE 'sql' END::tide.executor $$;
+COMMENT ON FUNCTION tide._executor_of(text) IS 'Internal: sql when the rules have a command, else external.';
+
 -- The state a (re)opened run starts in: waiting when its rules declare readiness.
 CREATE FUNCTION tide._open_state(rules jsonb) RETURNS tide.run_state
 LANGUAGE sql IMMUTABLE
@@ -634,7 +640,7 @@ BEGIN
            args = CASE WHEN use_version = r.version THEN r.args ELSE rules->'args' END,
            queue = rules->>'queue',
            priority = (rules->>'priority')::integer,
-           executor = CASE WHEN rules->>'command' IS NULL THEN 'external' ELSE 'sql' END::tide.executor,
+           executor = tide._executor_of(rules->>'command'),
            skip_reason = NULL, covered_by = NULL, tries = 0, deferrals = 0,
            run_after = NULL, ready_deadline = NULL, finished_at = NULL, lease_expires_at = NULL,
            updated_at = now(),
@@ -680,7 +686,7 @@ BEGIN
                           executor, queue, priority, args, owner)
     SELECT t.task_id, 'manual', p_fire, p_start, p_end, p_biz_date, t.version, tide._open_state(tide.task_rules(t)),
            format('manual rerun by %s', current_user),
-           CASE WHEN t.command IS NULL THEN 'external' ELSE 'sql' END::tide.executor,
+           tide._executor_of(t.command),
            t.queue, t.priority, t.args, t.owner
     ON CONFLICT (task_id, window_start) DO NOTHING
     RETURNING run_id INTO id;
@@ -742,7 +748,7 @@ BEGIN
         UPDATE tide.run r
            SET version = p_version, args = rules->'args', queue = rules->>'queue',
                priority = (rules->>'priority')::integer,
-               executor = CASE WHEN rules->>'command' IS NULL THEN 'external' ELSE 'sql' END::tide.executor,
+               executor = tide._executor_of(rules->>'command'),
                updated_at = now(),
                reason = format('%s; adopted rule version %s', r.reason, p_version)
          WHERE r.run_id IN (SELECT p.run_id FROM tide.pending p
@@ -786,7 +792,7 @@ BEGIN
        SET state = tide._open_state(rules), version = confirm.version,
            args = CASE WHEN r.version = confirm.version THEN r.args ELSE rules->'args' END,
            queue = rules->>'queue', priority = (rules->>'priority')::integer,
-           executor = CASE WHEN rules->>'command' IS NULL THEN 'external' ELSE 'sql' END::tide.executor,
+           executor = tide._executor_of(rules->>'command'),
            run_after = NULL, updated_at = now(),
            reason = format('confirmed by %s under rule version %s', current_user, confirm.version)
      WHERE r.run_id IN (SELECT p.run_id FROM tide.pending p WHERE p.task_id = t.task_id AND p.state = 'held');

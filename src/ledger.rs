@@ -22,7 +22,8 @@ pub fn span_of(i: &Interval) -> Span {
     }
 }
 
-fn micros_of(i: &Interval) -> i64 {
+/// An interval's length in microseconds (a month as 30 days), saturating.
+pub fn micros_of(i: &Interval) -> i64 {
     i64::try_from(span_of(i).approx_micros()).unwrap_or(i64::MAX)
 }
 

@@ -11,7 +11,7 @@ use serde_json::{json, Map, Value};
 
 use crate::calendar::{fire_iter, previous_fire, window_for, BizWindow, WindowKind};
 use crate::catalog::{rule_text, RULE_COLUMNS};
-use crate::ledger::span_of;
+use crate::ledger::micros_of;
 use crate::misfire::{plan, Decision, Due, Misfire, Planned, Policy, SkipReason};
 use crate::pgtime::{date_to_pg, from_pg, to_pg};
 use crate::rules::{RuleText, TaskRules};
@@ -35,10 +35,6 @@ struct DueTask {
     retention: Option<Interval>,
     next_fire_at: TimestampWithTimeZone,
     skip_until: Option<TimestampWithTimeZone>,
-}
-
-fn micros(i: &Interval) -> i64 {
-    i64::try_from(span_of(i).approx_micros()).unwrap_or(i64::MAX)
 }
 
 /// Creates the runs that are due (and records the windows that are skipped), moves retries,
@@ -158,7 +154,7 @@ fn fire_task(client: &mut SpiClient, task: &DueTask, now: DateTime<Utc>) -> Resu
     let rules = task.rules.validate().map_err(|e| e.to_string())?;
     let misfire = Misfire::parse(&task.misfire).map_err(|e| e.to_string())?;
     let from = from_pg(task.next_fire_at, "next_fire_at").map_err(|e| e.to_string())?;
-    let threshold = Duration::microseconds(micros(&task.threshold));
+    let threshold = Duration::microseconds(micros_of(&task.threshold));
     let catch_up_max = usize::try_from(task.catch_up_max).unwrap_or(0);
     let missed = |f: DateTime<Utc>| now - f > threshold;
 
@@ -201,7 +197,7 @@ fn fire_task(client: &mut SpiClient, task: &DueTask, now: DateTime<Utc>) -> Resu
         retention: task
             .retention
             .as_ref()
-            .map(|r| Duration::microseconds(micros(r))),
+            .map(|r| Duration::microseconds(micros_of(r))),
         skip_until: match task.skip_until {
             Some(t) => Some(from_pg(t, "skip_until").map_err(|e| e.to_string())?),
             None => None,
@@ -323,7 +319,7 @@ fn insert_runs(
                     CASE WHEN u.skip IS NOT NULL THEN 'skipped'
                          ELSE tide._open_state(tide.task_rules(t)) END,
                     u.skip::tide.skip_reason, u.reason,
-                    CASE WHEN t.command IS NULL THEN 'external' ELSE 'sql' END::tide.executor,
+                    tide._executor_of(t.command),
                     t.queue, t.priority, t.args, t.owner,
                     CASE WHEN u.skip IS NULL AND tide._open_state(tide.task_rules(t)) = 'waiting'
                          THEN coalesce(u.fire_at + t.ready_timeout, u.following) END,

@@ -22,6 +22,10 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 use crate::settings;
+use crate::sqlerr::OrRaise;
+
+/// Where worker errors are reported from.
+const F: &str = "pg_tide worker";
 
 const RESTART: Duration = Duration::from_secs(1);
 /// TimeoutId STATEMENT_TIMEOUT from utils/timeout.h (PostgreSQL 13 to 18).
@@ -127,14 +131,16 @@ fn in_transaction<R>(what: &str, body: impl FnOnce() -> R) -> Option<R> {
 /// Whether this database has the extension (it may be created or dropped at any time).
 fn installed() -> bool {
     Spi::get_one::<bool>("SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pg_tide')")
-        .ok()
-        .flatten()
+        .or_raise(F)
         .unwrap_or(false)
 }
 
+/// Whether this round has work to look for: enabled, not a standby, the extension present.
 fn may_work() -> bool {
     // SAFETY: reads shared recovery state.
-    settings::ENABLED.get() && !unsafe { pg_sys::RecoveryInProgress() }
+    settings::ENABLED.get()
+        && !unsafe { pg_sys::RecoveryInProgress() }
+        && in_transaction("extension check", installed).unwrap_or(false)
 }
 
 #[pg_guard]
@@ -146,10 +152,8 @@ pub extern "C-unwind" fn pg_tide_scheduler_main(_arg: pg_sys::Datum) {
             continue;
         }
         in_transaction("tick", || {
-            if installed() {
-                let counts = Spi::get_one::<pgrx::JsonB>("SELECT tide.tick()");
-                debug1!("pg_tide tick: {:?}", counts.ok().flatten().map(|j| j.0));
-            }
+            let counts = Spi::get_one::<pgrx::JsonB>("SELECT tide.tick()").or_raise(F);
+            debug1!("pg_tide tick: {:?}", counts.map(|j| j.0));
         });
     }
     exit_for_restart();
@@ -170,13 +174,15 @@ pub extern "C-unwind" fn pg_tide_executor_main(arg: pg_sys::Datum) {
     let name = format!("pg_tide executor {number}");
     start(&name);
     while wait(interval()) {
-        // Work until there is nothing left, then sleep until the next poll.
-        while may_work() && BackgroundWorker::worker_continue() {
-            let did = in_transaction("readiness check", check_one)
-                .flatten()
-                .unwrap_or(false)
-                | execute_one(&name);
-            if !did {
+        if !may_work() {
+            continue;
+        }
+        // Work until there is nothing left, then sleep until the next poll. Both kinds of work
+        // are tried each round, so neither starves the other.
+        loop {
+            let checked = in_transaction("readiness check", check_one).unwrap_or(false);
+            let ran = execute_one(&name);
+            if !(checked || ran) {
                 break;
             }
         }
@@ -187,12 +193,10 @@ pub extern "C-unwind" fn pg_tide_executor_main(arg: pg_sys::Datum) {
 /// Claims one SQL run (committed at once, so the attempt is on record even if the command
 /// kills the process), then runs it in a second transaction.
 fn execute_one(worker: &str) -> bool {
+    // Inside the transaction, an error (SPI or a row that does not fit) rolls the claim back.
     let claimed = in_transaction("claim", || {
-        if !installed() {
-            return None;
-        }
-        Spi::connect_mut(|client| {
-            let rows = client
+        let rows = Spi::connect_mut(|client| {
+            client
                 .update(
                     "SELECT c.run_id, c.lease_token, c.owner::text,
                             (extract(epoch FROM (v.rules->>'timeout')::interval) * 1000)::bigint
@@ -201,20 +205,27 @@ fn execute_one(worker: &str) -> bool {
                     None,
                     &[worker.into()],
                 )
-                .ok()?;
-            let row = rows.into_iter().next()?;
-            Some(Claimed {
-                run_id: row.get::<i64>(1).ok()??,
-                token: row.get::<i64>(2).ok()??,
-                owner: row.get::<String>(3).ok()??,
-                timeout_ms: row
-                    .get::<i64>(4)
-                    .ok()
-                    .flatten()
-                    .map(|ms| i32::try_from(ms).unwrap_or(i32::MAX))
-                    .unwrap_or(3_600_000),
-            })
-        })
+                .or_raise(F)
+                .next()
+                .map(|row| {
+                    (
+                        row.get::<i64>(1).or_raise(F),
+                        row.get::<i64>(2).or_raise(F),
+                        row.get::<String>(3).or_raise(F),
+                        row.get::<i64>(4).or_raise(F),
+                    )
+                })
+        });
+        match rows {
+            Some((Some(run_id), Some(token), Some(owner), timeout_ms)) => Some(Claimed {
+                run_id,
+                token,
+                owner,
+                timeout_ms: timeout_ms
+                    .map_or(3_600_000, |ms| i32::try_from(ms).unwrap_or(i32::MAX)),
+            }),
+            _ => None,
+        }
     })
     .flatten();
     let Some(run) = claimed else {
@@ -225,7 +236,8 @@ fn execute_one(worker: &str) -> bool {
             let outcome = Spi::get_one_with_args::<String>(
                 "SELECT tide._execute($1, $2)",
                 &[run.run_id.into(), run.token.into()],
-            );
+            )
+            .or_raise(F);
             debug1!("pg_tide: run {} {:?}", run.run_id, outcome);
         })
     });
@@ -233,33 +245,36 @@ fn execute_one(worker: &str) -> bool {
 }
 
 /// Evaluates one due readiness check; true if there was one.
-fn check_one() -> Option<bool> {
-    if !installed() {
-        return None;
-    }
+fn check_one() -> bool {
     let due = Spi::connect_mut(|client| {
-        let rows = client
+        client
             .update(
                 "SELECT run_id, owner::text,
                         (extract(epoch FROM timeout) * 1000)::bigint FROM tide._claim_check()",
                 None,
                 &[],
             )
-            .ok()?;
-        let row = rows.into_iter().next()?;
-        Some((
-            row.get::<i64>(1).ok()??,
-            row.get::<String>(2).ok()??,
-            row.get::<i64>(3).ok().flatten().unwrap_or(60_000),
-        ))
+            .or_raise(F)
+            .next()
+            .map(|row| {
+                (
+                    row.get::<i64>(1).or_raise(F),
+                    row.get::<String>(2).or_raise(F),
+                    row.get::<i64>(3).or_raise(F),
+                )
+            })
     });
-    let (run_id, owner, timeout_ms) = due?;
-    as_owner(&owner, i32::try_from(timeout_ms).unwrap_or(60_000), || {
+    let Some((Some(run_id), Some(owner), timeout_ms)) = due else {
+        return false;
+    };
+    let timeout_ms = timeout_ms.map_or(60_000, |ms| i32::try_from(ms).unwrap_or(60_000));
+    as_owner(&owner, timeout_ms, || {
         let ready =
-            Spi::get_one_with_args::<bool>("SELECT tide._check_ready($1)", &[run_id.into()]);
+            Spi::get_one_with_args::<bool>("SELECT tide._check_ready($1)", &[run_id.into()])
+                .or_raise(F);
         debug1!("pg_tide: readiness of run {run_id}: {ready:?}");
     });
-    Some(true)
+    true
 }
 
 /// Runs `body` as role `owner`, as a SECURITY DEFINER function would: the user id is switched
