@@ -206,19 +206,23 @@ fn fire_task(client: &mut SpiClient, task: &DueTask, now: DateTime<Utc>) -> Resu
     let mut planned = plan(&due, &policy, more_after);
 
     // A coalesced span cut over several batches: its earlier windows were recorded as pending
-    // coalesced skips; the last batch turns the oldest of them into the run.
-    let pending: Option<i64> = client
-        .select(
-            "SELECT run_id FROM tide.run
-              WHERE task_id = $1 AND state = 'skipped' AND skip_reason = 'coalesced'
-                AND covered_by IS NULL
-              ORDER BY window_start LIMIT 1",
-            None,
-            &[task.task_id.into()],
-        )
-        .or_raise(F)
-        .next()
-        .and_then(|row| row.get::<i64>(1).ok().flatten());
+    // coalesced skips; the last batch turns the oldest of them into the run. Only coalescing
+    // tasks look (through the small index run_uncovered_idx), so other fires cost no query.
+    let pending: Option<i64> = if misfire == Misfire::Coalesce {
+        client
+            .select(
+                "SELECT run_id FROM tide.run
+                  WHERE task_id = $1 AND skip_reason = 'coalesced' AND covered_by IS NULL
+                  ORDER BY window_start LIMIT 1",
+                None,
+                &[task.task_id.into()],
+            )
+            .or_raise(F)
+            .next()
+            .and_then(|row| row.get::<i64>(1).ok().flatten())
+    } else {
+        None
+    };
     let mut coalesced_end: Option<DateTime<Utc>> = None;
     if pending.is_some() {
         for p in planned.iter_mut() {
