@@ -851,6 +851,128 @@ fn only_the_scheduler_moves_time(cluster: &Cluster) -> Result<(), Failed> {
     Ok(())
 }
 
+fn small_functions_happy_paths_and_bad_input(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("t_small_functions")?;
+    exec(&mut c, "SELECT tide.schedule('s', '0 * * * *')")?;
+
+    // tide.tick: NULL and infinite instants are refused.
+    let cases = [
+        ("SELECT tide.tick(NULL)", "22004", "now must not be NULL"),
+        (
+            "SELECT tide.tick('infinity')",
+            "22023",
+            "now must be a finite timestamp, got infinity",
+        ),
+        (
+            "SELECT tide.replay(NULL)",
+            "22004",
+            "run_id must not be NULL",
+        ),
+        (
+            "SELECT tide.replay(999999)",
+            "42704",
+            "run 999999 does not exist",
+        ),
+        (
+            "SELECT tide.cancel(999999)",
+            "42704",
+            "run 999999 does not exist",
+        ),
+        (
+            "SELECT tide.mark_ready('', current_date)",
+            "22004",
+            "dataset and biz_date must be given",
+        ),
+        (
+            "SELECT tide.mark_ready('orders', NULL)",
+            "22004",
+            "dataset and biz_date must be given",
+        ),
+        (
+            "SELECT tide.backoff_delay(3, '10 seconds', 2, '1 hour', 'random', 0.5)",
+            "22023",
+            "unknown jitter \"random\"",
+        ),
+        (
+            "SELECT tide.error_kind_from('later')",
+            "22023",
+            "unknown error kind \"later\"",
+        ),
+        (
+            "SELECT tide.report(10, 7)",
+            "55000",
+            "tide.report is only meaningful inside a task's command",
+        ),
+    ];
+    for (sql, want_code, want_message) in cases {
+        let (code, message, hint) = refused(&mut c, sql)?;
+        assert_eq!(code, want_code, "{sql}: {message}");
+        assert!(message.starts_with(want_message), "{sql}: {message}");
+        assert!(!hint.is_empty(), "{sql}");
+    }
+
+    // Their happy paths.
+    let run = rerun_hours_ago(&mut c, "s", 2)?;
+    let cancelled: bool = one(&mut c, &format!("SELECT tide.cancel({run}, 'not needed')"))?;
+    assert!(cancelled);
+    let state: String = one(
+        &mut c,
+        &format!("SELECT state || '|' || reason FROM tide.run WHERE run_id = {run}"),
+    )?;
+    assert_eq!(state, "cancelled|cancelled by postgres: not needed");
+    let again: bool = one(&mut c, &format!("SELECT tide.cancel({run})"))?;
+    assert!(!again, "a finished run is not cancelled again");
+    let (code, message, hint) = refused(
+        &mut c,
+        &format!("SELECT tide.replay({run}, version => 'newest')"),
+    )?;
+    assert_eq!(
+        (code.as_str(), message.as_str()),
+        ("22023", "unknown version \"newest\"")
+    );
+    assert!(hint.contains("'original'"), "{hint}");
+    exec(
+        &mut c,
+        &format!("SELECT tide.replay({run}, version => 'original')"),
+    )?;
+    let replayed: String = one(
+        &mut c,
+        &format!("SELECT state::text FROM tide.run WHERE run_id = {run}"),
+    )?;
+    assert_eq!(replayed, "ready", "a cancelled run can be replayed");
+    let released: i32 = one(
+        &mut c,
+        "SELECT tide.mark_ready('nobody_waits', current_date)",
+    )?;
+    assert_eq!(released, 0);
+    let marker: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM tide.ready_marker WHERE dataset = 'nobody_waits' AND biz_date = current_date",
+    )?;
+    assert_eq!(marker, 1);
+    let delays: String = one(
+        &mut c,
+        "SELECT concat_ws('|', tide.backoff_delay(3, '10 seconds', 2, '1 hour', 'equal', 0),
+                          tide.backoff_delay(3, '10 seconds', 2, '1 hour', 'full', 0.5),
+                          tide.backoff_delay(30, '10 seconds', 2, '1 hour', 'none', 0.9))",
+    )?;
+    assert_eq!(delays, "00:00:20|00:00:20|01:00:00");
+    let kinds: String = one(
+        &mut c,
+        "SELECT concat_ws('|', tide.error_kind_of('40001'), tide.error_kind_of('23505'),
+                          tide.error_kind_of('TDNR0'), tide.error_kind_from(' Business '))",
+    )?;
+    assert_eq!(kinds, "transient|business|not_ready|business");
+    let outside: String = one(
+        &mut c,
+        "SELECT concat_ws('|', tide.run_id() IS NULL, tide.biz_date() IS NULL, tide.window_start() IS NULL,
+                          tide.window_end() IS NULL, tide.args() IS NULL)",
+    )?;
+    assert_eq!(outside, "t|t|t|t|t", "no run context outside a command");
+    pending_in_step(&mut c)?;
+    Ok(())
+}
+
 fn bad_options_are_refused(cluster: &Cluster) -> Result<(), Failed> {
     let mut c = cluster.fresh_db("t_bad_options")?;
     let cases = [
@@ -961,6 +1083,67 @@ fn sql_task_runs_as_its_owner(cluster: &Cluster) -> Result<(), Failed> {
     exec(
         &mut alice,
         "SELECT tide.unschedule('alice_bill'); SELECT tide.unschedule('alice_escape')",
+    )?;
+    Ok(())
+}
+
+fn command_signals_and_context(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "DROP TABLE IF EXISTS ctx_seen;
+         CREATE TABLE ctx_seen (run bigint, window_start timestamptz, window_end timestamptz, biz_date date);
+         SELECT tide.schedule('short_count', '0 1 * * *', biz_window => 'day',
+             command => 'INSERT INTO ctx_seen SELECT tide.run_id(), tide.window_start(), tide.window_end(), tide.biz_date();
+                         SELECT tide.report(10, 7)');
+         SELECT tide.schedule('not_yet', '0 1 * * *', biz_window => 'day',
+             command => 'SELECT tide.not_ready(''orders not loaded'')');
+         SELECT tide.schedule('broken', '0 1 * * *', biz_window => 'day',
+             command => 'SELECT tide.business_error(''customer 7 has no address'')');",
+    )?;
+    let short: i64 = one(
+        &mut c,
+        "SELECT tide.rerun('short_count', biz_date => current_date - 2)",
+    )?;
+    let not_yet: i64 = one(
+        &mut c,
+        "SELECT tide.rerun('not_yet', biz_date => current_date - 2)",
+    )?;
+    let broken: i64 = one(
+        &mut c,
+        "SELECT tide.rerun('broken', biz_date => current_date - 2)",
+    )?;
+
+    // tide.report: the counts fall short, so the run needs a check; the context was the run's.
+    wait_state(&mut c, short, "need_check", Duration::from_secs(30))?;
+    let seen: String = one(
+        &mut c,
+        &format!(
+            "SELECT concat_ws('|', s.run = r.run_id, s.window_start = r.window_start,
+                              s.window_end = r.window_end, s.biz_date = current_date - 2,
+                              r.expected, r.actual)
+               FROM ctx_seen s JOIN tide.run r ON r.run_id = {short}"
+        ),
+    )?;
+    assert_eq!(seen, "t|t|t|t|10|7");
+    // tide.not_ready: waits for the next window, recorded as not_ready.
+    wait_state(&mut c, not_yet, "waiting", Duration::from_secs(30))?;
+    // tide.business_error: dead at the first attempt.
+    wait_state(&mut c, broken, "dead", Duration::from_secs(30))?;
+    let attempts: String = one(
+        &mut c,
+        &format!(
+            "SELECT string_agg(run_id::text || ':' || error_kind || ':' || sqlstate || ':' || error, ',' ORDER BY run_id)
+               FROM tide.attempt WHERE run_id IN ({not_yet}, {broken})"
+        ),
+    )?;
+    assert_eq!(
+        attempts,
+        format!("{not_yet}:not_ready:TDNR0:orders not loaded,{broken}:business:TDBE0:customer 7 has no address")
+    );
+    exec(
+        &mut c,
+        "SELECT tide.unschedule('short_count'); SELECT tide.unschedule('not_yet'); SELECT tide.unschedule('broken')",
     )?;
     Ok(())
 }
@@ -1288,6 +1471,10 @@ fn main() {
             "ready_runs_notify_waiting_claimers",
             ready_runs_notify_waiting_claimers,
         ),
+        (
+            "small_functions_happy_paths_and_bad_input",
+            small_functions_happy_paths_and_bad_input,
+        ),
         ("bad_options_are_refused", bad_options_are_refused),
         (
             "only_the_scheduler_moves_time",
@@ -1296,6 +1483,10 @@ fn main() {
         (
             "workers_sql_task_runs_as_its_owner",
             sql_task_runs_as_its_owner,
+        ),
+        (
+            "workers_command_signals_and_context",
+            command_signals_and_context,
         ),
         (
             "workers_transient_command_errors_are_retried",
