@@ -170,3 +170,28 @@ impl Iterator for FireIter<'_> {
         }
     }
 }
+
+/// The longest time between two consecutive fires after `from`, looking at up to 1000 fires
+/// and at least a year ahead (and always at least two fires): what a task's silence may
+/// normally reach, weekends, month ends and DST changes included. `None` if it fires less
+/// than twice.
+pub fn longest_gap(
+    schedule: &Schedule,
+    tz: Tz,
+    policy: DstPolicy,
+    from: DateTime<Utc>,
+) -> Option<Duration> {
+    let horizon = from + Duration::days(400);
+    let mut fires = fire_iter(schedule, tz, policy, from);
+    let mut previous = fires.next()?;
+    let mut longest: Option<Duration> = None;
+    for (seen, fire) in fires.enumerate() {
+        let gap = fire - previous;
+        longest = Some(longest.map_or(gap, |l| l.max(gap)));
+        previous = fire;
+        if seen >= 1000 || fire > horizon {
+            break;
+        }
+    }
+    longest
+}

@@ -1197,3 +1197,28 @@ fn business_windows() {
         failures.join("\n")
     );
 }
+
+/// The longest gap between fires: what a task's silence normally reaches.
+#[test]
+fn longest_gap_between_fires() {
+    let from: DateTime<Utc> = "2026-01-01T00:00:00Z".parse().unwrap();
+    let gap = |expr: &str, tz: &str| {
+        longest_gap(
+            &Schedule::parse(expr).unwrap(),
+            parse_zone(tz).unwrap(),
+            SHIFT_ONCE,
+            from,
+        )
+        .map(|d| d.num_minutes())
+    };
+    // Every five minutes: five minutes.
+    assert_eq!(gap("*/5 * * * *", "UTC"), Some(5));
+    // Weekdays at 09:00: Friday 09:00 to Monday 09:00 is three days.
+    assert_eq!(gap("0 9 * * 1-5", "UTC"), Some(3 * 24 * 60));
+    // Daily at 02:00 in London: the autumn change (Oct 25) makes one day 25 hours long.
+    assert_eq!(gap("0 2 * * *", "Europe/London"), Some(25 * 60));
+    // Monthly on the 1st: July 1 to August 1 is 31 days.
+    assert_eq!(gap("0 0 1 * *", "UTC"), Some(31 * 24 * 60));
+    // Once a year: 365 days from 2026 to 2027 (looks at least two fires).
+    assert_eq!(gap("0 0 1 1 *", "UTC"), Some(365 * 24 * 60));
+}
