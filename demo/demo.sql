@@ -155,3 +155,27 @@ SELECT to_char(at, 'HH24:MI:SS.MS') AS at, from_state, to_state, reason
 SELECT tide.replay(:run_id);
 \set ON_ERROR_STOP 1
 SELECT * FROM demo_invoices;
+
+\echo
+\echo '== Monitoring: a partner import keeps failing; the tick opens an alert (and NOTIFYs pg_tide_alert)'
+SELECT tide.schedule('partner_import', '0 4 * * *', biz_window => 'day',
+    command => $$SELECT tide.business_error('partner file for ' || tide.biz_date() || ' is malformed')$$);
+SELECT tide.monitor('partner_import', severity => 'critical');
+\echo '   a heartbeat check for a backup script that runs outside pg_tide, and its first beat:'
+SELECT tide.check('offsite_backup', '1 day', grace => '2 hours');
+SELECT tide.beat('offsite_backup', message => 'rsync ok, 12 GB');
+LISTEN pg_tide_alert;
+SELECT tide.rerun('partner_import', biz_date => DATE '2026-11-01') AS run_id \gset
+\echo '   the alert opens within pg_tide.monitor_interval (10 s) of the dead letter:'
+CALL demo_wait($$(SELECT count(*) > 0 FROM tide.alert WHERE subject = 'partner_import' AND resolved_at IS NULL)$$);
+\echo '   the story of the dead run:'
+SELECT * FROM tide.explain(:run_id);
+\echo '   the open alerts:'
+SELECT alert_id, subject, kind, severity, to_char(opened_at, 'HH24:MI:SS') AS opened, details
+  FROM tide.alert WHERE resolved_at IS NULL ORDER BY alert_id;
+\echo '   heartbeats, pg_tide''s own tasks included (each success is a beat):'
+SELECT kind, name, status, to_char(expected_at, 'YYYY-MM-DD HH24:MI') AS next_beat_by FROM tide.check_status
+ WHERE kind = 'check' OR status <> 'new' ORDER BY kind, name;
+\echo
+\echo '== The dashboard, worst first (SELECT * FROM tide.dashboard)'
+SELECT * FROM tide.dashboard;

@@ -5,7 +5,8 @@ set -euo pipefail
 
 PGRX_VERSION=0.18.1
 PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
-APT_PACKAGES=(postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo make)
+# python3-prometheus-client: the monitoring tests check tide.metrics() with the reference parser.
+APT_PACKAGES=(postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo make python3-prometheus-client)
 
 say() { printf '==> %s\n' "$*"; }
 

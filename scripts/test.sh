@@ -33,6 +33,7 @@ run_tier pg_test cargo pgrx test pg15 sql_tests --runas postgres --pgdata "$PGDA
 run_tier install cargo pgrx install --pg-config /usr/lib/postgresql/15/bin/pg_config
 run_tier cluster cargo test -p pg_tide_pg_test --test cluster
 run_tier engine cargo test -p pg_tide_pg_test --test engine
+run_tier monitor cargo test -p pg_tide_pg_test --test monitor
 
 # Runners that ran nothing (empty doc-test binaries) are left out of the summary.
 printf '\n==> summary\n'

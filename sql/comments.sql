@@ -27,3 +27,7 @@ COMMENT ON FUNCTION tide.error_kind_from(text) IS
 -- tide.tick moves time for every task it can see: only the scheduler (and superusers, such as
 -- tests driving time with explicit instants) may call it.
 REVOKE EXECUTE ON FUNCTION tide.tick(timestamptz) FROM PUBLIC;
+COMMENT ON FUNCTION tide._fire_gap(text, text, text, text) IS
+    'Internal: the longest gap between two consecutive fires of a schedule, a year ahead (the base of a task''s derived max_silence).';
+COMMENT ON FUNCTION tide._next_fire(text, text, timestamptz) IS
+    'Internal: the first fire of a cron schedule in a time zone after an instant (when a heartbeat check expects its next beat).';

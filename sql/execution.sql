@@ -159,6 +159,7 @@ BEGIN
     INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
     SELECT r.run_id, 'ready', 'running', r.reason, r.owner
       FROM tide.run r WHERE r.run_id = ANY (ids) ORDER BY r.run_id;
+    PERFORM tide._log_runs('start', ids);
 END
 $$;
 COMMENT ON FUNCTION tide._claim(tide.executor, text, text, integer, interval) IS
@@ -257,12 +258,17 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM tide._refuse_stale(complete.run_id, complete.token, 'tide.complete');
     END IF;
-    DELETE FROM tide.pending p WHERE p.run_id = complete.run_id;
+    IF short THEN
+        UPDATE tide.pending p SET state = 'need_check', due_at = NULL WHERE p.run_id = complete.run_id;
+    ELSE
+        DELETE FROM tide.pending p WHERE p.run_id = complete.run_id;
+    END IF;
     INSERT INTO tide.attempt (run_id, attempt, worker, lease_token, claimed_at, finished_at, outcome, owner)
     VALUES (complete.run_id, attempt_no, worker, complete.token, claimed, now(),
             CASE WHEN short THEN 'need_check' ELSE 'succeeded' END::tide.attempt_outcome, who);
     INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
     VALUES (complete.run_id, 'running', done, why, who);
+    PERFORM tide._log_runs(CASE WHEN short THEN 'need_check' ELSE 'success' END, ARRAY[complete.run_id]);
     RETURN done;
 END
 $$;
@@ -328,6 +334,7 @@ BEGIN
         RAISE EXCEPTION 'run_ids must not repeat a run' USING ERRCODE = 'invalid_parameter_value',
             HINT = 'complete each claimed run once';
     END IF;
+    PERFORM tide._log_runs('success', done_ids);
     RETURN cardinality(done_ids);
 END
 $$;
@@ -390,6 +397,7 @@ BEGIN
                               error_kind, sqlstate, error, owner)
     VALUES (p_run_id, r.attempts, r.lease_owner, r.lease_token, coalesce(r.claimed_at, p_now), p_now, p_outcome,
             p_kind, p_sqlstate, p_error, r.owner);
+    PERFORM tide._log_runs('failure', ARRAY[p_run_id], p_error);
     RETURN new_state;
 END
 $$;

@@ -127,13 +127,14 @@ CREATE INDEX run_uncovered_idx ON tide.run (task_id, window_start)
 ALTER TABLE tide.run SET (fillfactor = 30);
 COMMENT ON COLUMN tide.run.claimed_at IS 'When the current (or last) attempt was claimed.';
 
--- The unfinished runs (waiting, ready, running, retry, held), narrow: what claims and the tick
--- scan, kept small however long the history grows. Maintained with every state change: by the
+-- The unfinished runs (waiting, ready, running, retry, held) and the unresolved ones (dead,
+-- need_check: they wait for a person), narrow: what claims, the tick and task health scan, kept
+-- small however long the history grows. Maintained with every state change: by the
 -- hot paths themselves, by tide.run_changed for the rest, by tide._record_created for new runs.
 CREATE TABLE tide.pending (
     run_id   bigint PRIMARY KEY,
     task_id  bigint NOT NULL,
-    state    tide.run_state NOT NULL CHECK (state IN ('waiting', 'ready', 'running', 'retry', 'held')),
+    state    tide.run_state NOT NULL CHECK (state IN ('waiting', 'ready', 'running', 'retry', 'held', 'dead', 'need_check')),
     executor tide.executor NOT NULL,
     queue    text NOT NULL,
     priority integer NOT NULL,
@@ -141,7 +142,7 @@ CREATE TABLE tide.pending (
     owner    name NOT NULL
 );
 COMMENT ON TABLE tide.pending IS
-    'The unfinished runs (a narrow copy of their state, queue and due time): what claims and the scheduler scan. Maintained by pg_tide; read tide.run.';
+    'The unfinished and unresolved (dead, need_check) runs, a narrow copy of their state, queue and due time: what claims, the scheduler and task health scan. Maintained by pg_tide; read tide.run.';
 COMMENT ON COLUMN tide.pending.due_at IS 'run_after of the run: not claimable (ready), not retried (retry), not re-checked (waiting) before it.';
 -- Claiming reads only ready runs, by queue or (SQL executors) across queues.
 CREATE INDEX pending_claim_idx ON tide.pending (executor, queue, priority DESC, run_id) WHERE state = 'ready';
@@ -157,7 +158,7 @@ CREATE FUNCTION tide._sync_pending(r tide.run) RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    IF r.state IN ('waiting', 'ready', 'running', 'retry', 'held') THEN
+    IF r.state IN ('waiting', 'ready', 'running', 'retry', 'held', 'dead', 'need_check') THEN
         INSERT INTO tide.pending AS p (run_id, task_id, state, executor, queue, priority, due_at, owner)
         VALUES (r.run_id, r.task_id, r.state, r.executor, r.queue, r.priority, r.run_after, r.owner)
         ON CONFLICT ON CONSTRAINT pending_pkey DO UPDATE
@@ -268,6 +269,9 @@ BEGIN
         VALUES (NEW.run_id, OLD.state, NEW.state, NEW.reason, NEW.owner);
     END IF;
     PERFORM tide._sync_pending(NEW);
+    IF NEW.state = 'skipped' AND OLD.state <> 'skipped' THEN
+        PERFORM tide._log_runs('skip', ARRAY[NEW.run_id]);
+    END IF;
     IF NEW.state = 'ready' AND OLD.state <> 'ready' THEN
         PERFORM pg_notify('pg_tide_ready', NEW.queue);
     END IF;
@@ -320,10 +324,13 @@ BEGIN
     INSERT INTO tide.pending (run_id, task_id, state, executor, queue, priority, due_at, owner)
     SELECT r.run_id, r.task_id, r.state, r.executor, r.queue, r.priority, r.run_after, r.owner
       FROM tide.run r
-     WHERE r.run_id = ANY (p_run_ids) AND r.state IN ('waiting', 'ready', 'running', 'retry', 'held');
+     WHERE r.run_id = ANY (p_run_ids) AND r.state IN ('waiting', 'ready', 'running', 'retry', 'held', 'dead', 'need_check');
     PERFORM pg_notify('pg_tide_ready', q.queue)
        FROM (SELECT DISTINCT r.queue FROM tide.run r
               WHERE r.run_id = ANY (p_run_ids) AND r.state = 'ready') q;
+    PERFORM tide._log_runs('skip', array_agg(r.run_id))
+       FROM tide.run r WHERE r.run_id = ANY (p_run_ids) AND r.state = 'skipped'
+      HAVING count(*) > 0;
 END
 $$;
 COMMENT ON FUNCTION tide._record_created(bigint[]) IS

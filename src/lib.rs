@@ -13,6 +13,7 @@ pub mod rules;
 // The SQL surface.
 mod catalog;
 mod ledger;
+mod monitor;
 mod pgtime;
 mod sqlerr;
 mod tick;
@@ -33,6 +34,12 @@ mod worker;
     "../sql/execution.sql",
     name = "execution",
     requires = ["ledger"]
+);
+// Monitoring: health, heartbeat checks, alerts, metrics, run log lines, explain, retention.
+::pgrx::extension_sql_file!(
+    "../sql/monitor.sql",
+    name = "monitor",
+    requires = ["execution"]
 );
 // Comments on the generated functions, once they exist.
 ::pgrx::extension_sql_file!("../sql/comments.sql", name = "comments", finalize);

@@ -2,7 +2,7 @@
 
 use std::ffi::CString;
 
-use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting, PostgresGucEnum};
 
 /// The database the scheduler and executors work in.
 pub static DATABASE: GucSetting<Option<CString>> =
@@ -13,6 +13,29 @@ pub static TICK_INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(1000);
 pub static EXECUTORS: GucSetting<i32> = GucSetting::<i32>::new(2);
 /// Off: the workers stay up but do nothing (maintenance, restores).
 pub static ENABLED: GucSetting<bool> = GucSetting::<bool>::new(true);
+
+/// Server log level of the one line each run start, skip, success and failure writes.
+#[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum LogRuns {
+    #[name = c"off"]
+    Off,
+    #[name = c"debug1"]
+    Debug1,
+    #[name = c"info"]
+    Info,
+    #[name = c"log"]
+    Log,
+}
+pub static LOG_RUNS: GucSetting<LogRuns> = GucSetting::<LogRuns>::new(LogRuns::Log);
+/// Seconds finished runs, their attempts and history, and resolved alerts are kept.
+pub static HISTORY_RETENTION: GucSetting<i32> = GucSetting::<i32>::new(30 * 24 * 3600);
+/// Milliseconds between two evaluations of health and alerts by the tick.
+pub static MONITOR_INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+/// Alert thresholds.
+pub static ALERT_FAILURES: GucSetting<i32> = GucSetting::<i32>::new(3);
+pub static ALERT_SKIPS: GucSetting<i32> = GucSetting::<i32>::new(3);
+pub static ALERT_RETRIES: GucSetting<i32> = GucSetting::<i32>::new(10);
+pub static ALERT_BACKLOG: GucSetting<i32> = GucSetting::<i32>::new(1000);
 
 pub fn define() {
     GucRegistry::define_string_guc(
@@ -51,6 +74,52 @@ pub fn define() {
         GucContext::Sighup,
         GucFlags::default(),
     );
+    GucRegistry::define_enum_guc(
+        c"pg_tide.log_runs",
+        c"Server log level of the line each run start, skip, success and failure writes (off, debug1, info, log).",
+        c"One line of key=value fields per event: task, run_id, biz_date, trigger, version, attempt, state, duration, error.",
+        &LOG_RUNS,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_tide.history_retention",
+        c"How long finished runs, their attempts and history, and resolved alerts are kept.",
+        c"The tick prunes a bounded batch at a time; the latest runs of each task, dead and need_check runs and open alerts are always kept.",
+        &HISTORY_RETENTION,
+        3600,
+        i32::MAX,
+        GucContext::Suset,
+        GucFlags::UNIT_S,
+    );
+    GucRegistry::define_int_guc(
+        c"pg_tide.monitor_interval",
+        c"Time between two evaluations of task health, heartbeat checks and alerts by the tick.",
+        c"Alerts open and resolve at most this long after their cause.",
+        &MONITOR_INTERVAL,
+        100,
+        3_600_000,
+        GucContext::Suset,
+        GucFlags::UNIT_MS,
+    );
+    let thresholds: [(&'static std::ffi::CStr, &'static std::ffi::CStr, &'static GucSetting<i32>); 4] = [
+        (c"pg_tide.alert_failures", c"Failed attempts in a row (since the last success) that open a consecutive_failures alert.", &ALERT_FAILURES),
+        (c"pg_tide.alert_skips", c"Skipped runs in a row above which a repeated_skips alert opens.", &ALERT_SKIPS),
+        (c"pg_tide.alert_retries", c"Retries of a task's runs in 24 hours that open a retries alert.", &ALERT_RETRIES),
+        (c"pg_tide.alert_backlog", c"Runs of a task ready or waiting that open a backlog alert.", &ALERT_BACKLOG),
+    ];
+    for (name, short, setting) in thresholds {
+        GucRegistry::define_int_guc(
+            name,
+            short,
+            c"See the README's alert kinds.",
+            setting,
+            1,
+            i32::MAX,
+            GucContext::Suset,
+            GucFlags::default(),
+        );
+    }
 }
 
 /// The configured database name.

@@ -72,9 +72,16 @@ fn tick(now: default!(Option<TimestampWithTimeZone>, "now()")) -> JsonB {
         .or_raise(F)
         .map(|j| j.0)
         .unwrap_or(Value::Null);
+    // Health, alerts and retention (sql/monitor.sql).
+    let monitor = Spi::get_one_with_args::<JsonB>("SELECT tide._monitor($1)", &[now_pg.into()])
+        .or_raise(F)
+        .map(|j| j.0)
+        .unwrap_or(Value::Null);
     let mut out = Value::Object(counts);
-    if let (Value::Object(out), Value::Object(runs)) = (&mut out, runs) {
-        out.extend(runs);
+    for more in [runs, monitor] {
+        if let (Value::Object(out), Value::Object(more)) = (&mut out, more) {
+            out.extend(more);
+        }
     }
     JsonB(out)
 }

@@ -41,13 +41,14 @@ mod serde_like {
     }
 }
 
-/// tide.pending holds exactly the unfinished runs, with their state, queue and due time.
+/// tide.pending holds exactly the unfinished and unresolved runs, with their state, queue and due
+/// time.
 fn pending_in_step(c: &mut Client) -> Result<(), Failed> {
     let out_of_step: String = one(
         c,
         "SELECT coalesce(string_agg(coalesce(r.run_id, p.run_id)::text, ','), '')
            FROM tide.run r FULL JOIN tide.pending p USING (run_id)
-          WHERE (r.state IN ('waiting', 'ready', 'running', 'retry', 'held')) IS DISTINCT FROM (p.run_id IS NOT NULL)
+          WHERE (r.state IN ('waiting', 'ready', 'running', 'retry', 'held', 'dead', 'need_check')) IS DISTINCT FROM (p.run_id IS NOT NULL)
              OR (p.run_id IS NOT NULL AND (p.state, p.queue, p.priority, p.executor, p.due_at)
                      IS DISTINCT FROM (r.state, r.queue, r.priority, r.executor, r.run_after))",
     )?;

@@ -1,0 +1,885 @@
+//! Monitoring on a real cluster: task health, heartbeat checks, alerts and their NOTIFY, the
+//! Prometheus metrics (checked with the reference parser), run log lines, `tide.explain` and
+//! history pruning. Time is driven through `tide.tick` with explicit instants, each test in its
+//! own database; where a success must lie in the past, the test moves its finish time back (a
+//! fixture: runs can only succeed at the real `now()`).
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use postgres::fallible_iterator::FallibleIterator;
+
+use pg_tide_pg_test::{db_err, one, pg_bin, refused, run_tests, Client, Cluster, Failed, TestFn};
+
+fn exec(c: &mut Client, sql: &str) -> Result<(), Failed> {
+    c.batch_execute(sql).map_err(db_err)
+}
+
+fn tick(c: &mut Client, at: &str) -> Result<(), Failed> {
+    exec(c, &format!("SELECT tide.tick({at})"))
+}
+
+// Tasks of these tests fire once a year ('0 0 1 1 *', 1 January), so that no tick of a test
+// creates a run by itself: every run is made by `past_run`.
+
+/// A claimable run of a yearly task: the window that began `years` years ago (1 January),
+/// made with tide.rerun.
+fn past_run(c: &mut Client, task: &str, years: i32) -> Result<i64, Failed> {
+    one(
+        c,
+        &format!(
+            "SELECT tide.rerun('{}', window_start => (date_trunc('year', now() AT TIME ZONE 'UTC') - interval '{years} years') AT TIME ZONE 'UTC')",
+            task.replace('\'', "''")
+        ),
+    )
+}
+
+fn claim_run(c: &mut Client, run: i64) -> Result<i64, Failed> {
+    let (id, token): (i64, i64) = c
+        .query_opt(
+            "SELECT run_id, lease_token FROM tide.claim(worker => 'w1')",
+            &[],
+        )
+        .map_err(db_err)?
+        .map(|r| (r.get(0), r.get(1)))
+        .ok_or_else(|| format!("nothing to claim, expected run {run}"))?;
+    assert_eq!(id, run, "the oldest ready run is claimed first");
+    Ok(token)
+}
+
+/// Claims and completes a run; returns nothing, the run is then succeeded.
+fn succeed(c: &mut Client, run: i64) -> Result<(), Failed> {
+    let token = claim_run(c, run)?;
+    exec(c, &format!("SELECT tide.complete({run}, {token})"))
+}
+
+/// Moves a finished run's finish (and claim) back in time, as if it had succeeded then.
+fn backdate(c: &mut Client, run: i64, by: &str) -> Result<(), Failed> {
+    exec(
+        c,
+        &format!(
+            "UPDATE tide.run SET finished_at = finished_at - interval '{by}', claimed_at = claimed_at - interval '{by}'
+              WHERE run_id = {run}"
+        ),
+    )
+}
+
+fn status_at(c: &mut Client, task: &str, at: &str) -> Result<String, Failed> {
+    one(
+        c,
+        &format!("SELECT status FROM tide._health({at}) WHERE task = '{task}'"),
+    )
+}
+
+/// Open alerts as "subject_type:subject:kind" (sorted), with their counts.
+fn open_alerts(c: &mut Client) -> Result<String, Failed> {
+    one(
+        c,
+        "SELECT coalesce(string_agg(subject_type || ':' || subject || ':' || kind || 'x' || count, ' '
+                                    ORDER BY subject_type, subject, kind::text), '')
+           FROM tide.alert WHERE resolved_at IS NULL",
+    )
+}
+
+/// Every pg_tide_alert payload received up to a sentinel this test sends itself (notifications
+/// of one channel arrive in commit order, so all earlier ones are in by then).
+fn alert_notes(listener: &mut Client, sender: &mut Client) -> Result<Vec<String>, Failed> {
+    exec(sender, "NOTIFY pg_tide_alert, 'sentinel'")?;
+    let mut out = Vec::new();
+    let mut notes = listener.notifications();
+    let mut it = notes.timeout_iter(Duration::from_secs(10));
+    loop {
+        let note = it
+            .next()
+            .map_err(db_err)?
+            .ok_or("the sentinel NOTIFY did not arrive within 10 s")?;
+        if note.payload() == "sentinel" {
+            return Ok(out);
+        }
+        out.push(note.payload().to_string());
+    }
+}
+
+fn count_notes(notes: &[String], event: &str, kind: &str) -> usize {
+    notes
+        .iter()
+        .filter(|n| {
+            n.contains(&format!("\"event\": \"{event}\""))
+                && n.contains(&format!("\"kind\": \"{kind}\""))
+        })
+        .count()
+}
+
+fn silent_task_turns_late_then_down_and_alerts_once(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("m_silence")?;
+    let mut listener = cluster.connect("m_silence")?;
+    exec(&mut listener, "LISTEN pg_tide_alert")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('etl', '0 0 1 1 *');
+         SELECT tide.monitor('etl', max_silence => '10 minutes', severity => 'critical')",
+    )?;
+    assert_eq!(status_at(&mut c, "etl", "now()")?, "never_ran");
+    let run = past_run(&mut c, "etl", 2)?;
+    succeed(&mut c, run)?;
+    assert_eq!(status_at(&mut c, "etl", "now()")?, "ok");
+    // The last success 15 minutes ago: late (10 minutes allowed); 25 minutes: down (twice that).
+    backdate(&mut c, run, "15 minutes")?;
+    assert_eq!(status_at(&mut c, "etl", "now()")?, "late");
+    assert_eq!(
+        status_at(&mut c, "etl", "now() + interval '10 minutes'")?,
+        "down"
+    );
+
+    tick(&mut c, "now()")?;
+    assert_eq!(open_alerts(&mut c)?, "task:etl:silencex1");
+    let severity: String = one(&mut c, "SELECT severity::text FROM tide.alert")?;
+    assert_eq!(severity, "critical", "the task's severity");
+    // Evaluated again (a later instant): still one open alert, seen twice.
+    tick(&mut c, "now() + interval '1 minute'")?;
+    assert_eq!(open_alerts(&mut c)?, "task:etl:silencex2");
+    // Down: a second kind opens beside it.
+    tick(&mut c, "now() + interval '11 minutes'")?;
+    assert_eq!(open_alerts(&mut c)?, "task:etl:downx1 task:etl:silencex3");
+
+    // A success resolves both.
+    let run2 = past_run(&mut c, "etl", 1)?;
+    succeed(&mut c, run2)?;
+    tick(&mut c, "now()")?;
+    assert_eq!(open_alerts(&mut c)?, "");
+    // Silent again 12 minutes later: a new opening, resolved when time is back at now.
+    tick(&mut c, "now() + interval '12 minutes'")?;
+    assert_eq!(open_alerts(&mut c)?, "task:etl:silencex1");
+    tick(&mut c, "now()")?;
+    assert_eq!(open_alerts(&mut c)?, "");
+    let resolved: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM tide.alert WHERE resolved_at IS NOT NULL",
+    )?;
+    assert_eq!(resolved, 3, "silence, down, and the second silence");
+
+    let notes = alert_notes(&mut listener, &mut c)?;
+    assert_eq!(count_notes(&notes, "opened", "silence"), 2, "{notes:?}");
+    assert_eq!(count_notes(&notes, "opened", "down"), 1, "{notes:?}");
+    assert_eq!(count_notes(&notes, "resolved", "silence"), 2, "{notes:?}");
+    assert_eq!(count_notes(&notes, "resolved", "down"), 1, "{notes:?}");
+    assert_eq!(
+        notes.len(),
+        6,
+        "one NOTIFY per opening and resolution: {notes:?}"
+    );
+    assert!(notes[0].contains("\"subject\": \"etl\""), "{}", notes[0]);
+    Ok(())
+}
+
+fn derived_max_silence_and_monitor_settings(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("m_settings")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('hourly', '0 * * * *');
+         SELECT tide.schedule('weekdays', '0 9 * * 1-5', timeout => '30 minutes');
+         SELECT tide.schedule('london', '0 2 * * *', tz => 'Europe/London');",
+    )?;
+    // Longest gap between fires plus the timeout (at most that gap): hourly 1 h + 1 h;
+    // weekdays Friday to Monday 72 h + 30 min; London daily 25 h (the autumn day) + 1 h.
+    let derived: String = one(
+        &mut c,
+        "SELECT string_agg(name || '=' || tide._max_silence(t), ' ' ORDER BY name) FROM tide.task t",
+    )?;
+    assert_eq!(derived, "hourly=02:00:00 london=26:00:00 weekdays=72:30:00");
+
+    let set: String = one(
+        &mut c,
+        "SELECT tide.monitor('hourly', max_silence => '3 hours', severity => 'info')::text",
+    )?;
+    assert!(
+        set.contains("\"derived\": false") && set.contains("03:00:00") && set.contains("\"info\""),
+        "{set}"
+    );
+    let version: i32 = one(
+        &mut c,
+        "SELECT version FROM tide.task WHERE name = 'hourly'",
+    )?;
+    assert_eq!(
+        version, 1,
+        "monitoring settings are not rules: no new version"
+    );
+    let back: String = one(
+        &mut c,
+        "SELECT tide.monitor('hourly', max_silence => '0')::text",
+    )?;
+    assert!(
+        back.contains("\"derived\": true")
+            && back.contains("02:00:00")
+            && back.contains("\"info\""),
+        "{back}"
+    );
+    // A schedule change recomputes the gap.
+    exec(
+        &mut c,
+        "SELECT tide.alter('hourly', schedule => '*/15 * * * *')",
+    )?;
+    let after: String = one(
+        &mut c,
+        "SELECT tide._max_silence(t)::text FROM tide.task t WHERE name = 'hourly'",
+    )?;
+    assert_eq!(after, "00:30:00");
+
+    for (sql, code, needle) in [
+        (
+            "SELECT tide.monitor('nope', severity => 'info')",
+            "42704",
+            "\"nope\"",
+        ),
+        (
+            "SELECT tide.monitor(NULL)",
+            "22004",
+            "task must not be NULL",
+        ),
+        (
+            "SELECT tide.monitor('london', severity => 'loud')",
+            "22023",
+            "\"loud\"",
+        ),
+        (
+            "SELECT tide.monitor('london', max_silence => '-1 hour')",
+            "22023",
+            "-01:00:00",
+        ),
+    ] {
+        let (got, message, hint) = refused(&mut c, sql)?;
+        assert_eq!(got, code, "{sql}: {message}");
+        assert!(message.contains(needle), "{sql}: {message}");
+        assert!(!hint.is_empty(), "{sql}: no hint");
+    }
+    let unchanged: String = one(
+        &mut c,
+        "SELECT severity::text FROM tide.task WHERE name = 'london'",
+    )?;
+    assert_eq!(unchanged, "warning", "refused calls change nothing");
+    Ok(())
+}
+
+fn heartbeat_checks_go_late_then_down(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("m_checks")?;
+    exec(
+        &mut c,
+        "SELECT tide.check('backup', '1 hour', grace => '10 minutes', severity => 'critical');
+         SELECT tide.check('report', '0 3 * * *', tz => 'Asia/Shanghai');",
+    )?;
+    let status = |c: &mut Client, name: &str, at: &str| -> Result<String, Failed> {
+        one(
+            c,
+            &format!("SELECT status FROM tide._check_status({at}) WHERE kind = 'check' AND name = '{name}'"),
+        )
+    };
+    // No beat yet: new, and never alerting.
+    assert_eq!(status(&mut c, "backup", "now() + interval '1 day'")?, "new");
+    tick(&mut c, "now() + interval '1 day'")?;
+    assert_eq!(open_alerts(&mut c)?, "");
+
+    let expected: bool = one(
+        &mut c,
+        "SELECT tide.beat('backup') BETWEEN now() + interval '1 hour' AND clock_timestamp() + interval '1 hour'",
+    )?;
+    assert!(expected, "the next beat is expected one period later");
+    assert_eq!(
+        status(&mut c, "backup", "now() + interval '59 minutes'")?,
+        "up"
+    );
+    assert_eq!(
+        status(&mut c, "backup", "now() + interval '65 minutes'")?,
+        "late"
+    );
+    assert_eq!(
+        status(&mut c, "backup", "now() + interval '71 minutes'")?,
+        "down"
+    );
+    tick(&mut c, "now() + interval '65 minutes'")?;
+    assert_eq!(open_alerts(&mut c)?, "check:backup:silencex1");
+    tick(&mut c, "now() + interval '71 minutes'")?;
+    assert_eq!(
+        open_alerts(&mut c)?,
+        "check:backup:downx1 check:backup:silencex2"
+    );
+    // A new beat resolves them.
+    exec(
+        &mut c,
+        "SELECT tide.beat('backup', message => 'done in 4 min')",
+    )?;
+    tick(&mut c, "now() + interval '1 minute'")?;
+    assert_eq!(open_alerts(&mut c)?, "");
+
+    // A failed beat is down at once; pausing silences the check.
+    exec(
+        &mut c,
+        "SELECT tide.beat('backup', ok => false, message => 'disk full')",
+    )?;
+    assert_eq!(status(&mut c, "backup", "now()")?, "down");
+    exec(&mut c, "SELECT tide.pause_check('backup')")?;
+    assert_eq!(
+        status(&mut c, "backup", "now() + interval '1 day'")?,
+        "paused"
+    );
+    tick(&mut c, "now() + interval '1 day'")?;
+    assert_eq!(open_alerts(&mut c)?, "");
+    exec(&mut c, "SELECT tide.resume_check('backup')")?;
+    assert_eq!(
+        status(&mut c, "backup", "now() + interval '30 minutes'")?,
+        "up"
+    );
+
+    // A cron check expects its beat at the next fire after the last beat, in its time zone:
+    // 03:00 in Shanghai is 19:00 UTC the day before.
+    let next: bool = one(
+        &mut c,
+        "SELECT tide.beat('report') = (SELECT min(d) FROM generate_series(date_trunc('day', now()) - interval '1 day',
+                                                                         date_trunc('day', now()) + interval '2 days',
+                                                                         interval '1 day') g,
+                                              LATERAL (SELECT g + interval '19 hours' AS d) x
+                                        WHERE d > now())",
+    )?;
+    assert!(next, "the report beat is expected at the next 19:00 UTC");
+
+    // Tasks are listed beside checks, their successes counting as beats.
+    exec(&mut c, "SELECT tide.schedule('t', '0 * * * *')")?;
+    let kinds: String = one(&mut c, "SELECT string_agg(kind || ':' || name || ':' || status, ' ' ORDER BY kind, name) FROM tide.check_status")?;
+    assert_eq!(kinds, "check:backup:up check:report:up task:t:new");
+
+    for (sql, code, needle) in [
+        ("SELECT tide.check('x', '0 3 * *')", "22023", "0 3 * *"),
+        (
+            "SELECT tide.check('x', '1 day', tz => 'Mars/Base')",
+            "22023",
+            "Mars/Base",
+        ),
+        (
+            "SELECT tide.check('x', '1 day', grace => '-1 minute')",
+            "22023",
+            "-00:01:00",
+        ),
+        ("SELECT tide.check('x', '-1 day')", "22023", "-1 day"),
+        (
+            "SELECT tide.check('x', '1 day', severity => 'loud')",
+            "22023",
+            "\"loud\"",
+        ),
+        (
+            "SELECT tide.check(' ', '1 day')",
+            "22023",
+            "must not be empty",
+        ),
+        ("SELECT tide.check('x', NULL)", "22004", "must not be NULL"),
+        ("SELECT tide.beat('nope')", "42704", "\"nope\""),
+        ("SELECT tide.pause_check('nope')", "42704", "\"nope\""),
+        ("SELECT tide.drop_check('nope')", "42704", "\"nope\""),
+    ] {
+        let (got, message, hint) = refused(&mut c, sql)?;
+        assert_eq!(got, code, "{sql}: {message}");
+        assert!(message.contains(needle), "{sql}: {message}");
+        assert!(!hint.is_empty(), "{sql}: no hint");
+    }
+    let checks: i64 = one(&mut c, "SELECT count(*) FROM tide.check")?;
+    assert_eq!(checks, 2, "refused declarations write nothing");
+    exec(&mut c, "SELECT tide.drop_check('report')")?;
+    let left: String = one(&mut c, "SELECT string_agg(name, ',') FROM tide.check")?;
+    assert_eq!(left, "backup");
+    Ok(())
+}
+
+fn failures_skips_need_check_and_dead_letters_alert(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("m_kinds")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('f', '0 0 1 1 *', max_attempts => 10, backoff_base => '1 second', jitter => 'none');
+         SELECT tide.monitor('f', max_silence => '30 days');",
+    )?;
+    let run = past_run(&mut c, "f", 3)?;
+    // Three failed attempts in a row (retries made due by ticks a minute apart).
+    for i in 1..=3 {
+        let token = claim_run(&mut c, run)?;
+        exec(
+            &mut c,
+            &format!("SELECT tide.fail({run}, {token}, 'timeout {i}')"),
+        )?;
+        tick(&mut c, &format!("now() + interval '{i} minutes'"))?;
+    }
+    let failures: i32 = one(
+        &mut c,
+        "SELECT consecutive_failures FROM tide._health(now()) WHERE task = 'f'",
+    )?;
+    assert_eq!(failures, 3);
+    assert_eq!(status_at(&mut c, "f", "now()")?, "failing");
+    assert_eq!(open_alerts(&mut c)?, "task:f:consecutive_failuresx1");
+    // A business error: dead letter.
+    let token = claim_run(&mut c, run)?;
+    exec(
+        &mut c,
+        &format!("SELECT tide.fail({run}, {token}, 'no such account', 'business')"),
+    )?;
+    tick(&mut c, "now() + interval '4 minutes'")?;
+    assert_eq!(
+        open_alerts(&mut c)?,
+        "task:f:consecutive_failuresx2 task:f:dead_letterx1"
+    );
+    // Replayed and successful: both resolve.
+    exec(&mut c, &format!("SELECT tide.replay({run})"))?;
+    succeed(&mut c, run)?;
+    tick(&mut c, "now() + interval '5 minutes'")?;
+    assert_eq!(open_alerts(&mut c)?, "");
+    assert_eq!(status_at(&mut c, "f", "now()")?, "ok");
+
+    // Short counts: need_check, resolved by a person.
+    let short = past_run(&mut c, "f", 2)?;
+    let token = claim_run(&mut c, short)?;
+    exec(
+        &mut c,
+        &format!("SELECT tide.complete({short}, {token}, expected => 10, actual => 7)"),
+    )?;
+    tick(&mut c, "now() + interval '6 minutes'")?;
+    assert_eq!(open_alerts(&mut c)?, "task:f:need_checkx1");
+    exec(&mut c, &format!("SELECT tide.resolve({short}, 'accept')"))?;
+    tick(&mut c, "now() + interval '7 minutes'")?;
+    assert_eq!(open_alerts(&mut c)?, "");
+
+    // Repeated skips: a task whose missed windows are skipped, after an outage of 6 hours.
+    exec(
+        &mut c,
+        "SELECT tide.schedule('s', '0 * * * *', misfire => 'skip');
+         SELECT tide.monitor('s', max_silence => '30 days');",
+    )?;
+    tick(
+        &mut c,
+        "(SELECT next_fire_at + interval '5 hours 30 minutes' FROM tide.task WHERE name = 's')",
+    )?;
+    let (skipped, streak): (i64, i32) = {
+        let row = c
+            .query_one(
+                "SELECT (SELECT count(*) FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 's' AND r.state = 'skipped'),
+                        (SELECT consecutive_skips FROM tide._health(now()) WHERE task = 's')",
+                &[],
+            )
+            .map_err(db_err)?;
+        (row.get(0), row.get(1))
+    };
+    assert!(skipped > 3, "the outage left {skipped} skipped windows");
+    assert_eq!(
+        i64::from(streak),
+        skipped,
+        "every skipped window is in the streak"
+    );
+    assert_eq!(open_alerts(&mut c)?, "task:s:repeated_skipsx1");
+    Ok(())
+}
+
+/// Parses Prometheus text with the reference parser (Python's prometheus_client); returns one
+/// line per sample: "name{label=value,...} value", labels sorted.
+fn parse_prometheus(text: &str) -> Result<Vec<String>, Failed> {
+    const PARSER: &str = "
+import sys
+from prometheus_client.parser import text_string_to_metric_families
+for family in text_string_to_metric_families(sys.stdin.read()):
+    for s in family.samples:
+        labels = ','.join('%s=%s' % kv for kv in sorted(s.labels.items()))
+        print('%s|%s{%s} %r' % (family.type, s.name, labels, s.value))
+";
+    let mut child = Command::new("/usr/bin/python3")
+        .args(["-c", PARSER])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| {
+            format!("python3: {e} (scripts/setup.sh installs python3-prometheus-client)")
+        })?;
+    child
+        .stdin
+        .take()
+        .ok_or("no stdin")?
+        .write_all(text.as_bytes())
+        .map_err(|e| e.to_string())?;
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!(
+            "the Prometheus parser refused tide.metrics():\n{}\n--- text ---\n{text}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect())
+}
+
+fn metrics_parse_as_prometheus_text(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("m_metrics")?;
+    // A name that needs escaping in a label value.
+    exec(
+        &mut c,
+        r#"SELECT tide.schedule('odd "name" \ here', '0 0 1 1 *', max_attempts => 1);
+           SELECT tide.schedule('plain', '0 0 1 1 *');
+           SELECT tide.check('backup', '1 day');"#,
+    )?;
+    for h in 1..=3 {
+        let run = past_run(&mut c, "plain", h)?;
+        succeed(&mut c, run)?;
+    }
+    let dead = past_run(&mut c, r#"odd "name" \ here"#, 1)?;
+    let token = claim_run(&mut c, dead)?;
+    exec(
+        &mut c,
+        &format!("SELECT tide.fail({dead}, {token}, 'bad row', 'business')"),
+    )?;
+    tick(&mut c, "now()")?;
+
+    let text: String = one(&mut c, "SELECT tide.metrics()")?;
+    let samples = parse_prometheus(&text)?;
+    let has = |line: &str| samples.iter().any(|s| s == line);
+    for line in [
+        "counter|pg_tide_runs_total{outcome=succeeded,task=plain} 3.0",
+        r#"counter|pg_tide_runs_total{outcome=dead,task=odd "name" \ here} 1.0"#,
+        "gauge|pg_tide_task_unresolved_runs{state=dead,task=odd \"name\" \\ here} 1.0",
+        "summary|pg_tide_run_duration_seconds_count{task=plain} 3.0",
+        "gauge|pg_tide_check_status{check=backup,status=new} 1.0",
+        "gauge|pg_tide_alerts_open{kind=dead_letter,severity=warning} 1.0",
+        "gauge|pg_tide_task_status{status=ok,task=plain} 1.0",
+        "gauge|pg_tide_task_status{status=failing,task=odd \"name\" \\ here} 1.0",
+    ] {
+        assert!(has(line), "missing {line} in:\n{}", samples.join("\n"));
+    }
+    for family in [
+        "pg_tide_queue_wait_seconds",
+        "pg_tide_task_backlog",
+        "pg_tide_task_silence_seconds",
+    ] {
+        assert!(
+            samples.iter().any(|s| s.contains(&format!("|{family}"))),
+            "no {family} samples"
+        );
+    }
+    Ok(())
+}
+
+fn pruning_removes_only_what_it_should(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("m_prune")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('p', '0 0 1 1 *', max_attempts => 1)",
+    )?;
+    // 14 finished runs of past windows: the oldest dead, the next need_check, 12 succeeded.
+    let mut runs = Vec::new();
+    for h in (1..=14).rev() {
+        runs.push(past_run(&mut c, "p", h)?);
+    }
+    let token = claim_run(&mut c, runs[0])?;
+    exec(
+        &mut c,
+        &format!("SELECT tide.fail({}, {token}, 'bad', 'business')", runs[0]),
+    )?;
+    let token = claim_run(&mut c, runs[1])?;
+    exec(
+        &mut c,
+        &format!(
+            "SELECT tide.complete({}, {token}, expected => 2, actual => 1)",
+            runs[1]
+        ),
+    )?;
+    for &run in &runs[2..] {
+        succeed(&mut c, run)?;
+    }
+    // A resolved alert from long ago, and a run still ready (never pruned).
+    exec(
+        &mut c,
+        "INSERT INTO tide.alert (subject_type, subject, kind, severity, opened_at, last_seen_at, resolved_at, owner)
+         VALUES ('task', 'p', 'backlog', 'warning', now() - interval '9 days', now() - interval '9 days', now() - interval '8 days', 'postgres');
+         SELECT tide.pause('p');",
+    )?;
+    let ready = past_run(&mut c, "p", 20)?;
+    let counter = |c: &mut Client| -> Result<String, Failed> {
+        let text: String = one(c, "SELECT tide.metrics()")?;
+        Ok(text
+            .lines()
+            .filter(|l| l.starts_with("pg_tide_runs_total{task=\"p\""))
+            .collect::<Vec<_>>()
+            .join(" "))
+    };
+    let before = counter(&mut c)?;
+
+    // Nothing is old enough yet at the default retention (30 days).
+    tick(&mut c, "now() + interval '2 days'")?;
+    let all: i64 = one(&mut c, "SELECT count(*) FROM tide.run")?;
+    assert_eq!(all, 15);
+    // With a retention of one day, two days on: the 12 succeeded runs are old; the 10 newest
+    // windows are kept whatever they are, so the 2 oldest succeeded ones go. Dead, need_check
+    // and the ready run stay.
+    exec(&mut c, "SET pg_tide.history_retention = '1d'")?;
+    tick(&mut c, "now() + interval '2 days 1 minute'")?;
+    let kept: String = one(
+        &mut c,
+        "SELECT string_agg(state::text, ',' ORDER BY window_start) FROM tide.run",
+    )?;
+    assert_eq!(
+        kept,
+        "ready,dead,need_check,succeeded,succeeded,succeeded,succeeded,succeeded,succeeded,succeeded,succeeded,succeeded,succeeded"
+    );
+    let gone: String = one(
+        &mut c,
+        &format!("SELECT string_agg(run_id::text, ',' ORDER BY run_id) FROM unnest(ARRAY[{}, {}]) r(run_id)
+                  WHERE NOT EXISTS (SELECT 1 FROM tide.run x WHERE x.run_id = r.run_id)", runs[2], runs[3]),
+    )?;
+    assert_eq!(
+        gone,
+        format!("{},{}", runs[2], runs[3]),
+        "the two oldest succeeded runs"
+    );
+    let orphans: i64 = one(
+        &mut c,
+        "SELECT (SELECT count(*) FROM tide.attempt a WHERE NOT EXISTS (SELECT 1 FROM tide.run r WHERE r.run_id = a.run_id))
+              + (SELECT count(*) FROM tide.run_event e WHERE NOT EXISTS (SELECT 1 FROM tide.run r WHERE r.run_id = e.run_id))",
+    )?;
+    assert_eq!(orphans, 0, "attempts and history go with their runs");
+    let still_ready: String = one(
+        &mut c,
+        &format!("SELECT state::text FROM tide.run WHERE run_id = {ready}"),
+    )?;
+    assert_eq!(still_ready, "ready");
+    let alerts: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM tide.alert WHERE resolved_at < now() - interval '1 day'",
+    )?;
+    assert_eq!(alerts, 0, "the old resolved alert is pruned");
+    let open: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM tide.alert WHERE resolved_at IS NULL AND kind = 'dead_letter'",
+    )?;
+    assert_eq!(open, 1, "open alerts stay");
+    // Counters never go down: pruned runs still count.
+    assert_eq!(counter(&mut c)?, before);
+    Ok(())
+}
+
+fn run_log_lines(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("m_logs")?;
+    let log = cluster.data_dir.join("server.log");
+    let read_from = |offset: usize| -> Result<String, String> {
+        let text = std::fs::read_to_string(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+        Ok(text.get(offset..).unwrap_or_default().to_string())
+    };
+    exec(&mut c, "SELECT tide.schedule('logged task', '0 0 1 1 *', max_attempts => 3, backoff_base => '1 second')")?;
+    let start = read_from(0)?.len();
+    let run = past_run(&mut c, "logged task", 2)?;
+    let token = claim_run(&mut c, run)?;
+    exec(
+        &mut c,
+        &format!("SELECT tide.fail({run}, {token}, 'connection reset')"),
+    )?;
+    tick(&mut c, "now() + interval '1 minute'")?;
+    succeed(&mut c, run)?;
+    // The lines are written by this backend before its statements return; the file is read
+    // until they are all there (the logging collector may lag).
+    let lines = pg_tide_pg_test::wait_for("the run log lines", Duration::from_secs(10), || {
+        let text = read_from(start)?;
+        let lines: Vec<String> = text
+            .lines()
+            .filter(|l| l.contains("pg_tide: event=") && l.contains(&format!("run_id={run} ")))
+            .map(str::to_string)
+            .collect();
+        Ok((lines.len() >= 4).then_some(lines))
+    })?;
+    let events: Vec<&str> = lines
+        .iter()
+        .map(|l| {
+            l.split("event=")
+                .nth(1)
+                .and_then(|r| r.split(' ').next())
+                .unwrap_or("")
+        })
+        .collect();
+    assert_eq!(
+        events,
+        ["start", "failure", "start", "success"],
+        "{lines:#?}"
+    );
+    assert!(
+        lines[1].contains("task=\"logged task\"")
+            && lines[1].contains("error=\"connection reset\""),
+        "{}",
+        lines[1]
+    );
+    assert!(
+        lines[1].contains("attempt=1 state=retry") && lines[1].contains("trigger=manual"),
+        "{}",
+        lines[1]
+    );
+    assert!(
+        lines[3].contains("attempt=2 state=succeeded") && lines[3].contains("duration="),
+        "{}",
+        lines[3]
+    );
+    assert!(lines.iter().all(|l| l.contains(" LOG: ")), "{lines:#?}");
+
+    // Off: nothing; an idle tick logs nothing either way.
+    let mark = read_from(0)?.len();
+    exec(&mut c, "SET pg_tide.log_runs = 'off'")?;
+    let quiet = past_run(&mut c, "logged task", 3)?;
+    succeed(&mut c, quiet)?;
+    exec(&mut c, "RESET pg_tide.log_runs")?;
+    tick(&mut c, "now() + interval '2 minutes'")?;
+    // A marker written after: once it is in the file, everything before it is too.
+    exec(&mut c, "DO $$ BEGIN RAISE LOG 'm_logs marker'; END $$")?;
+    let after = pg_tide_pg_test::wait_for("the marker", Duration::from_secs(10), || {
+        let text = read_from(mark)?;
+        Ok(text.contains("m_logs marker").then_some(text))
+    })?;
+    let stray: Vec<&str> = after.lines().filter(|l| l.contains("pg_tide:")).collect();
+    assert!(stray.is_empty(), "{stray:#?}");
+    let (code, _, _) = refused(&mut c, "SET pg_tide.log_runs = 'loud'")?;
+    assert_eq!(code, "22023");
+    Ok(())
+}
+
+fn explain_tells_the_story_of_a_run(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("m_explain")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('x', '0 0 1 1 *', max_attempts => 2, backoff_base => '1 second')",
+    )?;
+    let run = past_run(&mut c, "x", 2)?;
+    let token = claim_run(&mut c, run)?;
+    exec(
+        &mut c,
+        &format!("SELECT tide.fail({run}, {token}, 'deadlock detected')"),
+    )?;
+    tick(&mut c, "now() + interval '1 minute'")?;
+    let token = claim_run(&mut c, run)?;
+    exec(
+        &mut c,
+        &format!("SELECT tide.fail({run}, {token}, 'deadlock again')"),
+    )?;
+    let lines: Vec<String> = c
+        .query(&format!("SELECT * FROM tide.explain({run})"), &[])
+        .map_err(db_err)?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let text = lines.join("\n");
+    let events: i64 = one(
+        &mut c,
+        &format!("SELECT count(*) FROM tide.run_event WHERE run_id = {run}"),
+    )?;
+    let history = lines.iter().filter(|l| l.contains(" -> ")).count();
+    assert_eq!(history as i64, events, "one line per state change:\n{text}");
+    assert!(
+        lines[0].starts_with(&format!("run {run} of task x, rule version 1")),
+        "{text}"
+    );
+    assert!(text.contains("trigger: manual"), "{text}");
+    assert!(
+        text.contains("#1 by w1")
+            && text.contains("failed after")
+            && text.contains("deadlock detected"),
+        "{text}"
+    );
+    assert!(
+        text.contains("#2 by w1") && text.contains("deadlock again"),
+        "{text}"
+    );
+    assert!(text.contains("state: dead"), "{text}");
+    assert!(
+        lines
+            .last()
+            .is_some_and(|l| l.contains(&format!("tide.replay({run})"))),
+        "{text}"
+    );
+    let (code, message, hint) = refused(&mut c, "SELECT * FROM tide.explain(-1)")?;
+    assert_eq!((code.as_str(), message.as_str()), ("42704", "no run -1"));
+    assert!(!hint.is_empty());
+    Ok(())
+}
+
+fn dashboard_is_worst_first_in_80_columns(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("m_dashboard")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('a_fine_task_with_a_long_name_indeed', '0 0 1 1 *');
+         SELECT tide.schedule('b_broken', '0 0 1 1 *', max_attempts => 1);
+         SELECT tide.schedule('c_paused', '0 0 1 1 *');
+         SELECT tide.pause('c_paused');",
+    )?;
+    let ok = past_run(&mut c, "a_fine_task_with_a_long_name_indeed", 1)?;
+    succeed(&mut c, ok)?;
+    let bad = past_run(&mut c, "b_broken", 1)?;
+    let token = claim_run(&mut c, bad)?;
+    exec(
+        &mut c,
+        &format!("SELECT tide.fail({bad}, {token}, 'x', 'business')"),
+    )?;
+    let order: String = one(&mut c, "SELECT string_agg(status, ',') FROM tide.dashboard")?;
+    assert_eq!(order, "failing,ok,paused");
+    let out = Command::new(pg_bin().join("psql"))
+        .args([
+            "-X",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &cluster.port.to_string(),
+            "-U",
+            "postgres",
+            "-d",
+            "m_dashboard",
+        ])
+        .args(["-c", "SELECT * FROM tide.dashboard"])
+        .output()
+        .map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success() && text.contains("b_broken"), "{text}");
+    let widest = text.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+    assert!(widest <= 80, "{widest} columns:\n{text}");
+    // Row-level security: another role sees none of these tasks.
+    exec(&mut c, "DROP ROLE IF EXISTS eve; CREATE ROLE eve LOGIN")?;
+    let mut eve = cluster.connect_as("m_dashboard", "eve")?;
+    let seen: i64 = one(&mut eve, "SELECT count(*) FROM tide.health")?;
+    assert_eq!(seen, 0);
+    Ok(())
+}
+
+fn main() {
+    let tests: &[(&str, TestFn)] = &[
+        (
+            "silent_task_turns_late_then_down_and_alerts_once",
+            silent_task_turns_late_then_down_and_alerts_once,
+        ),
+        (
+            "derived_max_silence_and_monitor_settings",
+            derived_max_silence_and_monitor_settings,
+        ),
+        (
+            "heartbeat_checks_go_late_then_down",
+            heartbeat_checks_go_late_then_down,
+        ),
+        (
+            "failures_skips_need_check_and_dead_letters_alert",
+            failures_skips_need_check_and_dead_letters_alert,
+        ),
+        (
+            "metrics_parse_as_prometheus_text",
+            metrics_parse_as_prometheus_text,
+        ),
+        (
+            "pruning_removes_only_what_it_should",
+            pruning_removes_only_what_it_should,
+        ),
+        ("run_log_lines", run_log_lines),
+        (
+            "explain_tells_the_story_of_a_run",
+            explain_tells_the_story_of_a_run,
+        ),
+        (
+            "dashboard_is_worst_first_in_80_columns",
+            dashboard_is_worst_first_in_80_columns,
+        ),
+    ];
+    run_tests("monitor", tests)
+}

@@ -1,0 +1,868 @@
+-- Monitoring: task health, heartbeat checks, alerts, metrics, run log lines, explain, retention.
+--
+-- Everything here reads what the engine already keeps (tide.task, tide.run, tide.pending,
+-- tide.attempt, tide.run_event) and is driven by the tick (tide._monitor), so it works at
+-- explicit instants in tests like the rest of the scheduler. Nothing here runs on the hot paths
+-- except the run log lines, which are off with pg_tide.log_runs = off.
+
+-- ---------------------------------------------------------------------------------------------
+-- Settings read from SQL (defined in src/settings.rs; the fallbacks apply only where the
+-- library is not loaded).
+CREATE FUNCTION tide._setting(name text, fallback text) RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$ SELECT coalesce(nullif(current_setting('pg_tide.' || name, true), ''), fallback) $$;
+COMMENT ON FUNCTION tide._setting(text, text) IS 'Internal: a pg_tide.* setting as text.';
+
+-- A compact duration for narrow displays, at most 5 characters: 45s, 12m, 3h12m, 2d4h, 12d.
+CREATE FUNCTION tide._short(d interval) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE
+        WHEN d IS NULL THEN NULL
+        WHEN s < 0 THEN '-' || tide._short(-d)
+        WHEN s < 60 THEN floor(s)::bigint || 's'
+        WHEN s < 3600 THEN floor(s / 60)::bigint || 'm'
+        WHEN s < 86400 THEN floor(s / 3600)::bigint || 'h' || lpad((floor(s / 60)::bigint % 60)::text, 2, '0') || 'm'
+        WHEN s < 864000 THEN floor(s / 86400)::bigint || 'd' || (floor(s / 3600)::bigint % 24) || 'h'
+        ELSE floor(s / 86400)::bigint || 'd' END
+      FROM (SELECT extract(epoch FROM d)::double precision AS s) x
+$$;
+COMMENT ON FUNCTION tide._short(interval) IS 'A duration in at most 5 characters (45s, 12m, 3h12m, 2d4h, 12d).';
+
+-- ---------------------------------------------------------------------------------------------
+-- Task monitoring settings. The longest gap between fires is kept up to date with the schedule.
+CREATE FUNCTION tide.task_fire_gap() RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    NEW.fire_gap := tide._fire_gap(NEW.schedule, NEW.tz, NEW.dst_gap::text, NEW.dst_overlap::text);
+    RETURN NEW;
+END
+$$;
+COMMENT ON FUNCTION tide.task_fire_gap() IS
+    'Trigger: keeps tide.task.fire_gap (the longest gap between fires) in step with the schedule.';
+CREATE TRIGGER task_fire_gap BEFORE INSERT OR UPDATE OF schedule, tz, dst_gap, dst_overlap ON tide.task
+    FOR EACH ROW EXECUTE FUNCTION tide.task_fire_gap();
+
+CREATE FUNCTION tide._severity(value text, param text) RETURNS tide.severity
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF lower(btrim(value)) NOT IN ('info', 'warning', 'critical') THEN
+        RAISE EXCEPTION 'unknown severity "%"', value USING ERRCODE = 'invalid_parameter_value',
+            HINT = format('pass %s => ''info'', ''warning'' or ''critical''', param);
+    END IF;
+    RETURN lower(btrim(value))::tide.severity;
+END
+$$;
+COMMENT ON FUNCTION tide._severity(text, text) IS 'Internal: a severity given as text, or a clear error.';
+
+CREATE FUNCTION tide.monitor(task text, max_silence interval DEFAULT NULL, severity text DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    t tide.task;
+BEGIN
+    IF monitor.task IS NULL THEN
+        RAISE EXCEPTION 'task must not be NULL' USING ERRCODE = 'null_value_not_allowed',
+            HINT = 'pass the name of one of your tasks';
+    END IF;
+    IF monitor.max_silence < interval '0' THEN
+        RAISE EXCEPTION 'max_silence must not be negative, got %', monitor.max_silence
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'pass max_silence => ''2 hours'', or ''0'' to derive it from the schedule again';
+    END IF;
+    SELECT * INTO t FROM tide.task x WHERE x.name = monitor.task FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no task named "%"', monitor.task USING ERRCODE = 'undefined_object',
+            HINT = 'list your tasks with: SELECT name FROM tide.task';
+    END IF;
+    UPDATE tide.task x
+       SET max_silence = CASE WHEN monitor.max_silence IS NULL THEN x.max_silence
+                              WHEN monitor.max_silence = interval '0' THEN NULL
+                              ELSE monitor.max_silence END,
+           severity = coalesce(tide._severity(monitor.severity, 'severity'), x.severity)
+     WHERE x.task_id = t.task_id
+    RETURNING * INTO t;
+    RETURN jsonb_build_object('task', t.name, 'max_silence', tide._max_silence(t),
+                              'derived', t.max_silence IS NULL, 'severity', t.severity);
+END
+$$;
+COMMENT ON FUNCTION tide.monitor(text, interval, text) IS
+    'monitor(task, max_silence => NULL, severity => NULL): sets how long the task may go without a success before it is late (''0'' = derived from the schedule) and the severity of its alerts. NULL leaves a setting as it is. Not a rule change: makes no new version.';
+
+-- The silence a task may reach: set, or the longest gap between its fires plus the time one
+-- run may take (its timeout, at most that gap). NULL when the schedule fires less than twice
+-- a year ahead and none is set: such a task is never late.
+CREATE FUNCTION tide._max_silence(t tide.task) RETURNS interval
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$ SELECT coalesce(t.max_silence, t.fire_gap + least(t.timeout, t.fire_gap)) $$;
+COMMENT ON FUNCTION tide._max_silence(tide.task) IS
+    'A task''s max_silence: set with tide.monitor, or derived: the longest gap between its fires plus its timeout (at most that gap).';
+
+-- ---------------------------------------------------------------------------------------------
+-- Health of every task at an instant.
+CREATE FUNCTION tide._health(p_now timestamptz)
+RETURNS TABLE (task text, status text, severity tide.severity, last_success timestamptz, silence interval,
+               max_silence interval, last_state tide.run_state, consecutive_failures integer,
+               consecutive_skips integer, retries_24h integer, backlog integer, oldest_ready interval,
+               dead integer, need_check integer, catch_up_limited_24h integer, not_ready_24h integer,
+               p50_duration interval, p95_duration interval, p95_queue_wait interval,
+               next_fire_at timestamptz, paused boolean, task_id bigint, owner name)
+LANGUAGE sql STABLE
+-- Its cost estimate is high (a lateral join per task), but each part is a short index scan:
+-- compiling it with JIT would cost far more than running it.
+SET jit = off
+AS $$
+WITH open_runs AS (
+    -- Unfinished and unresolved runs: tide.pending is small, one pass for all tasks.
+    SELECT p.task_id,
+           count(*) FILTER (WHERE p.state IN ('ready', 'waiting')) AS backlog,
+           count(*) FILTER (WHERE p.state = 'dead') AS dead,
+           count(*) FILTER (WHERE p.state = 'need_check') AS need_check,
+           min(p.run_id) FILTER (WHERE p.state = 'ready') AS oldest_ready_id
+      FROM tide.pending p
+     GROUP BY p.task_id
+), h AS (
+    SELECT t.*, o.backlog, o.dead, o.need_check, ls.window_start AS success_window,
+           ls.finished_at AS last_success, recent.last_state, recent.skips, fails.failures,
+           day.retries, day.catch_up_limited, day.not_ready, day.p50, day.p95, day.wait95,
+           p_now - ready.since AS oldest_ready, tide._max_silence(t) AS max_silence_eff
+      FROM tide.task t
+      LEFT JOIN open_runs o ON o.task_id = t.task_id
+      -- The latest successful run, walking back from the newest window.
+      LEFT JOIN LATERAL (
+          SELECT r.window_start, r.finished_at FROM tide.run r
+           WHERE r.task_id = t.task_id AND r.window_start IS NOT NULL AND r.state = 'succeeded'
+           ORDER BY r.window_start DESC LIMIT 1) ls ON true
+      -- The latest 100 runs: the last state, and skips in a row among the finished ones.
+      LEFT JOIN LATERAL (
+          SELECT (array_agg(x.state ORDER BY x.n))[1] AS last_state,
+                 count(*) FILTER (WHERE x.state = 'skipped' AND x.others = 0) AS skips
+            FROM (SELECT y.state, y.n,
+                         count(*) FILTER (WHERE y.state IN ('succeeded', 'dead', 'need_check', 'cancelled'))
+                             OVER (ORDER BY y.n ROWS UNBOUNDED PRECEDING) AS others
+                    FROM (SELECT z.state, row_number() OVER (ORDER BY z.window_start DESC) AS n
+                            FROM (SELECT r.state, r.window_start FROM tide.run r
+                                   WHERE r.task_id = t.task_id AND r.window_start IS NOT NULL
+                                   ORDER BY r.window_start DESC LIMIT 100) z) y) x) recent ON true
+      -- Failed and lost attempts since the latest success.
+      LEFT JOIN LATERAL (
+          SELECT coalesce(sum(r.attempts - CASE WHEN r.state IN ('running', 'need_check') THEN 1 ELSE 0 END), 0) AS failures
+            FROM tide.run r
+           WHERE r.task_id = t.task_id AND r.window_start > coalesce(ls.window_start, '-infinity')
+             AND r.state <> 'succeeded') fails ON true
+      -- The last 24 hours, over at most the latest 1000 runs.
+      LEFT JOIN LATERAL (
+          SELECT coalesce(sum(greatest(r.attempts - 1, 0)), 0) AS retries,
+                 count(*) FILTER (WHERE r.skip_reason = 'catch_up_limit') AS catch_up_limited,
+                 count(*) FILTER (WHERE r.skip_reason = 'not_ready' OR (r.state = 'dead' AND r.last_error_kind = 'not_ready')) AS not_ready,
+                 percentile_cont(0.5) WITHIN GROUP (ORDER BY r.finished_at - r.claimed_at) FILTER (WHERE r.state = 'succeeded') AS p50,
+                 percentile_cont(0.95) WITHIN GROUP (ORDER BY r.finished_at - r.claimed_at) FILTER (WHERE r.state = 'succeeded') AS p95,
+                 percentile_cont(0.95) WITHIN GROUP (ORDER BY greatest(r.started_at - coalesce(r.fire_at, r.created_at), interval '0')) FILTER (WHERE r.started_at IS NOT NULL) AS wait95
+            FROM (SELECT * FROM tide.run r WHERE r.task_id = t.task_id AND r.window_start IS NOT NULL
+                   ORDER BY r.window_start DESC LIMIT 1000) r
+           WHERE coalesce(r.finished_at, r.updated_at) > p_now - interval '1 day') day ON true
+      LEFT JOIN LATERAL (
+          SELECT coalesce(r.run_after, r.fire_at, r.created_at) AS since FROM tide.run r
+           WHERE r.run_id = o.oldest_ready_id) ready ON true
+)
+SELECT h.name,
+       CASE WHEN h.paused THEN 'paused'
+            WHEN h.max_silence_eff IS NOT NULL AND p_now - coalesce(h.last_success, h.created_at) > 2 * h.max_silence_eff THEN 'down'
+            WHEN h.failures > 0 OR h.dead > 0 OR h.need_check > 0 THEN 'failing'
+            WHEN h.max_silence_eff IS NOT NULL AND p_now - coalesce(h.last_success, h.created_at) > h.max_silence_eff THEN 'late'
+            WHEN h.last_success IS NULL THEN 'never_ran'
+            ELSE 'ok' END,
+       h.severity, h.last_success, p_now - coalesce(h.last_success, h.created_at), h.max_silence_eff,
+       h.last_state, h.failures::integer, coalesce(h.skips, 0)::integer, coalesce(h.retries, 0)::integer,
+       coalesce(h.backlog, 0)::integer, h.oldest_ready, coalesce(h.dead, 0)::integer,
+       coalesce(h.need_check, 0)::integer, coalesce(h.catch_up_limited, 0)::integer,
+       coalesce(h.not_ready, 0)::integer, h.p50, h.p95, h.wait95,
+       CASE WHEN h.paused THEN NULL ELSE h.next_fire_at END, h.paused, h.task_id, h.owner
+  FROM h
+$$;
+COMMENT ON FUNCTION tide._health(timestamptz) IS 'Internal: tide.health at an instant (the tick evaluates alerts with it).';
+
+CREATE VIEW tide.health WITH (security_invoker = true) AS
+SELECT task, status, severity, last_success, silence, max_silence, last_state, consecutive_failures,
+       consecutive_skips, retries_24h, backlog, oldest_ready, dead, need_check, p50_duration, p95_duration,
+       p95_queue_wait, next_fire_at
+  FROM tide._health(now());
+COMMENT ON VIEW tide.health IS
+    'One row per task: status (ok, late, failing, down, paused, never_ran), last success, silence so far against max_silence, last run state, failures and skips in a row, retries in 24 h, backlog (ready + waiting), age of the oldest ready run, dead and need_check runs, p50/p95 duration and p95 queue wait over 24 h, next fire.';
+GRANT SELECT ON tide.health TO PUBLIC;
+
+CREATE FUNCTION tide._status_rank(status text) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT array_position(ARRAY['down', 'failing', 'late', 'never_ran', 'ok', 'paused'], status) $$;
+COMMENT ON FUNCTION tide._status_rank(text) IS 'Internal: sort order of statuses, worst first.';
+
+CREATE VIEW tide.dashboard WITH (security_invoker = true) AS
+SELECT left(h.task, 18) AS task, h.status, left(h.severity::text, 4) AS sev, tide._short(h.silence) AS quiet,
+       tide._short(h.max_silence) AS max, h.consecutive_failures AS fail, h.backlog AS todo,
+       tide._short(h.next_fire_at - now()) AS next
+  FROM tide._health(now()) h
+ ORDER BY tide._status_rank(h.status), h.severity DESC, h.silence DESC NULLS LAST, h.task;
+COMMENT ON VIEW tide.dashboard IS
+    'tide.health in 80 columns, worst first: status, severity, silence (quiet) against max_silence, failed attempts in a row, backlog (todo), time to the next fire.';
+GRANT SELECT ON tide.dashboard TO PUBLIC;
+
+-- ---------------------------------------------------------------------------------------------
+-- Heartbeat checks: work outside pg_tide reports that it ran (a dead-man's switch).
+CREATE TABLE tide.check (
+    check_id     bigint GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
+    name         text NOT NULL UNIQUE CHECK (btrim(name) <> ''),
+    period       interval CHECK (period > interval '0'),
+    schedule     text,
+    tz           text NOT NULL DEFAULT 'UTC',
+    grace        interval NOT NULL DEFAULT '1 hour' CHECK (grace >= interval '0'),
+    severity     tide.severity NOT NULL DEFAULT 'warning',
+    paused       boolean NOT NULL DEFAULT false,
+    last_beat_at timestamptz,
+    last_beat_ok boolean,
+    last_message text,
+    beats        bigint NOT NULL DEFAULT 0,
+    owner        name NOT NULL DEFAULT current_user,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    CHECK ((period IS NULL) <> (schedule IS NULL))
+);
+COMMENT ON TABLE tide.check IS
+    'Heartbeat checks (tide.check): each expects a beat (tide.beat) every period, or at each fire of a cron schedule, within a grace time.';
+
+CREATE FUNCTION tide.check(name text, schedule text, grace interval DEFAULT '1 hour', tz text DEFAULT 'UTC',
+                           severity text DEFAULT 'warning')
+RETURNS bigint
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    -- CHECK is a reserved word: the parameters are used by position.
+    c_name ALIAS FOR $1;
+    c_schedule ALIAS FOR $2;
+    c_grace ALIAS FOR $3;
+    c_tz ALIAS FOR $4;
+    c_severity ALIAS FOR $5;
+    p interval;
+    cron text;
+    id bigint;
+BEGIN
+    IF c_name IS NULL OR btrim(c_name) = '' THEN
+        RAISE EXCEPTION 'check name must not be empty, got %', coalesce(quote_literal(c_name), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'name the job the beats come from, such as ''nightly-backup''';
+    END IF;
+    IF c_schedule IS NULL OR c_grace IS NULL OR c_tz IS NULL OR c_severity IS NULL THEN
+        RAISE EXCEPTION 'schedule, grace, tz and severity must not be NULL'
+            USING ERRCODE = 'null_value_not_allowed', HINT = 'pass a period such as ''1 day'' or a cron schedule such as ''0 3 * * *''';
+    END IF;
+    IF c_grace < interval '0' THEN
+        RAISE EXCEPTION 'grace must not be negative, got %', c_grace
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'pass grace => ''30 minutes''';
+    END IF;
+    -- A period ('1 day', '6 hours') or else a cron schedule, checked like tide.schedule checks it.
+    BEGIN
+        p := c_schedule::interval;
+    EXCEPTION WHEN invalid_datetime_format OR datetime_field_overflow OR interval_field_overflow THEN
+        p := NULL;
+    END;
+    IF p IS NOT NULL AND p <= interval '0' THEN
+        RAISE EXCEPTION 'period must be a positive interval, got %', c_schedule
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'pass a period such as ''1 day'' or a cron schedule such as ''0 3 * * *''';
+    END IF;
+    IF p IS NULL THEN
+        cron := btrim(c_schedule);
+        PERFORM tide._next_fire(cron, c_tz, now());
+    ELSE
+        PERFORM tide._next_fire('* * * * *', c_tz, now());  -- checks the time zone
+    END IF;
+    INSERT INTO tide.check AS c (name, period, schedule, tz, grace, severity)
+    VALUES (btrim(c_name), p, cron, c_tz, c_grace, tide._severity(c_severity, 'severity'))
+    ON CONFLICT ON CONSTRAINT check_name_key DO UPDATE
+       SET period = EXCLUDED.period, schedule = EXCLUDED.schedule, tz = EXCLUDED.tz,
+           grace = EXCLUDED.grace, severity = EXCLUDED.severity
+    RETURNING c.check_id INTO id;
+    RETURN id;
+END
+$$;
+COMMENT ON FUNCTION tide.check(text, text, interval, text, text) IS
+    'check(name, schedule, grace => ''1 hour'', tz => ''UTC'', severity => ''warning''): declares (or changes) a heartbeat check: a beat is expected every period (schedule = ''1 day'') or at each fire of a cron schedule (''0 3 * * *'' in tz), within grace. Returns its check_id.';
+
+CREATE FUNCTION tide.beat(name text, ok boolean DEFAULT true, message text DEFAULT NULL) RETURNS timestamptz
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    c tide.check;
+BEGIN
+    UPDATE tide.check x
+       SET last_beat_at = now(), last_beat_ok = coalesce(beat.ok, true), last_message = beat.message,
+           beats = x.beats + 1
+     WHERE x.name = beat.name
+    RETURNING * INTO c;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no check named "%"', beat.name USING ERRCODE = 'undefined_object',
+            HINT = 'declare it first: SELECT tide.check(''name'', ''1 day'')';
+    END IF;
+    RETURN tide._expected_beat(c);
+END
+$$;
+COMMENT ON FUNCTION tide.beat(text, boolean, text) IS
+    'beat(name, ok => true, message => NULL): records a beat of a check (ok => false reports a failure: the check is down at once). Returns when the next beat is expected.';
+
+CREATE FUNCTION tide._expected_beat(c tide.check) RETURNS timestamptz
+LANGUAGE sql STABLE
+AS $$
+    SELECT CASE WHEN c.last_beat_at IS NULL THEN NULL
+                WHEN c.period IS NOT NULL THEN c.last_beat_at + c.period
+                ELSE tide._next_fire(c.schedule, c.tz, c.last_beat_at) END
+$$;
+COMMENT ON FUNCTION tide._expected_beat(tide.check) IS 'Internal: when a check expects its next beat.';
+
+CREATE FUNCTION tide._set_check_paused(p_name text, p_paused boolean) RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    -- Resuming starts the wait afresh: time spent paused is not silence.
+    UPDATE tide.check x SET paused = p_paused,
+                            last_beat_at = CASE WHEN p_paused OR x.last_beat_at IS NULL THEN x.last_beat_at ELSE now() END,
+                            last_beat_ok = CASE WHEN p_paused OR x.last_beat_at IS NULL THEN x.last_beat_ok ELSE true END
+     WHERE x.name = p_name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no check named "%"', p_name USING ERRCODE = 'undefined_object',
+            HINT = 'list your checks with: SELECT name FROM tide.check';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION tide._set_check_paused(text, boolean) IS 'Internal: pauses or resumes a check.';
+
+CREATE FUNCTION tide.pause_check(name text) RETURNS void
+LANGUAGE sql AS $$ SELECT tide._set_check_paused(name, true) $$;
+COMMENT ON FUNCTION tide.pause_check(text) IS 'pause_check(name): the check is paused: no alerts until tide.resume_check.';
+CREATE FUNCTION tide.resume_check(name text) RETURNS void
+LANGUAGE sql AS $$ SELECT tide._set_check_paused(name, false) $$;
+COMMENT ON FUNCTION tide.resume_check(text) IS 'resume_check(name): resumes a paused check; the next beat is expected one period (or fire) from now.';
+
+CREATE FUNCTION tide.drop_check(name text) RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    DELETE FROM tide.check x WHERE x.name = drop_check.name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no check named "%"', drop_check.name USING ERRCODE = 'undefined_object',
+            HINT = 'list your checks with: SELECT name FROM tide.check';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION tide.drop_check(text) IS 'drop_check(name): deletes a check; its open alerts resolve at the next evaluation.';
+
+-- The status of every check at an instant.
+CREATE FUNCTION tide._checks(p_now timestamptz)
+RETURNS TABLE (name text, status text, severity tide.severity, last_beat timestamptz,
+               expected_at timestamptz, grace interval, message text, owner name)
+LANGUAGE sql STABLE
+AS $$
+    SELECT c.name,
+           CASE WHEN c.paused THEN 'paused'
+                WHEN c.last_beat_at IS NULL THEN 'new'
+                WHEN NOT c.last_beat_ok THEN 'down'
+                WHEN p_now <= e.at THEN 'up'
+                WHEN p_now <= e.at + c.grace THEN 'late'
+                ELSE 'down' END,
+           c.severity, c.last_beat_at, e.at, c.grace, c.last_message, c.owner
+      FROM tide.check c, LATERAL (SELECT tide._expected_beat(c) AS at) e
+$$;
+COMMENT ON FUNCTION tide._checks(timestamptz) IS 'Internal: the status of every heartbeat check at an instant.';
+
+-- The status of every check, and of every task seen as a heartbeat (each success is a beat).
+CREATE FUNCTION tide._check_status(p_now timestamptz)
+RETURNS TABLE (kind text, name text, status text, severity tide.severity, last_beat timestamptz,
+               expected_at timestamptz, grace interval, message text, owner name)
+LANGUAGE sql STABLE
+AS $$
+    SELECT 'check', c.* FROM tide._checks(p_now) c
+    UNION ALL
+    SELECT 'task', h.task,
+           CASE WHEN h.status = 'paused' THEN 'paused'
+                WHEN h.last_success IS NULL AND h.status IN ('never_ran', 'failing') THEN 'new'
+                WHEN h.max_silence IS NULL OR h.silence <= h.max_silence THEN 'up'
+                WHEN h.silence <= 2 * h.max_silence THEN 'late'
+                ELSE 'down' END,
+           h.severity, h.last_success, h.last_success + h.max_silence, h.max_silence, NULL, h.owner
+      FROM tide._health(p_now) h
+$$;
+COMMENT ON FUNCTION tide._check_status(timestamptz) IS 'Internal: tide.check_status at an instant.';
+
+CREATE VIEW tide.check_status WITH (security_invoker = true) AS
+SELECT kind, name, status, severity, last_beat, expected_at, grace, message FROM tide._check_status(now());
+COMMENT ON VIEW tide.check_status IS
+    'Every heartbeat check (kind check) and every task (kind task: each successful run is a beat): new, up, late (in grace), down, paused.';
+GRANT SELECT ON tide.check_status TO PUBLIC;
+
+-- ---------------------------------------------------------------------------------------------
+-- Alerts.
+CREATE TYPE tide.alert_kind AS ENUM (
+    'silence', 'down', 'consecutive_failures', 'dead_letter', 'need_check', 'repeated_skips', 'retries',
+    'backlog', 'catch_up_limit', 'not_ready'
+);
+COMMENT ON TYPE tide.alert_kind IS 'What an alert is about; see the README''s alert kinds.';
+
+CREATE TABLE tide.alert (
+    alert_id     bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    subject_type text NOT NULL CHECK (subject_type IN ('task', 'check')),
+    subject      text NOT NULL,
+    kind         tide.alert_kind NOT NULL,
+    severity     tide.severity NOT NULL,
+    opened_at    timestamptz NOT NULL,
+    last_seen_at timestamptz NOT NULL,
+    resolved_at  timestamptz,
+    count        integer NOT NULL DEFAULT 1,
+    details      jsonb NOT NULL DEFAULT '{}',
+    owner        name NOT NULL
+);
+COMMENT ON TABLE tide.alert IS
+    'Alerts opened and resolved by the tick: at most one open alert per subject (task or check) and kind. count = evaluations that found the cause while open.';
+-- One open alert per subject and kind: the tick's upsert relies on it.
+CREATE UNIQUE INDEX alert_open_key ON tide.alert (subject_type, subject, kind) WHERE resolved_at IS NULL;
+CREATE INDEX alert_resolved_idx ON tide.alert (resolved_at) WHERE resolved_at IS NOT NULL;
+
+-- Every condition that holds at an instant, as (subject, kind, details).
+CREATE FUNCTION tide._alert_causes(p_now timestamptz)
+RETURNS TABLE (subject_type text, subject text, kind tide.alert_kind, severity tide.severity, details jsonb, owner name)
+LANGUAGE sql STABLE
+SET jit = off
+AS $$
+    WITH cfg AS MATERIALIZED (
+        SELECT tide._setting('alert_failures', '3')::integer AS failures,
+               tide._setting('alert_skips', '3')::integer AS skips,
+               tide._setting('alert_retries', '10')::integer AS retries,
+               tide._setting('alert_backlog', '1000')::integer AS backlog
+    ), h AS MATERIALIZED (
+        -- Only the tasks with something to report (the details are built for those alone).
+        SELECT h.*, NOT h.paused AND h.max_silence IS NOT NULL AND h.silence > h.max_silence AS silent
+          FROM tide._health(p_now) h, cfg
+         WHERE (NOT h.paused AND h.max_silence IS NOT NULL AND h.silence > h.max_silence)
+            OR h.consecutive_failures >= cfg.failures OR h.dead > 0 OR h.need_check > 0
+            OR h.consecutive_skips > cfg.skips OR h.retries_24h >= cfg.retries OR h.backlog >= cfg.backlog
+            OR h.catch_up_limited_24h > 0 OR h.not_ready_24h > 0
+    )
+    SELECT 'task', h.task, c.kind, h.severity, c.details, h.owner
+      FROM h CROSS JOIN cfg CROSS JOIN LATERAL (VALUES
+        ('silence'::tide.alert_kind, h.silent,
+         jsonb_build_object('silence', h.silence, 'max_silence', h.max_silence, 'last_success', h.last_success)),
+        ('down', h.silent AND h.silence > 2 * h.max_silence,
+         jsonb_build_object('silence', h.silence, 'max_silence', h.max_silence, 'last_success', h.last_success)),
+        ('consecutive_failures', h.consecutive_failures >= cfg.failures,
+         jsonb_build_object('consecutive_failures', h.consecutive_failures, 'last_state', h.last_state)),
+        ('dead_letter', h.dead > 0, jsonb_build_object('dead', h.dead)),
+        ('need_check', h.need_check > 0, jsonb_build_object('need_check', h.need_check)),
+        ('repeated_skips', h.consecutive_skips > cfg.skips, jsonb_build_object('consecutive_skips', h.consecutive_skips)),
+        ('retries', h.retries_24h >= cfg.retries, jsonb_build_object('retries_24h', h.retries_24h)),
+        ('backlog', h.backlog >= cfg.backlog, jsonb_build_object('backlog', h.backlog, 'oldest_ready', h.oldest_ready)),
+        ('catch_up_limit', h.catch_up_limited_24h > 0,
+         jsonb_build_object('windows_skipped_24h', h.catch_up_limited_24h)),
+        ('not_ready', h.not_ready_24h > 0, jsonb_build_object('not_ready_24h', h.not_ready_24h))
+      ) AS c(kind, hit, details)
+     WHERE c.hit
+    UNION ALL
+    SELECT 'check', s.name, k.kind, s.severity,
+           jsonb_build_object('status', s.status, 'last_beat', s.last_beat, 'expected_at', s.expected_at, 'message', s.message),
+           s.owner
+      FROM tide._checks(p_now) s
+      CROSS JOIN LATERAL (VALUES ('silence'::tide.alert_kind, s.status IN ('late', 'down')),
+                                 ('down'::tide.alert_kind, s.status = 'down')) AS k(kind, hit)
+     WHERE k.hit
+$$;
+COMMENT ON FUNCTION tide._alert_causes(timestamptz) IS 'Internal: every alert condition that holds at an instant.';
+
+-- Opens the alerts whose cause holds and resolves those whose cause is gone; NOTIFYs
+-- pg_tide_alert and writes a log line for each opening and resolution. Returns the counts.
+CREATE FUNCTION tide._evaluate_alerts(p_now timestamptz) RETURNS jsonb
+LANGUAGE plpgsql
+SET jit = off
+AS $$
+DECLARE
+    changes jsonb;
+    c jsonb;
+    opened integer := 0;
+    resolved integer := 0;
+BEGIN
+    WITH cause AS MATERIALIZED (
+        SELECT * FROM tide._alert_causes(p_now)
+    ), upsert AS (
+        INSERT INTO tide.alert AS a (subject_type, subject, kind, severity, opened_at, last_seen_at, details, owner)
+        SELECT c.subject_type, c.subject, c.kind, c.severity, p_now, p_now, c.details, c.owner FROM cause c
+        ON CONFLICT (subject_type, subject, kind) WHERE resolved_at IS NULL
+        DO UPDATE SET last_seen_at = EXCLUDED.last_seen_at, count = a.count + 1,
+                      details = EXCLUDED.details, severity = EXCLUDED.severity
+        RETURNING a.*, (a.xmax = 0) AS is_new
+    ), gone AS (
+        UPDATE tide.alert a SET resolved_at = p_now
+         WHERE a.resolved_at IS NULL
+           AND NOT EXISTS (SELECT 1 FROM cause c
+                            WHERE c.subject_type = a.subject_type AND c.subject = a.subject AND c.kind = a.kind)
+        RETURNING a.*
+    )
+    SELECT coalesce(jsonb_agg(x.payload ORDER BY x.alert_id), '[]') INTO changes
+      FROM (SELECT u.alert_id, jsonb_build_object('event', 'opened', 'alert_id', u.alert_id, 'subject_type', u.subject_type,
+                                     'subject', u.subject, 'kind', u.kind, 'severity', u.severity,
+                                     'opened_at', u.opened_at, 'details', u.details) AS payload
+              FROM upsert u WHERE u.is_new
+            UNION ALL
+            SELECT g.alert_id, jsonb_build_object('event', 'resolved', 'alert_id', g.alert_id, 'subject_type', g.subject_type,
+                                     'subject', g.subject, 'kind', g.kind, 'severity', g.severity,
+                                     'opened_at', g.opened_at, 'resolved_at', g.resolved_at, 'count', g.count)
+              FROM gone g) x;
+    FOR c IN SELECT * FROM jsonb_array_elements(changes) LOOP
+        PERFORM pg_notify('pg_tide_alert', c::text);
+        IF c->>'event' = 'opened' THEN
+            opened := opened + 1;
+        ELSE
+            resolved := resolved + 1;
+        END IF;
+        RAISE LOG 'pg_tide: alert=% alert_id=% subject_type=% subject=% kind=% severity=%', c->>'event',
+            c->>'alert_id', c->>'subject_type', tide._logfmt(c->>'subject'), c->>'kind', c->>'severity';
+    END LOOP;
+    RETURN jsonb_build_object('alerts_opened', opened, 'alerts_resolved', resolved);
+END
+$$;
+COMMENT ON FUNCTION tide._evaluate_alerts(timestamptz) IS
+    'Internal: opens and resolves alerts at an instant (one open alert per subject and kind) and NOTIFYs pg_tide_alert with a JSON payload for each change.';
+
+-- ---------------------------------------------------------------------------------------------
+-- Run log lines: one per run start, skip, success and failure, key=value.
+CREATE FUNCTION tide._logfmt(v text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT CASE WHEN v IS NULL THEN '-' WHEN v ~ '^[A-Za-z0-9_.:/+@-]+$' THEN v ELSE to_json(v)::text END $$;
+COMMENT ON FUNCTION tide._logfmt(text) IS 'Internal: a value for a key=value log line (quoted when needed).';
+
+CREATE FUNCTION tide._log_runs(p_event text, p_run_ids bigint[], p_error text DEFAULT NULL) RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    lvl text := tide._setting('log_runs', 'log');
+    line text;
+BEGIN
+    IF lvl = 'off' THEN
+        RETURN;
+    END IF;
+    FOR line IN
+        SELECT format('pg_tide: event=%s task=%s run_id=%s biz_date=%s trigger=%s version=%s attempt=%s state=%s duration=%s error=%s',
+                      p_event, tide._logfmt(t.name), r.run_id, coalesce(r.biz_date::text, '-'),
+                      CASE WHEN r.state = 'skipped' THEN 'skip:' || r.skip_reason ELSE r.trigger::text END,
+                      r.version, r.attempts, r.state,
+                      CASE WHEN p_event IN ('success', 'need_check', 'failure') AND r.claimed_at IS NOT NULL
+                           THEN round(extract(epoch FROM clock_timestamp() - r.claimed_at)::numeric, 3) || 's'
+                           ELSE '-' END,
+                      tide._logfmt(coalesce(p_error, CASE WHEN p_event = 'failure' THEN r.last_error END)))
+          FROM tide.run r JOIN tide.task t ON t.task_id = r.task_id
+         WHERE r.run_id = ANY (p_run_ids) ORDER BY r.run_id
+    LOOP
+        IF lvl = 'log' THEN
+            RAISE LOG '%', line;
+        ELSIF lvl = 'info' THEN
+            RAISE INFO '%', line;
+        ELSE
+            RAISE DEBUG '%', line;
+        END IF;
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION tide._log_runs(text, bigint[], text) IS
+    'Internal: writes one key=value server log line per run (event start, skip, success, need_check, failure) at pg_tide.log_runs.';
+
+-- ---------------------------------------------------------------------------------------------
+-- The whole story of one run, for psql.
+CREATE FUNCTION tide.explain(run_id bigint) RETURNS SETOF text
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    r tide.run;
+    t tide.task;
+    e record;
+    a record;
+    n integer;
+    first_cover timestamptz;
+    last_cover timestamptz;
+BEGIN
+    SELECT * INTO r FROM tide.run x WHERE x.run_id = $1;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no run %', coalesce($1::text, 'NULL') USING ERRCODE = 'undefined_object',
+            HINT = 'find runs with: SELECT run_id, biz_date, state FROM tide.run ORDER BY run_id DESC LIMIT 20';
+    END IF;
+    SELECT * INTO t FROM tide.task x WHERE x.task_id = r.task_id;
+    RETURN NEXT format('run %s of task %s, rule version %s (task now at version %s)', r.run_id, t.name, r.version, t.version);
+    IF r.window_start IS NOT NULL THEN
+        RETURN NEXT format('window: %s to %s (%s), business date %s', r.window_start, r.window_end, t.tz, r.biz_date);
+    ELSE
+        RETURN NEXT format('event run, dedupe key %s', r.dedupe_key);
+    END IF;
+    RETURN NEXT format('trigger: %s%s', r.trigger, CASE WHEN r.fire_at IS NOT NULL THEN format(', scheduled fire at %s', r.fire_at) ELSE '' END);
+    RETURN NEXT format('state: %s%s: %s', r.state, CASE WHEN r.skip_reason IS NOT NULL THEN format(' (%s)', r.skip_reason) ELSE '' END, r.reason);
+    IF r.covered_by IS NOT NULL THEN
+        RETURN NEXT format('covered by run %s, which ran this window together with others', r.covered_by);
+    END IF;
+    SELECT count(*), min(x.window_start), max(x.window_end) INTO n, first_cover, last_cover
+      FROM tide.run x WHERE x.covered_by = r.run_id;
+    IF n > 0 THEN
+        RETURN NEXT format('covers %s missed windows, %s to %s (misfire policy coalesce)', n, first_cover, last_cover);
+    END IF;
+    RETURN NEXT 'history:';
+    FOR e IN SELECT * FROM tide.run_event x WHERE x.run_id = r.run_id ORDER BY x.event_id LOOP
+        RETURN NEXT format('  %s  %s -> %s  %s  (by %s)', to_char(e.at, 'YYYY-MM-DD HH24:MI:SS.MS TZ'),
+                           coalesce(e.from_state::text, 'created'), e.to_state, e.reason, e.actor);
+    END LOOP;
+    SELECT count(*) INTO n FROM tide.attempt x WHERE x.run_id = r.run_id;
+    RETURN NEXT format('attempts: %s%s', n, CASE WHEN r.state = 'running' THEN ' finished, one running' ELSE '' END);
+    FOR a IN SELECT * FROM tide.attempt x WHERE x.run_id = r.run_id ORDER BY x.attempt LOOP
+        RETURN NEXT format('  #%s by %s, claimed %s, %s after %s (lease token %s)%s', a.attempt, coalesce(a.worker, 'a worker'),
+                           to_char(a.claimed_at, 'YYYY-MM-DD HH24:MI:SS TZ'), a.outcome, tide._short(a.finished_at - a.claimed_at),
+                           a.lease_token,
+                           CASE WHEN a.error IS NOT NULL
+                                THEN format(': %s error%s: %s', a.error_kind, coalesce(' ' || a.sqlstate, ''), a.error) ELSE '' END);
+    END LOOP;
+    IF r.state = 'running' THEN
+        RETURN NEXT format('  #%s by %s, claimed %s, running; lease token %s expires %s', r.attempts, coalesce(r.lease_owner, 'a worker'),
+                           to_char(r.claimed_at, 'YYYY-MM-DD HH24:MI:SS TZ'), r.lease_token, r.lease_expires_at);
+    END IF;
+    IF r.result IS NOT NULL OR r.expected IS NOT NULL OR r.actual IS NOT NULL THEN
+        RETURN NEXT format('result: %s, expected %s, actual %s', coalesce(r.result::text, '-'),
+                           coalesce(r.expected::text, '-'), coalesce(r.actual::text, '-'));
+    END IF;
+    IF r.checkpoint IS NOT NULL THEN
+        RETURN NEXT format('checkpoint: %s', r.checkpoint);
+    END IF;
+    RETURN NEXT CASE r.state
+        WHEN 'dead' THEN format('next: fix the cause, then SELECT tide.replay(%s)', r.run_id)
+        WHEN 'need_check' THEN format('next: check the data, then SELECT tide.resolve(%s, ''accept'') or tide.resolve(%s, ''replay'')', r.run_id, r.run_id)
+        WHEN 'retry' THEN format('next: retried after %s', r.run_after)
+        WHEN 'waiting' THEN format('next: waits for readiness (deadline %s)', coalesce(r.ready_deadline::text, 'none'))
+        WHEN 'held' THEN format('next: held until SELECT tide.confirm(%s, version)', quote_literal(t.name))
+        WHEN 'ready' THEN format('next: claimable%s', coalesce(' after ' || r.run_after, ''))
+        WHEN 'running' THEN 'next: completes or fails; taken back when the lease expires'
+        ELSE format('finished %s', coalesce(r.finished_at::text, '')) END;
+END
+$$;
+COMMENT ON FUNCTION tide.explain(bigint) IS
+    'explain(run_id): the story of one run, one line per row: why it was created (trigger, fire, misfire decision), its window and rule version, every state change with its reason, each attempt (worker, times, outcome, error), its result, and what comes next.';
+
+-- ---------------------------------------------------------------------------------------------
+-- Prometheus metrics.
+-- Counts of pruned history, so that counters keep growing when history is pruned.
+CREATE TABLE tide.pruned_count (
+    task_id bigint NOT NULL,
+    metric  text NOT NULL,
+    label   text NOT NULL DEFAULT '',
+    value   double precision NOT NULL DEFAULT 0,
+    PRIMARY KEY (task_id, metric, label)
+);
+COMMENT ON TABLE tide.pruned_count IS
+    'What pruned history contributed to the counters of tide.metrics() (runs by outcome, durations, queue waits), kept so counters never go down.';
+
+-- Counter contributions of a set of runs: (task_id, metric, label, value).
+CREATE FUNCTION tide._counts(p_run_ids bigint[])
+RETURNS TABLE (task_id bigint, metric text, label text, value double precision)
+LANGUAGE sql STABLE
+AS $$
+    SELECT r.task_id, 'runs', e.to_state::text, count(*)::double precision
+      FROM tide.run_event e JOIN tide.run r ON r.run_id = e.run_id
+     WHERE (p_run_ids IS NULL OR e.run_id = ANY (p_run_ids))
+       AND e.to_state IN ('succeeded', 'need_check', 'dead', 'skipped', 'cancelled')
+     GROUP BY 1, 3
+    UNION ALL
+    SELECT r.task_id, m.metric, '', m.value
+      FROM tide.run r
+      CROSS JOIN LATERAL (VALUES
+          ('duration_sum', extract(epoch FROM r.finished_at - r.claimed_at)::double precision),
+          ('duration_count', 1::double precision)) m(metric, value)
+     WHERE (p_run_ids IS NULL OR r.run_id = ANY (p_run_ids)) AND r.state = 'succeeded' AND r.claimed_at IS NOT NULL
+    UNION ALL
+    SELECT r.task_id, m.metric, '', m.value
+      FROM tide.run r
+      CROSS JOIN LATERAL (VALUES
+          ('wait_sum', extract(epoch FROM greatest(r.started_at - coalesce(r.fire_at, r.created_at), interval '0'))::double precision),
+          ('wait_count', 1::double precision)) m(metric, value)
+     WHERE (p_run_ids IS NULL OR r.run_id = ANY (p_run_ids)) AND r.started_at IS NOT NULL
+$$;
+COMMENT ON FUNCTION tide._counts(bigint[]) IS 'Internal: what runs contribute to the counters of tide.metrics() (all runs for NULL).';
+
+CREATE FUNCTION tide._prom_label(v text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT '"' || replace(replace(replace(v, '\', '\\'), '"', '\"'), E'\n', '\n') || '"' $$;
+COMMENT ON FUNCTION tide._prom_label(text) IS 'Internal: a Prometheus label value, quoted and escaped.';
+
+CREATE FUNCTION tide._prom_num(v double precision) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT CASE WHEN v IS NULL THEN 'NaN' ELSE v::text END $$;
+COMMENT ON FUNCTION tide._prom_num(double precision) IS 'Internal: a Prometheus sample value.';
+
+CREATE FUNCTION tide.metrics() RETURNS text
+LANGUAGE sql STABLE
+SET jit = off
+AS $$
+WITH h AS MATERIALIZED (SELECT * FROM tide._health(now())),
+counts AS (
+    SELECT c.task_id, c.metric, c.label, sum(c.value) AS value
+      FROM (SELECT * FROM tide._counts(NULL)
+            UNION ALL SELECT p.task_id, p.metric, p.label, p.value FROM tide.pruned_count p) c
+     GROUP BY 1, 2, 3
+),
+named AS (
+    SELECT t.name, c.* FROM counts c JOIN tide.task t ON t.task_id = c.task_id
+),
+lines(family, ord, line) AS (
+    SELECT 'pg_tide_runs_total', 0, '# HELP pg_tide_runs_total Runs that reached an outcome (a replayed run counts again).' || E'\n# TYPE pg_tide_runs_total counter'
+    UNION ALL
+    SELECT 'pg_tide_runs_total', 1, format('pg_tide_runs_total{task=%s,outcome=%s} %s', tide._prom_label(n.name), tide._prom_label(n.label), tide._prom_num(n.value))
+      FROM named n WHERE n.metric = 'runs'
+    UNION ALL
+    SELECT 'pg_tide_run_duration_seconds', 0, '# HELP pg_tide_run_duration_seconds Duration of successful runs (last attempt); quantiles over 24 h.' || E'\n# TYPE pg_tide_run_duration_seconds summary'
+    UNION ALL
+    SELECT 'pg_tide_run_duration_seconds', 1, format('pg_tide_run_duration_seconds{task=%s,quantile="%s"} %s', tide._prom_label(h.task), q.q,
+                  tide._prom_num(extract(epoch FROM q.v)::double precision))
+      FROM h CROSS JOIN LATERAL (VALUES ('0.5', h.p50_duration), ('0.95', h.p95_duration)) q(q, v)
+    UNION ALL
+    SELECT 'pg_tide_run_duration_seconds', 2, format('pg_tide_run_duration_seconds_%s{task=%s} %s', m.s, tide._prom_label(h.task),
+                  tide._prom_num(coalesce((SELECT n.value FROM named n WHERE n.name = h.task AND n.metric = 'duration_' || m.s), 0)))
+      FROM h CROSS JOIN (VALUES ('sum'), ('count')) m(s)
+    UNION ALL
+    SELECT 'pg_tide_queue_wait_seconds', 0, '# HELP pg_tide_queue_wait_seconds Time from fire (or creation) to first claim; quantile over 24 h.' || E'\n# TYPE pg_tide_queue_wait_seconds summary'
+    UNION ALL
+    SELECT 'pg_tide_queue_wait_seconds', 1, format('pg_tide_queue_wait_seconds{task=%s,quantile="0.95"} %s', tide._prom_label(h.task),
+                  tide._prom_num(extract(epoch FROM h.p95_queue_wait)::double precision))
+      FROM h
+    UNION ALL
+    SELECT 'pg_tide_queue_wait_seconds', 2, format('pg_tide_queue_wait_seconds_%s{task=%s} %s', m.s, tide._prom_label(h.task),
+                  tide._prom_num(coalesce((SELECT n.value FROM named n WHERE n.name = h.task AND n.metric = 'wait_' || m.s), 0)))
+      FROM h CROSS JOIN (VALUES ('sum'), ('count')) m(s)
+    UNION ALL
+    SELECT g.family, 0, format('# HELP %s %s', g.family, g.help) || E'\n' || format('# TYPE %s gauge', g.family)
+      FROM (VALUES ('pg_tide_task_backlog', 'Runs ready or waiting.'),
+                   ('pg_tide_task_silence_seconds', 'Time since the last successful run (or since creation).'),
+                   ('pg_tide_task_max_silence_seconds', 'Silence after which the task is late.'),
+                   ('pg_tide_task_consecutive_failures', 'Failed attempts since the last success.'),
+                   ('pg_tide_task_unresolved_runs', 'Dead and need_check runs waiting for a person.'),
+                   ('pg_tide_task_status', '1 for the current status of each task.'),
+                   ('pg_tide_check_status', '1 for the current status of each heartbeat check.'),
+                   ('pg_tide_alerts_open', 'Open alerts by kind and severity.')) g(family, help)
+    UNION ALL
+    SELECT 'pg_tide_task_backlog', 1, format('pg_tide_task_backlog{task=%s} %s', tide._prom_label(h.task), h.backlog) FROM h
+    UNION ALL
+    SELECT 'pg_tide_task_silence_seconds', 1, format('pg_tide_task_silence_seconds{task=%s} %s', tide._prom_label(h.task),
+                  tide._prom_num(extract(epoch FROM h.silence)::double precision)) FROM h
+    UNION ALL
+    SELECT 'pg_tide_task_max_silence_seconds', 1, format('pg_tide_task_max_silence_seconds{task=%s} %s', tide._prom_label(h.task),
+                  tide._prom_num(extract(epoch FROM h.max_silence)::double precision)) FROM h
+    UNION ALL
+    SELECT 'pg_tide_task_consecutive_failures', 1, format('pg_tide_task_consecutive_failures{task=%s} %s', tide._prom_label(h.task), h.consecutive_failures) FROM h
+    UNION ALL
+    SELECT 'pg_tide_task_unresolved_runs', 1, format('pg_tide_task_unresolved_runs{task=%s,state=%s} %s', tide._prom_label(h.task), tide._prom_label(s.state), s.n)
+      FROM h CROSS JOIN LATERAL (VALUES ('dead', h.dead), ('need_check', h.need_check)) s(state, n)
+    UNION ALL
+    SELECT 'pg_tide_task_status', 1, format('pg_tide_task_status{task=%s,status=%s} 1', tide._prom_label(h.task), tide._prom_label(h.status)) FROM h
+    UNION ALL
+    SELECT 'pg_tide_check_status', 1, format('pg_tide_check_status{check=%s,status=%s} 1', tide._prom_label(s.name), tide._prom_label(s.status))
+      FROM tide._checks(now()) s
+    UNION ALL
+    SELECT 'pg_tide_alerts_open', 1, format('pg_tide_alerts_open{kind=%s,severity=%s} %s', tide._prom_label(k.kind::text), tide._prom_label(v.severity::text),
+                  (SELECT count(*) FROM tide.alert a WHERE a.resolved_at IS NULL AND a.kind = k.kind AND a.severity = v.severity))
+      FROM unnest(enum_range(NULL::tide.alert_kind)) k(kind) CROSS JOIN unnest(enum_range(NULL::tide.severity)) v(severity)
+)
+SELECT string_agg(l.line, E'\n' ORDER BY l.family, l.ord, l.line) || E'\n' FROM lines l
+$$;
+COMMENT ON FUNCTION tide.metrics() IS
+    'metrics(): Prometheus text exposition: runs by task and outcome (counters), duration and queue wait (summaries), backlog, silence, failures, unresolved runs, task and check status, open alerts (gauges).';
+
+-- ---------------------------------------------------------------------------------------------
+-- Retention: the tick prunes finished history older than pg_tide.history_retention, a bounded
+-- batch at a time (every pg_tide.monitor_interval), walking tide.run by id. Kept always: the latest 10 runs of each task, runs
+-- that are not finished or wait for a person (dead, need_check), the coalesced run of windows
+-- still kept, and open alerts.
+CREATE TABLE tide.monitor_state (
+    singleton    boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    evaluated_at timestamptz,
+    prune_cursor bigint NOT NULL DEFAULT 0
+);
+COMMENT ON TABLE tide.monitor_state IS 'Internal: when alerts were last evaluated, and where pruning goes on.';
+INSERT INTO tide.monitor_state DEFAULT VALUES;
+
+CREATE FUNCTION tide._prune(p_now timestamptz, p_limit integer) RETURNS jsonb
+LANGUAGE plpgsql
+SET jit = off
+AS $$
+DECLARE
+    cursor_at bigint;
+    last_id bigint;
+    scanned integer;
+    victims bigint[];
+    -- Settings with units read as '30d', '10s': valid interval input.
+    cutoff timestamptz := p_now - tide._setting('history_retention', '30d')::interval;
+    alerts integer;
+BEGIN
+    SELECT m.prune_cursor INTO cursor_at FROM tide.monitor_state m FOR UPDATE;
+    SELECT max(s.run_id), count(*),
+           array_agg(s.run_id) FILTER (
+               WHERE s.state IN ('succeeded', 'skipped', 'cancelled')
+                 AND coalesce(s.finished_at, s.updated_at) < cutoff
+                 AND NOT EXISTS (SELECT 1 FROM tide.run c WHERE c.covered_by = s.run_id)
+                 AND s.run_id NOT IN (SELECT k.run_id FROM tide.run k
+                                       WHERE k.task_id = s.task_id AND k.window_start IS NOT NULL
+                                       ORDER BY k.window_start DESC LIMIT 10))
+      INTO last_id, scanned, victims
+      FROM (SELECT r.run_id, r.task_id, r.state, r.finished_at, r.updated_at FROM tide.run r
+             WHERE r.run_id > cursor_at ORDER BY r.run_id LIMIT p_limit) s;
+    IF victims IS NOT NULL THEN
+        -- Their part of the counters moves to tide.pruned_count before they go.
+        INSERT INTO tide.pruned_count AS p (task_id, metric, label, value)
+        SELECT c.task_id, c.metric, c.label, sum(c.value) FROM tide._counts(victims) c GROUP BY 1, 2, 3
+        ON CONFLICT (task_id, metric, label) DO UPDATE SET value = p.value + EXCLUDED.value;
+        DELETE FROM tide.run r WHERE r.run_id = ANY (victims);
+    END IF;
+    -- At the end of the table, start over (runs kept then may be prunable later).
+    UPDATE tide.monitor_state SET prune_cursor = CASE WHEN scanned < p_limit THEN 0 ELSE last_id END;
+    DELETE FROM tide.alert a
+     WHERE a.alert_id IN (SELECT x.alert_id FROM tide.alert x WHERE x.resolved_at < cutoff ORDER BY x.resolved_at LIMIT p_limit);
+    GET DIAGNOSTICS alerts = ROW_COUNT;
+    RETURN jsonb_build_object('pruned_runs', coalesce(cardinality(victims), 0), 'pruned_alerts', alerts);
+END
+$$;
+COMMENT ON FUNCTION tide._prune(timestamptz, integer) IS
+    'Internal: prunes a bounded batch of finished history older than pg_tide.history_retention (with attempts and events), keeping the latest 10 runs of each task, unfinished and unresolved runs, and open alerts.';
+
+-- The tick's monitoring step, every pg_tide.monitor_interval: alerts, then a batch of pruning
+-- (up to 5000 runs: a tick that has nothing to evaluate costs nothing here).
+CREATE FUNCTION tide._monitor(p_now timestamptz) RETURNS jsonb
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    last_eval timestamptz;
+    step interval := tide._setting('monitor_interval', '10s')::interval;
+    counts jsonb := jsonb_build_object('alerts_opened', 0, 'alerts_resolved', 0, 'pruned_runs', 0, 'pruned_alerts', 0);
+BEGIN
+    INSERT INTO tide.monitor_state DEFAULT VALUES ON CONFLICT DO NOTHING;  -- if it was deleted
+    SELECT m.evaluated_at INTO last_eval FROM tide.monitor_state m FOR UPDATE;
+    -- Tests drive time backwards too: any move of at least the interval evaluates.
+    IF last_eval IS NULL OR p_now >= last_eval + step OR p_now < last_eval THEN
+        counts := tide._evaluate_alerts(p_now) || tide._prune(p_now, 5000);
+        UPDATE tide.monitor_state SET evaluated_at = p_now;
+    END IF;
+    RETURN counts;
+END
+$$;
+COMMENT ON FUNCTION tide._monitor(timestamptz) IS
+    'Internal: the tick''s monitoring: every pg_tide.monitor_interval, evaluates alerts and prunes a batch of old history.';
+
+-- ---------------------------------------------------------------------------------------------
+-- Row-level security and grants, as for the other tables: every role sees its own.
+ALTER TABLE tide.check ENABLE ROW LEVEL SECURITY;
+ALTER TABLE tide.alert ENABLE ROW LEVEL SECURITY;
+CREATE POLICY check_owner ON tide.check USING (owner = current_user) WITH CHECK (owner = current_user);
+CREATE POLICY alert_owner ON tide.alert USING (owner = current_user);
+GRANT SELECT, INSERT, UPDATE, DELETE ON tide.check TO PUBLIC;
+GRANT SELECT ON tide.alert TO PUBLIC;
+GRANT SELECT ON tide.pruned_count TO PUBLIC;
+GRANT USAGE ON SEQUENCE tide.check_check_id_seq TO PUBLIC;
+
+SELECT pg_catalog.pg_extension_config_dump('tide.check', '');
+SELECT pg_catalog.pg_extension_config_dump('tide.check_check_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('tide.alert', '');
+SELECT pg_catalog.pg_extension_config_dump('tide.alert_alert_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('tide.pruned_count', '');
