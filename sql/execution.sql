@@ -100,26 +100,43 @@ COMMENT ON FUNCTION tide._refuse_stale(bigint, bigint, text) IS
     'Internal: raises the fencing error for a call with a stale lease token.';
 
 CREATE FUNCTION tide._claim(p_executor tide.executor, p_queue text, p_worker text, p_n integer, p_lease interval)
-RETURNS SETOF tide.run
+RETURNS TABLE (run_id bigint, lease_token bigint, lease_expires_at timestamptz, task text, args jsonb,
+               window_start timestamptz, window_end timestamptz, biz_date date, attempt integer,
+               version integer, checkpoint jsonb, trigger tide.run_trigger, dedupe_key text,
+               priority integer, owner name, timeout interval)
 LANGUAGE plpgsql
 AS $$
 DECLARE
     ids bigint[];
+    owners name[];
     token bigint;
     ignored text;
+    why text := 'claimed by ' || coalesce(p_worker, 'a worker');
 BEGIN
+    IF p_queue IS NULL AND p_executor = 'external' THEN
+        RAISE EXCEPTION 'queue must not be NULL' USING ERRCODE = 'null_value_not_allowed',
+            HINT = 'pass the queue your tasks use, such as ''default''';
+    END IF;
+    IF p_n IS NULL OR p_n < 1 OR p_n > 1000 THEN
+        RAISE EXCEPTION 'n must be between 1 and 1000, got %', coalesce(p_n::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'claim at most 1000 runs at a time; batches of 10 to 100 work well';
+    END IF;
+    IF p_lease IS NOT NULL AND p_lease <= interval '0' THEN
+        RAISE EXCEPTION 'lease must be a positive interval, got %', p_lease
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'pass lease => ''5 minutes'', or omit it to use the task''s lease';
+    END IF;
     -- The candidates are fixed in an array first: a LIMIT subquery under FOR UPDATE SKIP LOCKED
     -- may be re-evaluated and claim more rows than asked.
     IF p_queue IS NULL THEN
-        SELECT array_agg(c.run_id) INTO ids FROM (
-            SELECT p.run_id FROM tide.pending p
+        SELECT array_agg(c.run_id), array_agg(c.owner) INTO ids, owners FROM (
+            SELECT p.run_id, p.owner FROM tide.pending p
              WHERE p.state = 'ready' AND p.executor = p_executor
                AND (p.due_at IS NULL OR p.due_at <= now())
              ORDER BY p.priority DESC, p.run_id
              LIMIT p_n FOR UPDATE SKIP LOCKED) c;
     ELSE
-        SELECT array_agg(c.run_id) INTO ids FROM (
-            SELECT p.run_id FROM tide.pending p
+        SELECT array_agg(c.run_id), array_agg(c.owner) INTO ids, owners FROM (
+            SELECT p.run_id, p.owner FROM tide.pending p
              WHERE p.state = 'ready' AND p.executor = p_executor AND p.queue = p_queue
                AND (p.due_at IS NULL OR p.due_at <= now())
              ORDER BY p.priority DESC, p.run_id
@@ -147,51 +164,38 @@ BEGIN
                claimed_at = now(),
                finished_at = NULL,
                updated_at = now(),
-               reason = format('claimed by %s, attempt %s (try %s of %s)', coalesce(p_worker, 'a worker'),
-                               r.attempts + 1, r.tries + 1, (v.rules->>'max_attempts'))
-          FROM tide.task_version v,
+               reason = why
+          FROM tide.task_version v
+          JOIN tide.task t ON t.task_id = v.task_id,
                LATERAL (SELECT coalesce(p_lease, CASE WHEN p_executor = 'sql'
                    THEN (v.rules->>'timeout')::interval + least((v.rules->>'timeout')::interval, interval '1 minute')
                    ELSE (v.rules->>'lease')::interval END) AS length) l
          WHERE r.run_id = ANY (ids) AND v.task_id = r.task_id AND v.version = r.version
-        RETURNING r.*;
+        RETURNING r.run_id, r.lease_token, r.lease_expires_at, t.name, r.args, r.window_start, r.window_end,
+                  r.biz_date, r.attempts, r.version, r.checkpoint, r.trigger, r.dedupe_key, r.priority, r.owner,
+                  (v.rules->>'timeout')::interval;
     ignored := set_config('tide.history', '', true);
     INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
-    SELECT r.run_id, 'ready', 'running', r.reason, r.owner
-      FROM tide.run r WHERE r.run_id = ANY (ids) ORDER BY r.run_id;
+    SELECT u.id, 'ready', 'running', why, u.who FROM unnest(ids, owners) AS u(id, who) ORDER BY u.id;
     PERFORM tide._log_runs('start', ids);
 END
 $$;
 COMMENT ON FUNCTION tide._claim(tide.executor, text, text, integer, interval) IS
-    'Internal: the one claim path of external workers and pg_tide''s SQL executors.';
+    'Internal: the one claim path of external workers and pg_tide''s SQL executors; returns the claim context with the run''s priority, owner and timeout.';
 
 CREATE FUNCTION tide.claim(queue text DEFAULT 'default', worker text DEFAULT NULL, n integer DEFAULT 1,
                            lease interval DEFAULT NULL)
 RETURNS TABLE (run_id bigint, lease_token bigint, lease_expires_at timestamptz, task text, args jsonb,
                window_start timestamptz, window_end timestamptz, biz_date date, attempt integer,
                version integer, checkpoint jsonb, trigger tide.run_trigger, dedupe_key text)
-LANGUAGE plpgsql
+LANGUAGE sql
+-- A plain SQL wrapper (tide._claim checks the arguments): cheaper than a second PL/pgSQL layer
+-- on the hot path.
 AS $$
-BEGIN
-    IF claim.queue IS NULL THEN
-        RAISE EXCEPTION 'queue must not be NULL' USING ERRCODE = 'null_value_not_allowed',
-            HINT = 'pass the queue your tasks use, such as ''default''';
-    END IF;
-    IF claim.n IS NULL OR claim.n < 1 OR claim.n > 1000 THEN
-        RAISE EXCEPTION 'n must be between 1 and 1000, got %', coalesce(claim.n::text, 'NULL')
-            USING ERRCODE = 'invalid_parameter_value', HINT = 'claim at most 1000 runs at a time; batches of 10 to 100 work well';
-    END IF;
-    IF claim.lease IS NOT NULL AND claim.lease <= interval '0' THEN
-        RAISE EXCEPTION 'lease must be a positive interval, got %', claim.lease
-            USING ERRCODE = 'invalid_parameter_value', HINT = 'pass lease => ''5 minutes'', or omit it to use the task''s lease';
-    END IF;
-    RETURN QUERY
-    SELECT c.run_id, c.lease_token, c.lease_expires_at, t.name, c.args, c.window_start, c.window_end,
-           c.biz_date, c.attempts, c.version, c.checkpoint, c.trigger, c.dedupe_key
-      FROM tide._claim('external', claim.queue, claim.worker, claim.n, claim.lease) c
-      JOIN tide.task t ON t.task_id = c.task_id
-     ORDER BY c.priority DESC, c.run_id;
-END
+    SELECT c.run_id, c.lease_token, c.lease_expires_at, c.task, c.args, c.window_start, c.window_end,
+           c.biz_date, c.attempt, c.version, c.checkpoint, c.trigger, c.dedupe_key
+      FROM tide._claim('external', queue, worker, n, lease) c
+     ORDER BY c.priority DESC, c.run_id
 $$;
 COMMENT ON FUNCTION tide.claim(text, text, integer, interval) IS
     'claim(queue => ''default'', worker => NULL, n => 1, lease => task''s lease): claims up to n ready runs of external tasks (FOR UPDATE SKIP LOCKED, priority then oldest) and returns their context with a fencing lease_token.';
@@ -263,11 +267,10 @@ BEGIN
     ELSE
         DELETE FROM tide.pending p WHERE p.run_id = complete.run_id;
     END IF;
-    INSERT INTO tide.attempt (run_id, attempt, worker, lease_token, claimed_at, finished_at, outcome, owner)
-    VALUES (complete.run_id, attempt_no, worker, complete.token, claimed, now(),
-            CASE WHEN short THEN 'need_check' ELSE 'succeeded' END::tide.attempt_outcome, who);
-    INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
-    VALUES (complete.run_id, 'running', done, why, who);
+    INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner, attempt, worker, lease_token,
+                                claimed_at, outcome)
+    VALUES (complete.run_id, 'running', done, why, who, attempt_no, worker, complete.token, claimed,
+            CASE WHEN short THEN 'need_check' ELSE 'succeeded' END::tide.attempt_outcome);
     PERFORM tide._log_runs(CASE WHEN short THEN 'need_check' ELSE 'success' END, ARRAY[complete.run_id]);
     RETURN done;
 END
@@ -297,8 +300,8 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'pass the run_id and lease_token columns of tide.claim as arrays, in the same order';
     END IF;
-    -- All runs, their attempts and their history in one statement: the batch path of a busy
-    -- worker.
+    -- All runs and their history (with the attempts they end) in one statement: the batch path
+    -- of a busy worker.
     ignored := set_config('tide.history', 'written', true);
     WITH input AS (
         SELECT i.run_id, i.token, complete_many.results[i.n] AS result
@@ -311,15 +314,14 @@ BEGIN
           FROM input i
          WHERE r.run_id = i.run_id AND r.lease_token = i.token AND r.state = 'running'
         RETURNING r.run_id, r.attempts, r.reason, r.owner, r.lease_owner, r.lease_token, r.claimed_at
-    ), done_attempt AS (
-        INSERT INTO tide.attempt (run_id, attempt, worker, lease_token, claimed_at, finished_at, outcome, owner)
-        SELECT d.run_id, d.attempts, d.lease_owner, d.lease_token, d.claimed_at, now(), 'succeeded', d.owner
-          FROM done_run d
     ), done_pending AS (
         DELETE FROM tide.pending p USING done_run d WHERE p.run_id = d.run_id
     ), history AS (
-        INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
-        SELECT d.run_id, 'running', 'succeeded', d.reason, d.owner FROM done_run d ORDER BY d.run_id
+        INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner, attempt, worker, lease_token,
+                                    claimed_at, outcome)
+        SELECT d.run_id, 'running', 'succeeded', d.reason, d.owner, d.attempts, d.lease_owner, d.lease_token,
+               d.claimed_at, 'succeeded'
+          FROM done_run d ORDER BY d.run_id
     )
     SELECT array_agg(d.run_id) INTO done_ids FROM done_run d;
     ignored := set_config('tide.history', '', true);
@@ -382,6 +384,9 @@ BEGIN
         why := format('not ready (attempt %s of %s), waits until %s: %s', r.tries, max_attempts,
                       to_char(wait_until AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS" UTC"'), p_error);
     END IF;
+    -- Running to retry, dead or waiting: legal by construction; the history row, written here,
+    -- carries the attempt this ends.
+    PERFORM set_config('tide.history', 'written', true);
     UPDATE tide.run
        SET state = new_state,
            run_after = wait_until,
@@ -392,11 +397,17 @@ BEGIN
            finished_at = CASE WHEN new_state = 'dead' THEN p_now END,
            updated_at = now(),
            reason = why
-     WHERE run_id = p_run_id;
-    INSERT INTO tide.attempt (run_id, attempt, worker, lease_token, claimed_at, finished_at, outcome,
-                              error_kind, sqlstate, error, owner)
-    VALUES (p_run_id, r.attempts, r.lease_owner, r.lease_token, coalesce(r.claimed_at, p_now), p_now, p_outcome,
-            p_kind, p_sqlstate, p_error, r.owner);
+     WHERE run_id = p_run_id AND state = 'running';
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'run % is %, not running: no attempt to end', p_run_id, r.state
+            USING ERRCODE = 'object_not_in_prerequisite_state', HINT = 'only a claimed run can fail';
+    END IF;
+    PERFORM set_config('tide.history', '', true);
+    UPDATE tide.pending p SET state = new_state, due_at = wait_until WHERE p.run_id = p_run_id;
+    INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner, at, attempt, worker, lease_token,
+                                claimed_at, outcome, error_kind, sqlstate, error)
+    VALUES (p_run_id, 'running', new_state, why, r.owner, p_now, r.attempts, r.lease_owner, r.lease_token,
+            coalesce(r.claimed_at, p_now), p_outcome, p_kind, p_sqlstate, p_error);
     PERFORM tide._log_runs('failure', ARRAY[p_run_id], p_error);
     RETURN new_state;
 END

@@ -199,9 +199,8 @@ fn execute_one(worker: &str) -> bool {
             client
                 .update(
                     "SELECT c.run_id, c.lease_token, c.owner::text,
-                            (extract(epoch FROM (v.rules->>'timeout')::interval) * 1000)::bigint
-                       FROM tide._claim('sql', NULL, $1, 1, NULL) c
-                       JOIN tide.task_version v ON v.task_id = c.task_id AND v.version = c.version",
+                            (extract(epoch FROM c.timeout) * 1000)::bigint
+                       FROM tide._claim('sql', NULL, $1, 1, NULL) c",
                     None,
                     &[worker.into()],
                 )
