@@ -917,7 +917,8 @@ BEGIN
         END IF;
     END LOOP;
 
-    RETURN jsonb_build_object('retried', retried, 'taken_back', lost, 'released', released, 'not_ready_deadline', expired);
+    RETURN jsonb_build_object('retried', retried, 'taken_back', lost, 'released', released, 'not_ready_deadline', expired,
+                              'effects_taken_back', tide._tick_effects(p_now));
 END
 $$;
 COMMENT ON FUNCTION tide._tick_runs(timestamptz) IS

@@ -35,11 +35,17 @@ mod worker;
     name = "execution",
     requires = ["ledger"]
 );
+// Deduplicated side effects (an outbox): tide.send, delivered by workers per channel.
+::pgrx::extension_sql_file!(
+    "../sql/effects.sql",
+    name = "effects",
+    requires = ["execution"]
+);
 // Monitoring: health, heartbeat checks, alerts, metrics, run log lines, explain, retention.
 ::pgrx::extension_sql_file!(
     "../sql/monitor.sql",
     name = "monitor",
-    requires = ["execution"]
+    requires = ["effects"]
 );
 // Comments on the generated functions, once they exist.
 ::pgrx::extension_sql_file!("../sql/comments.sql", name = "comments", finalize);

@@ -1,0 +1,271 @@
+//! Deduplicated side effects on a real cluster: `tide.send` records a message once per dedupe
+//! key in the caller's transaction, however often the work reruns; delivery workers take them
+//! by channel under fenced leases; failed deliveries back off and end dead; an SQL command's
+//! sends survive a forced rerun as one message.
+
+use std::time::Duration;
+
+use postgres::fallible_iterator::FallibleIterator;
+
+use pg_tide_pg_test::{db_err, one, refused, run_tests, wait_for, Client, Cluster, Failed, TestFn};
+
+fn exec(c: &mut Client, sql: &str) -> Result<(), Failed> {
+    c.batch_execute(sql).map_err(db_err)
+}
+
+fn claim(c: &mut Client, channel: &str) -> Result<Option<(i64, i64, String)>, Failed> {
+    Ok(c
+        .query_opt(
+            &format!("SELECT effect_id, lease_token, dedupe_key FROM tide.claim_effects('{channel}', worker => 'sender', n => 1)"),
+            &[],
+        )
+        .map_err(db_err)?
+        .map(|r| (r.get(0), r.get(1), r.get(2))))
+}
+
+fn sends_are_recorded_once_per_key(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("e_once")?;
+    let first: bool = one(
+        &mut c,
+        "SELECT tide.send('sms', 'invoice:7:reminder', '{\"to\": \"+1555\"}')",
+    )?;
+    let again: bool = one(
+        &mut c,
+        "SELECT tide.send('sms', 'invoice:7:reminder', '{\"to\": \"+1555\"}')",
+    )?;
+    assert!(first && !again, "recorded once, then a no-op");
+    // A rolled-back transaction records nothing.
+    exec(
+        &mut c,
+        "BEGIN; SELECT tide.send('sms', 'invoice:8:reminder'); ROLLBACK;",
+    )?;
+    let keys: String = one(
+        &mut c,
+        "SELECT string_agg(dedupe_key || '@' || channel || '/' || state, ',') FROM tide.effect",
+    )?;
+    assert_eq!(keys, "invoice:7:reminder@sms/pending");
+    // Another role's identical key is its own message (keys are per owner).
+    exec(&mut c, "DROP ROLE IF EXISTS carol; CREATE ROLE carol LOGIN")?;
+    let mut carol = cluster.connect_as("e_once", "carol")?;
+    let theirs: bool = one(&mut carol, "SELECT tide.send('sms', 'invoice:7:reminder')")?;
+    assert!(theirs);
+    let seen: i64 = one(&mut carol, "SELECT count(*) FROM tide.effect")?;
+    assert_eq!(seen, 1, "carol sees only her own");
+
+    for (sql, code, needle) in [
+        (
+            "SELECT tide.send('bad channel', 'k')",
+            "22023",
+            "'bad channel'",
+        ),
+        ("SELECT tide.send(NULL, 'k')", "22023", "NULL"),
+        (
+            "SELECT tide.send('sms', ' ')",
+            "22023",
+            "dedupe_key must not be empty",
+        ),
+        (
+            "SELECT tide.send('sms', 'k', NULL)",
+            "22023",
+            "payload must not be NULL",
+        ),
+        (
+            "SELECT tide.send('sms', 'k', max_attempts => 0)",
+            "22023",
+            "got 0",
+        ),
+        ("SELECT tide.claim_effects('sms', n => 0)", "22023", "got 0"),
+        (
+            "SELECT tide.claim_effects('sms', lease => '0 seconds')",
+            "22023",
+            "00:00:00",
+        ),
+        ("SELECT tide.delivered(-1, 1)", "42704", "no side effect -1"),
+        (
+            "SELECT tide.undelivered(1, 1, NULL)",
+            "22004",
+            "error must not be NULL",
+        ),
+        ("SELECT tide.redeliver(1)", "55000", "is not dead"),
+    ] {
+        let (got, message, hint) = refused(&mut c, sql)?;
+        assert_eq!(got, code, "{sql}: {message}");
+        assert!(message.contains(needle), "{sql}: {message}");
+        assert!(!hint.is_empty(), "{sql}: no hint");
+    }
+    let rows: i64 = one(&mut c, "SELECT count(*) FROM tide.effect")?;
+    assert_eq!(rows, 2, "refused calls write nothing");
+    Ok(())
+}
+
+fn delivery_is_fenced_and_never_repeated_once_delivered(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("e_fence")?;
+    let mut listener = cluster.connect("e_fence")?;
+    exec(&mut listener, "LISTEN pg_tide_effect")?;
+    exec(
+        &mut c,
+        "SELECT tide.send('push', 'order:1:shipped', '{\"order\": 1}')",
+    )?;
+    let note = listener
+        .notifications()
+        .timeout_iter(Duration::from_secs(10))
+        .next()
+        .map_err(db_err)?
+        .ok_or("no NOTIFY pg_tide_effect within 10 s")?;
+    assert_eq!(note.payload(), "push");
+
+    let (id, first, key) = claim(&mut c, "push")?.ok_or("nothing to deliver")?;
+    assert_eq!(key, "order:1:shipped");
+    assert!(
+        claim(&mut c, "push")?.is_none(),
+        "a message is handed to one worker at a time"
+    );
+    // The worker stalls past its lease: the tick hands the message out again, same key.
+    exec(&mut c, "SELECT tide.tick(now() + interval '2 minutes')")?;
+    let (again, second, key2) = claim(&mut c, "push")?.ok_or("not handed out again")?;
+    assert_eq!((again, key2.as_str()), (id, "order:1:shipped"));
+    assert!(second > first, "a new, larger fencing token");
+    // The first worker comes back: fenced out, nothing changes.
+    let (code, message, _) = refused(&mut c, &format!("SELECT tide.delivered({id}, {first})"))?;
+    assert_eq!(code, "55000", "{message}");
+    let state: String = one(
+        &mut c,
+        &format!("SELECT state::text FROM tide.effect WHERE effect_id = {id}"),
+    )?;
+    assert_eq!(state, "sending");
+    exec(&mut c, &format!("SELECT tide.delivered({id}, {second})"))?;
+    // Delivered: never handed out again, whatever the tick does.
+    exec(&mut c, "SELECT tide.tick(now() + interval '1 hour')")?;
+    assert!(claim(&mut c, "push")?.is_none());
+    let (attempts, state): (i32, String) = {
+        let row = c
+            .query_one(
+                &format!("SELECT attempts, state::text FROM tide.effect WHERE effect_id = {id}"),
+                &[],
+            )
+            .map_err(db_err)?;
+        (row.get(0), row.get(1))
+    };
+    assert_eq!((attempts, state.as_str()), (2, "delivered"));
+    Ok(())
+}
+
+fn failed_deliveries_back_off_then_die(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("e_retry")?;
+    exec(
+        &mut c,
+        "SELECT tide.send('mail', 'welcome:9', max_attempts => 2)",
+    )?;
+    let (id, token, _) = claim(&mut c, "mail")?.ok_or("nothing to deliver")?;
+    let state: String = one(
+        &mut c,
+        &format!("SELECT tide.undelivered({id}, {token}, 'provider answered 503')::text"),
+    )?;
+    assert_eq!(state, "pending");
+    // Full jitter: the first retry comes within 10 s.
+    let wait: f64 = one(
+        &mut c,
+        &format!("SELECT extract(epoch FROM available_at - now())::float8 FROM tide.effect WHERE effect_id = {id}"),
+    )?;
+    assert!((0.0..=10.0).contains(&wait), "retry after {wait} s");
+    let token = wait_for("the retry to come due", Duration::from_secs(15), || {
+        let mut c2 = cluster.connect("e_retry")?;
+        Ok(claim(&mut c2, "mail")
+            .map_err(|e| format!("{e:?}"))?
+            .map(|(_, t, _)| t))
+    })?;
+    let state: String = one(
+        &mut c,
+        &format!("SELECT tide.undelivered({id}, {token}, 'provider answered 503')::text"),
+    )?;
+    assert_eq!(state, "dead", "two attempts allowed");
+    assert!(claim(&mut c, "mail")?.is_none());
+    // A person puts it back; a permanent error kills it at once.
+    exec(&mut c, &format!("SELECT tide.redeliver({id})"))?;
+    let (_, token, _) = claim(&mut c, "mail")?.ok_or("not redelivered")?;
+    let state: String = one(
+        &mut c,
+        &format!(
+            "SELECT tide.undelivered({id}, {token}, 'no such mailbox', permanent => true)::text"
+        ),
+    )?;
+    assert_eq!(state, "dead");
+    let error: String = one(
+        &mut c,
+        &format!("SELECT last_error FROM tide.effect WHERE effect_id = {id}"),
+    )?;
+    assert_eq!(error, "no such mailbox");
+    Ok(())
+}
+
+fn a_command_rerun_sends_once(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "CREATE TABLE IF NOT EXISTS e_statements (biz_date date PRIMARY KEY, made int NOT NULL DEFAULT 1);
+         SELECT tide.schedule('e_statement', '0 1 * * *', biz_window => 'day', command => $$
+             INSERT INTO e_statements (biz_date) VALUES (tide.biz_date())
+                 ON CONFLICT (biz_date) DO UPDATE SET made = e_statements.made + 1;
+             SELECT tide.send('mail', 'statement:' || tide.biz_date(), jsonb_build_object('day', tide.biz_date()))
+         $$);",
+    )?;
+    let state = |c: &mut Client, run: i64| -> Result<String, String> {
+        c.query_one(
+            &format!("SELECT state::text FROM tide.run WHERE run_id = {run}"),
+            &[],
+        )
+        .map(|r| r.get(0))
+        .map_err(|e| e.to_string())
+    };
+    let run: i64 = one(
+        &mut c,
+        "SELECT tide.rerun('e_statement', biz_date => current_date - 3)",
+    )?;
+    wait_for("the first run to succeed", Duration::from_secs(30), || {
+        Ok((state(&mut c, run)? == "succeeded").then_some(()))
+    })?;
+    // Run again on purpose: the business table sees it (made = 2), the message does not.
+    exec(&mut c, &format!("SELECT tide.replay({run}, force => true)"))?;
+    wait_for(
+        "the forced rerun to succeed",
+        Duration::from_secs(30),
+        || {
+            let made: i32 = c
+                .query_one("SELECT made FROM e_statements", &[])
+                .map(|r| r.get(0))
+                .map_err(|e| e.to_string())?;
+            Ok((made == 2 && state(&mut c, run)? == "succeeded").then_some(()))
+        },
+    )?;
+    let effects: String = one(
+        &mut c,
+        "SELECT string_agg(dedupe_key || ' run ' || run_id, ',') FROM tide.effect WHERE channel = 'mail'",
+    )?;
+    assert_eq!(
+        effects,
+        format!("statement:{} run {run}", {
+            let d: String = one(&mut c, "SELECT (current_date - 3)::text")?;
+            d
+        })
+    );
+    Ok(())
+}
+
+fn main() {
+    let tests: &[(&str, TestFn)] = &[
+        (
+            "sends_are_recorded_once_per_key",
+            sends_are_recorded_once_per_key,
+        ),
+        (
+            "delivery_is_fenced_and_never_repeated_once_delivered",
+            delivery_is_fenced_and_never_repeated_once_delivered,
+        ),
+        (
+            "failed_deliveries_back_off_then_die",
+            failed_deliveries_back_off_then_die,
+        ),
+        ("a_command_rerun_sends_once", a_command_rerun_sends_once),
+    ];
+    run_tests("effects", tests)
+}
