@@ -473,6 +473,62 @@ AS $$
 $$;
 COMMENT ON FUNCTION tide._alert_causes(timestamptz) IS 'Internal: every alert condition that holds at an instant.';
 
+-- Delivery: alerts routed to a side-effect channel (sql/effects.sql) are recorded there once per
+-- opening (and resolution), with the dedupe key alert:<id>:<event>:<channel>, for a delivery
+-- worker that posts to chat or sends mail.
+CREATE TABLE tide.alert_route (
+    channel      text PRIMARY KEY CHECK (channel ~ '^[A-Za-z0-9_.:-]{1,63}$'),
+    min_severity tide.severity NOT NULL DEFAULT 'warning',
+    kinds        tide.alert_kind[],
+    resolved     boolean NOT NULL DEFAULT true,
+    owner        name NOT NULL DEFAULT current_user,
+    created_at   timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE tide.alert_route IS
+    'Where alerts are delivered: each opening (and, with resolved, each resolution) of an alert of at least min_severity (and of one of kinds, when set) becomes one side effect on the channel. A route receives its owner''s alerts (a superuser''s route receives all).';
+
+CREATE FUNCTION tide.route_alerts(channel text, min_severity text DEFAULT 'warning', kinds text[] DEFAULT NULL,
+                                  resolved boolean DEFAULT true)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    bad text;
+BEGIN
+    IF route_alerts.channel IS NULL OR route_alerts.channel !~ '^[A-Za-z0-9_.:-]{1,63}$' THEN
+        RAISE EXCEPTION 'invalid channel %', coalesce(quote_literal(route_alerts.channel), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'a channel is 1 to 63 letters, digits, _ . : -, such as ''chat:ops''';
+    END IF;
+    SELECT string_agg(coalesce(quote_literal(x), 'NULL'), ', ') INTO bad FROM unnest(route_alerts.kinds) x
+     WHERE x IS NULL OR x NOT IN (SELECT e::text FROM unnest(enum_range(NULL::tide.alert_kind)) e);
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'unknown alert kind %', bad USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'kinds are ' || array_to_string(enum_range(NULL::tide.alert_kind), ', ');
+    END IF;
+    INSERT INTO tide.alert_route AS r (channel, min_severity, kinds, resolved)
+    VALUES (route_alerts.channel, tide._severity(coalesce(route_alerts.min_severity, 'warning'), 'min_severity'),
+            route_alerts.kinds::tide.alert_kind[], coalesce(route_alerts.resolved, true))
+    ON CONFLICT ON CONSTRAINT alert_route_pkey DO UPDATE
+       SET min_severity = EXCLUDED.min_severity, kinds = EXCLUDED.kinds, resolved = EXCLUDED.resolved;
+END
+$$;
+COMMENT ON FUNCTION tide.route_alerts(text, text, text[], boolean) IS
+    'route_alerts(channel, min_severity => ''warning'', kinds => NULL (all), resolved => true): delivers alerts to a side-effect channel, once per opening (and resolution): a delivery worker takes them with tide.claim_effects(channel).';
+
+CREATE FUNCTION tide.unroute_alerts(channel text) RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    DELETE FROM tide.alert_route r WHERE r.channel = unroute_alerts.channel;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no alert route to channel %', coalesce(quote_literal(unroute_alerts.channel), 'NULL')
+            USING ERRCODE = 'undefined_object', HINT = 'list routes with: SELECT * FROM tide.alert_route';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION tide.unroute_alerts(text) IS 'unroute_alerts(channel): stops delivering alerts to a channel.';
+
 -- Opens the alerts whose cause holds and resolves those whose cause is gone; NOTIFYs
 -- pg_tide_alert and writes a log line for each opening and resolution. Returns the counts.
 CREATE FUNCTION tide._evaluate_alerts(p_now timestamptz) RETURNS jsonb
@@ -482,6 +538,7 @@ AS $$
 DECLARE
     changes jsonb;
     c jsonb;
+    n integer;
     opened integer := 0;
     resolved integer := 0;
 BEGIN
@@ -513,6 +570,19 @@ BEGIN
               FROM gone g) x;
     FOR c IN SELECT * FROM jsonb_array_elements(changes) LOOP
         PERFORM pg_notify('pg_tide_alert', c::text);
+        -- Delivery, once per opening or resolution and route, as a side effect.
+        WITH delivery AS (
+            INSERT INTO tide.effect (channel, dedupe_key, payload, owner)
+            SELECT r.channel, format('alert:%s:%s:%s', a.alert_id, c->>'event', r.channel), c, r.owner
+              FROM tide.alert_route r JOIN tide.alert a ON a.alert_id = (c->>'alert_id')::bigint
+             WHERE (r.owner = a.owner OR EXISTS (SELECT 1 FROM pg_roles x WHERE x.rolname = r.owner AND x.rolsuper))
+               AND a.severity >= r.min_severity
+               AND (r.kinds IS NULL OR a.kind = ANY (r.kinds))
+               AND (c->>'event' = 'opened' OR r.resolved)
+            ON CONFLICT ON CONSTRAINT effect_owner_dedupe_key_key DO NOTHING
+            RETURNING channel
+        )
+        SELECT count(pg_notify('pg_tide_effect', d.channel)) INTO n FROM delivery d;
         IF c->>'event' = 'opened' THEN
             opened := opened + 1;
         ELSE
@@ -530,8 +600,16 @@ COMMENT ON FUNCTION tide._evaluate_alerts(timestamptz) IS
 -- ---------------------------------------------------------------------------------------------
 -- Run log lines: one per run start, skip, success and failure, key=value.
 CREATE FUNCTION tide._logfmt(v text) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
-AS $$ SELECT CASE WHEN v IS NULL THEN '-' WHEN v ~ '^[A-Za-z0-9_.:/+@-]+$' THEN v ELSE to_json(v)::text END $$;
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$
+    -- Runs for every run start and end: strpos rather than a regular expression, and STABLE
+    -- like to_json, so that it is inlined into the caller's query (an IMMUTABLE function
+    -- calling a STABLE one is not).
+    SELECT CASE WHEN v IS NULL THEN '-'
+                WHEN v <> '' AND strpos(v, ' ') = 0 AND strpos(v, '"') = 0 AND strpos(v, '=') = 0
+                     AND strpos(v, E'\n') = 0 AND strpos(v, E'\t') = 0 AND strpos(v, '\') = 0 THEN v
+                ELSE to_json(v)::text END
+$$;
 COMMENT ON FUNCTION tide._logfmt(text) IS 'Internal: a value for a key=value log line (quoted when needed).';
 
 CREATE FUNCTION tide._log_runs(p_event text, p_run_ids bigint[], p_error text DEFAULT NULL) RETURNS void
@@ -545,14 +623,14 @@ BEGIN
         RETURN;
     END IF;
     FOR line IN
-        SELECT format('pg_tide: event=%s task=%s run_id=%s biz_date=%s trigger=%s version=%s attempt=%s state=%s duration=%s error=%s',
-                      p_event, tide._logfmt(t.name), r.run_id, coalesce(r.biz_date::text, '-'),
-                      CASE WHEN r.state = 'skipped' THEN 'skip:' || r.skip_reason ELSE r.trigger::text END,
-                      r.version, r.attempts, r.state,
-                      CASE WHEN p_event IN ('success', 'need_check', 'failure') AND r.claimed_at IS NOT NULL
-                           THEN round(extract(epoch FROM clock_timestamp() - r.claimed_at)::numeric, 3) || 's'
-                           ELSE '-' END,
-                      tide._logfmt(coalesce(p_error, CASE WHEN p_event = 'failure' THEN r.last_error END)))
+        SELECT 'pg_tide: event=' || p_event || ' task=' || tide._logfmt(t.name) || ' run_id=' || r.run_id
+               || ' biz_date=' || coalesce(r.biz_date::text, '-')
+               || ' trigger=' || CASE WHEN r.state = 'skipped' THEN 'skip:' || r.skip_reason ELSE r.trigger::text END
+               || ' version=' || r.version || ' attempt=' || r.attempts || ' state=' || r.state
+               || ' duration=' || CASE WHEN p_event IN ('success', 'need_check', 'failure') AND r.claimed_at IS NOT NULL
+                                       THEN round(extract(epoch FROM clock_timestamp() - r.claimed_at)::numeric, 3) || 's'
+                                       ELSE '-' END
+               || ' error=' || tide._logfmt(coalesce(p_error, CASE WHEN p_event = 'failure' THEN r.last_error END))
           FROM tide.run r JOIN tide.task t ON t.task_id = r.task_id
          WHERE r.run_id = ANY (p_run_ids) ORDER BY r.run_id
     LOOP
@@ -853,6 +931,10 @@ COMMENT ON FUNCTION tide._monitor(timestamptz) IS
 -- ---------------------------------------------------------------------------------------------
 -- Row-level security and grants, as for the other tables: every role sees its own.
 ALTER TABLE tide.check ENABLE ROW LEVEL SECURITY;
+ALTER TABLE tide.alert_route ENABLE ROW LEVEL SECURITY;
+CREATE POLICY alert_route_owner ON tide.alert_route USING (owner = current_user) WITH CHECK (owner = current_user);
+GRANT SELECT, INSERT, UPDATE, DELETE ON tide.alert_route TO PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('tide.alert_route', '');
 ALTER TABLE tide.alert ENABLE ROW LEVEL SECURITY;
 CREATE POLICY check_owner ON tide.check USING (owner = current_user) WITH CHECK (owner = current_user);
 CREATE POLICY alert_owner ON tide.alert USING (owner = current_user);

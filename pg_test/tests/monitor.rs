@@ -845,6 +845,101 @@ fn dashboard_is_worst_first_in_80_columns(cluster: &Cluster) -> Result<(), Faile
     Ok(())
 }
 
+fn alerts_are_delivered_once_per_opening(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("m_delivery")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('d', '0 0 1 1 *', max_attempts => 1);
+         SELECT tide.monitor('d', max_silence => '30 days', severity => 'critical');
+         SELECT tide.schedule('quiet', '0 0 1 1 *', max_attempts => 1);
+         SELECT tide.monitor('quiet', max_silence => '30 days', severity => 'info');
+         SELECT tide.route_alerts('chat:ops');
+         SELECT tide.route_alerts('pager', min_severity => 'critical', kinds => ARRAY['dead_letter'], resolved => false);",
+    )?;
+    let deliveries = |c: &mut Client| -> Result<String, Failed> {
+        one(
+            c,
+            "SELECT coalesce(string_agg(e.channel || ' ' || (e.payload->>'event') || ' ' || (e.payload->>'subject') || ' '
+                                         || (e.payload->>'kind') || ' ' || (e.dedupe_key = format('alert:%s:%s:%s', e.payload->>'alert_id', e.payload->>'event', e.channel)),
+                                         ', ' ORDER BY e.effect_id), '')
+               FROM tide.effect e",
+        )
+    };
+    let dead = past_run(&mut c, "d", 1)?;
+    let token = claim_run(&mut c, dead)?;
+    exec(
+        &mut c,
+        &format!("SELECT tide.fail({dead}, {token}, 'bad file', 'business')"),
+    )?;
+    let quiet = past_run(&mut c, "quiet", 1)?;
+    let token = claim_run(&mut c, quiet)?;
+    exec(
+        &mut c,
+        &format!("SELECT tide.fail({quiet}, {token}, 'bad file', 'business')"),
+    )?;
+    tick(&mut c, "now()")?;
+    // chat:ops takes warning and above; the info task's alert goes nowhere; the pager takes the
+    // critical dead letter only.
+    assert_eq!(
+        deliveries(&mut c)?,
+        "chat:ops opened d dead_letter true, pager opened d dead_letter true"
+    );
+    // Evaluated again: the alert is still open (count 2), nothing is sent twice.
+    tick(&mut c, "now() + interval '1 minute'")?;
+    assert_eq!(
+        open_alerts(&mut c)?,
+        "task:d:dead_letterx2 task:quiet:dead_letterx2"
+    );
+    assert_eq!(
+        deliveries(&mut c)?,
+        "chat:ops opened d dead_letter true, pager opened d dead_letter true"
+    );
+    // Resolved: chat:ops hears of it, the pager (resolved => false) does not.
+    exec(&mut c, &format!("SELECT tide.replay({dead})"))?;
+    tick(&mut c, "now() + interval '2 minutes'")?;
+    assert_eq!(
+        deliveries(&mut c)?,
+        "chat:ops opened d dead_letter true, pager opened d dead_letter true, chat:ops resolved d dead_letter true"
+    );
+    // A delivery worker takes them from its channel.
+    let taken: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM tide.claim_effects('chat:ops', n => 10)",
+    )?;
+    assert_eq!(taken, 2);
+
+    for (sql, code, needle) in [
+        (
+            "SELECT tide.route_alerts('bad channel')",
+            "22023",
+            "'bad channel'",
+        ),
+        (
+            "SELECT tide.route_alerts('x', min_severity => 'loud')",
+            "22023",
+            "\"loud\"",
+        ),
+        (
+            "SELECT tide.route_alerts('x', kinds => ARRAY['silence', 'fire'])",
+            "22023",
+            "'fire'",
+        ),
+        ("SELECT tide.unroute_alerts('nope')", "42704", "'nope'"),
+    ] {
+        let (got, message, hint) = refused(&mut c, sql)?;
+        assert_eq!(got, code, "{sql}: {message}");
+        assert!(message.contains(needle), "{sql}: {message}");
+        assert!(!hint.is_empty(), "{sql}: no hint");
+    }
+    exec(&mut c, "SELECT tide.unroute_alerts('pager')")?;
+    let routes: String = one(
+        &mut c,
+        "SELECT string_agg(channel, ',') FROM tide.alert_route",
+    )?;
+    assert_eq!(routes, "chat:ops");
+    Ok(())
+}
+
 fn main() {
     let tests: &[(&str, TestFn)] = &[
         (
@@ -879,6 +974,10 @@ fn main() {
         (
             "dashboard_is_worst_first_in_80_columns",
             dashboard_is_worst_first_in_80_columns,
+        ),
+        (
+            "alerts_are_delivered_once_per_opening",
+            alerts_are_delivered_once_per_opening,
         ),
     ];
     run_tests("monitor", tests)
