@@ -12,9 +12,29 @@ CREATE TYPE tide.effect_state AS ENUM ('pending', 'sending', 'delivered', 'dead'
 COMMENT ON TYPE tide.effect_state IS
     'pending = waiting for a delivery worker (or for its retry time); sending = handed to a worker under a lease; delivered; dead = gave up after max attempts or a permanent error.';
 
+-- A delivery channel name ('sms', 'chat:ops'); alert routes use it too.
+CREATE DOMAIN tide.channel AS text CHECK (VALUE ~ '^[A-Za-z0-9_.:-]{1,63}$');
+COMMENT ON DOMAIN tide.channel IS 'A side-effect channel: 1 to 63 letters, digits, _ . : -.';
+
+CREATE FUNCTION tide._channel(value text) RETURNS tide.channel
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF value IS NOT NULL THEN
+        RETURN value::tide.channel;
+    END IF;
+    RAISE check_violation;
+EXCEPTION WHEN check_violation THEN
+    RAISE EXCEPTION 'invalid channel %', coalesce(quote_literal(value), 'NULL')
+        USING ERRCODE = 'invalid_parameter_value',
+              HINT = 'a channel is 1 to 63 letters, digits, _ . : -, such as ''sms'' or ''chat:ops''';
+END
+$$;
+COMMENT ON FUNCTION tide._channel(text) IS 'Internal: a channel name, or a clear error naming the bad value.';
+
 CREATE TABLE tide.effect (
     effect_id        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    channel          text NOT NULL CHECK (channel ~ '^[A-Za-z0-9_.:-]{1,63}$'),
+    channel          tide.channel NOT NULL,
     dedupe_key       text NOT NULL CHECK (btrim(dedupe_key) <> ''),
     payload          jsonb NOT NULL DEFAULT '{}',
     run_id           bigint,
@@ -45,11 +65,7 @@ AS $$
 DECLARE
     recorded boolean;
 BEGIN
-    IF send.channel IS NULL OR send.channel !~ '^[A-Za-z0-9_.:-]{1,63}$' THEN
-        RAISE EXCEPTION 'invalid channel %', coalesce(quote_literal(send.channel), 'NULL')
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'a channel is 1 to 63 letters, digits, _ . : -, such as ''sms'' or ''chat:ops''';
-    END IF;
+    PERFORM tide._channel(send.channel);
     IF send.dedupe_key IS NULL OR btrim(send.dedupe_key) = '' THEN
         RAISE EXCEPTION 'dedupe_key must not be empty, got %', coalesce(quote_literal(send.dedupe_key), 'NULL')
             USING ERRCODE = 'invalid_parameter_value',

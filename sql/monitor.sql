@@ -477,7 +477,7 @@ COMMENT ON FUNCTION tide._alert_causes(timestamptz) IS 'Internal: every alert co
 -- opening (and resolution), with the dedupe key alert:<id>:<event>:<channel>, for a delivery
 -- worker that posts to chat or sends mail.
 CREATE TABLE tide.alert_route (
-    channel      text PRIMARY KEY CHECK (channel ~ '^[A-Za-z0-9_.:-]{1,63}$'),
+    channel      tide.channel PRIMARY KEY,
     min_severity tide.severity NOT NULL DEFAULT 'warning',
     kinds        tide.alert_kind[],
     resolved     boolean NOT NULL DEFAULT true,
@@ -495,11 +495,7 @@ AS $$
 DECLARE
     bad text;
 BEGIN
-    IF route_alerts.channel IS NULL OR route_alerts.channel !~ '^[A-Za-z0-9_.:-]{1,63}$' THEN
-        RAISE EXCEPTION 'invalid channel %', coalesce(quote_literal(route_alerts.channel), 'NULL')
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'a channel is 1 to 63 letters, digits, _ . : -, such as ''chat:ops''';
-    END IF;
+    PERFORM tide._channel(route_alerts.channel);
     SELECT string_agg(coalesce(quote_literal(x), 'NULL'), ', ') INTO bad FROM unnest(route_alerts.kinds) x
      WHERE x IS NULL OR x NOT IN (SELECT e::text FROM unnest(enum_range(NULL::tide.alert_kind)) e);
     IF bad IS NOT NULL THEN
