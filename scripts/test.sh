@@ -34,7 +34,7 @@ run_tier install cargo pgrx install --pg-config /usr/lib/postgresql/15/bin/pg_co
 run_tier cluster cargo test -p pg_tide_pg_test --test cluster
 run_tier engine cargo test -p pg_tide_pg_test --test engine
 run_tier monitor cargo test -p pg_tide_pg_test --test monitor
-run_tier effects cargo test -p pg_tide_pg_test --test effects
+run_tier guarantees cargo test -p pg_tide_pg_test --test guarantees
 
 # Runners that ran nothing (empty doc-test binaries) are left out of the summary.
 printf '\n==> summary\n'

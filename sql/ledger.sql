@@ -306,12 +306,13 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     DELETE FROM tide.run_event e USING old_runs o WHERE e.run_id = o.run_id;
+    DELETE FROM tide.step s USING old_runs o WHERE s.run_id = o.run_id;
     DELETE FROM tide.pending p USING old_runs o WHERE p.run_id = o.run_id;
     RETURN NULL;
 END
 $$;
 COMMENT ON FUNCTION tide.run_deleted() IS
-    'Trigger: deleting runs deletes their history (with their attempts) and tide.pending rows (the foreign keys they do not have).';
+    'Trigger: deleting runs deletes their history (with their attempts), steps and tide.pending rows (the foreign keys they do not have).';
 CREATE TRIGGER run_deleted AFTER DELETE ON tide.run
     REFERENCING OLD TABLE AS old_runs
     FOR EACH STATEMENT EXECUTE FUNCTION tide.run_deleted();

@@ -697,6 +697,10 @@ BEGIN
         RETURN NEXT format('  #%s by %s, claimed %s, running; lease token %s expires %s', r.attempts, coalesce(r.lease_owner, 'a worker'),
                            to_char(r.claimed_at, 'YYYY-MM-DD HH24:MI:SS TZ'), r.lease_token, r.lease_expires_at);
     END IF;
+    FOR e IN SELECT * FROM tide.step x WHERE x.run_id = r.run_id ORDER BY x.started_at, x.name LOOP
+        RETURN NEXT format('  step %s %s by attempt %s%s', e.name, CASE WHEN e.done THEN 'done' ELSE 'started' END,
+                           e.attempt, coalesce(', output ' || e.output::text, ''));
+    END LOOP;
     IF r.result IS NOT NULL OR r.expected IS NOT NULL OR r.actual IS NOT NULL THEN
         RETURN NEXT format('result: %s, expected %s, actual %s', coalesce(r.result::text, '-'),
                            coalesce(r.expected::text, '-'), coalesce(r.actual::text, '-'));

@@ -41,11 +41,13 @@ mod worker;
     name = "effects",
     requires = ["execution"]
 );
+// Steps inside a run, skipped by later attempts and reruns once done.
+::pgrx::extension_sql_file!("../sql/steps.sql", name = "steps", requires = ["execution"]);
 // Monitoring: health, heartbeat checks, alerts, metrics, run log lines, explain, retention.
 ::pgrx::extension_sql_file!(
     "../sql/monitor.sql",
     name = "monitor",
-    requires = ["effects"]
+    requires = ["effects", "steps"]
 );
 // Comments on the generated functions, once they exist.
 ::pgrx::extension_sql_file!("../sql/comments.sql", name = "comments", finalize);

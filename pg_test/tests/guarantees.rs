@@ -1,7 +1,9 @@
-//! Deduplicated side effects on a real cluster: `tide.send` records a message once per dedupe
-//! key in the caller's transaction, however often the work reruns; delivery workers take them
-//! by channel under fenced leases; failed deliveries back off and end dead; an SQL command's
-//! sends survive a forced rerun as one message.
+//! Guarantees on a real cluster. Deduplicated side effects: `tide.send` records a message once
+//! per dedupe key in the caller's transaction, however often the work reruns; delivery workers
+//! take them by channel under fenced leases; failed deliveries back off and end dead; an SQL
+//! command's sends survive a forced rerun as one message. Steps: a retry or rerun skips the
+//! steps already done and gets their output, for external workers (fenced by the lease token)
+//! and inside SQL commands.
 
 use std::time::Duration;
 
@@ -21,6 +23,44 @@ fn claim(c: &mut Client, channel: &str) -> Result<Option<(i64, i64, String)>, Fa
         )
         .map_err(db_err)?
         .map(|r| (r.get(0), r.get(1), r.get(2))))
+}
+
+/// Runs one window of a command task with the real executors, then again on purpose (a forced
+/// replay). `rerun_seen` is a boolean query that turns true once the second run's work is in.
+fn run_then_force_rerun(
+    c: &mut Client,
+    task: &str,
+    days_ago: i32,
+    rerun_seen: &str,
+) -> Result<i64, Failed> {
+    fn state(c: &mut Client, run: i64) -> Result<String, String> {
+        c.query_one(
+            &format!("SELECT state::text FROM tide.run WHERE run_id = {run}"),
+            &[],
+        )
+        .map(|r| r.get(0))
+        .map_err(|e| e.to_string())
+    }
+    let run: i64 = one(
+        c,
+        &format!("SELECT tide.rerun('{task}', biz_date => current_date - {days_ago})"),
+    )?;
+    wait_for("the first run to succeed", Duration::from_secs(30), || {
+        Ok((state(c, run)? == "succeeded").then_some(()))
+    })?;
+    exec(c, &format!("SELECT tide.replay({run}, force => true)"))?;
+    wait_for(
+        "the forced rerun to succeed",
+        Duration::from_secs(30),
+        || {
+            let seen: bool = c
+                .query_one(rerun_seen, &[])
+                .map(|r| r.get(0))
+                .map_err(|e| e.to_string())?;
+            Ok((seen && state(c, run)? == "succeeded").then_some(()))
+        },
+    )?;
+    Ok(run)
 }
 
 fn sends_are_recorded_once_per_key(cluster: &Cluster) -> Result<(), Failed> {
@@ -209,33 +249,12 @@ fn a_command_rerun_sends_once(cluster: &Cluster) -> Result<(), Failed> {
              SELECT tide.send('mail', 'statement:' || tide.biz_date(), jsonb_build_object('day', tide.biz_date()))
          $$);",
     )?;
-    let state = |c: &mut Client, run: i64| -> Result<String, String> {
-        c.query_one(
-            &format!("SELECT state::text FROM tide.run WHERE run_id = {run}"),
-            &[],
-        )
-        .map(|r| r.get(0))
-        .map_err(|e| e.to_string())
-    };
-    let run: i64 = one(
+    // The business table sees the rerun (made = 2); the message does not.
+    let run = run_then_force_rerun(
         &mut c,
-        "SELECT tide.rerun('e_statement', biz_date => current_date - 3)",
-    )?;
-    wait_for("the first run to succeed", Duration::from_secs(30), || {
-        Ok((state(&mut c, run)? == "succeeded").then_some(()))
-    })?;
-    // Run again on purpose: the business table sees it (made = 2), the message does not.
-    exec(&mut c, &format!("SELECT tide.replay({run}, force => true)"))?;
-    wait_for(
-        "the forced rerun to succeed",
-        Duration::from_secs(30),
-        || {
-            let made: i32 = c
-                .query_one("SELECT made FROM e_statements", &[])
-                .map(|r| r.get(0))
-                .map_err(|e| e.to_string())?;
-            Ok((made == 2 && state(&mut c, run)? == "succeeded").then_some(()))
-        },
+        "e_statement",
+        3,
+        "SELECT made = 2 FROM e_statements",
     )?;
     let effects: String = one(
         &mut c,
@@ -247,6 +266,147 @@ fn a_command_rerun_sends_once(cluster: &Cluster) -> Result<(), Failed> {
             let d: String = one(&mut c, "SELECT (current_date - 3)::text")?;
             d
         })
+    );
+    Ok(())
+}
+
+fn steps_done_are_skipped_by_retries_and_reruns(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("g_steps")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('etl', '0 0 1 1 *', max_attempts => 3, backoff_base => '1 second')",
+    )?;
+    let run: i64 = one(
+        &mut c,
+        "SELECT tide.rerun('etl', window_start => (date_trunc('year', now() AT TIME ZONE 'UTC') - interval '1 year') AT TIME ZONE 'UTC')",
+    )?;
+    let claim_run = |c: &mut Client| -> Result<i64, Failed> {
+        let row = c
+            .query_one(
+                "SELECT run_id, lease_token FROM tide.claim(worker => 'w1')",
+                &[],
+            )
+            .map_err(db_err)?;
+        assert_eq!(row.get::<_, i64>(0), run);
+        Ok(row.get(1))
+    };
+    let step = |c: &mut Client, token: i64, name: &str| -> Result<String, Failed> {
+        one(
+            c,
+            &format!("SELECT done || ' ' || coalesce(output::text, '-') FROM tide.step({run}, {token}, '{name}')"),
+        )
+    };
+    // Attempt 1: fetch is done, then the worker fails before load is done.
+    let first = claim_run(&mut c)?;
+    assert_eq!(step(&mut c, first, "fetch")?, "false -");
+    exec(
+        &mut c,
+        &format!("SELECT tide.step_done({run}, {first}, 'fetch', '{{\"rows\": 10}}')"),
+    )?;
+    assert_eq!(step(&mut c, first, "load")?, "false -");
+    exec(
+        &mut c,
+        &format!("SELECT tide.fail({run}, {first}, 'connection reset')"),
+    )?;
+    // The old token can no longer record steps.
+    let (code, message, _) = refused(
+        &mut c,
+        &format!("SELECT tide.step_done({run}, {first}, 'load')"),
+    )?;
+    assert_eq!(code, "55000", "{message}");
+    // Attempt 2: fetch is skipped with its output, load is done this time.
+    exec(&mut c, "SELECT tide.tick(now() + interval '1 minute')")?;
+    let second = claim_run(&mut c)?;
+    assert_eq!(step(&mut c, second, "fetch")?, "true {\"rows\": 10}");
+    assert_eq!(step(&mut c, second, "load")?, "false -");
+    exec(
+        &mut c,
+        &format!(
+            "SELECT tide.step_done({run}, {second}, 'load'); SELECT tide.complete({run}, {second})"
+        ),
+    )?;
+    // A forced replay skips both.
+    exec(&mut c, &format!("SELECT tide.replay({run}, force => true)"))?;
+    let third = claim_run(&mut c)?;
+    assert_eq!(step(&mut c, third, "fetch")?, "true {\"rows\": 10}");
+    assert_eq!(step(&mut c, third, "load")?, "true -");
+    let steps: String = one(
+        &mut c,
+        &format!("SELECT string_agg(name || ':' || done || '@' || attempt, ' ' ORDER BY name) FROM tide.step WHERE run_id = {run}"),
+    )?;
+    assert_eq!(
+        steps, "fetch:true@1 load:true@2",
+        "each step records the attempt that did it"
+    );
+    let explained: String = one(
+        &mut c,
+        &format!("SELECT string_agg(l, E'\\n') FROM tide.explain({run}) l"),
+    )?;
+    assert!(
+        explained.contains("step fetch done by attempt 1"),
+        "{explained}"
+    );
+
+    for (sql, code, needle) in [
+        (
+            format!("SELECT tide.step({run}, {third}, ' ')"),
+            "22023",
+            "step name must not be empty",
+        ),
+        (
+            format!("SELECT tide.step_done({run}, {third}, 'fetch')"),
+            "55000",
+            "already done",
+        ),
+        (
+            format!("SELECT tide.step({run}, NULL, 'x')"),
+            "22004",
+            "token must not be NULL",
+        ),
+        (
+            "SELECT tide.step(-5, 1, 'x')".to_string(),
+            "42704",
+            "run -5 does not exist",
+        ),
+        (
+            "SELECT tide.step('x')".to_string(),
+            "55000",
+            "inside a task's command only",
+        ),
+        (
+            "SELECT tide.step_done('x')".to_string(),
+            "55000",
+            "inside a task's command only",
+        ),
+    ] {
+        let (got, message, hint) = refused(&mut c, &sql)?;
+        assert_eq!(got, code, "{sql}: {message}");
+        assert!(message.contains(needle), "{sql}: {message}");
+        assert!(!hint.is_empty(), "{sql}: no hint");
+    }
+    let rows: i64 = one(&mut c, "SELECT count(*) FROM tide.step")?;
+    assert_eq!(rows, 2, "refused calls write nothing");
+    Ok(())
+}
+
+fn a_command_skips_its_done_steps_on_rerun(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "CREATE TABLE IF NOT EXISTS g_charges (biz_date date, charged_at timestamptz DEFAULT clock_timestamp());
+         CREATE TABLE IF NOT EXISTS g_reports (biz_date date, made_at timestamptz DEFAULT clock_timestamp());
+         SELECT tide.schedule('g_charge', '0 1 * * *', biz_window => 'day', command => $$
+             INSERT INTO g_charges (biz_date) SELECT tide.biz_date() WHERE NOT (SELECT done FROM tide.step('charge'));
+             SELECT tide.step_done('charge', jsonb_build_object('day', tide.biz_date()))
+               WHERE NOT (SELECT done FROM tide.step('charge'));
+             INSERT INTO g_reports (biz_date) VALUES (tide.biz_date())
+         $$);",
+    )?;
+    run_then_force_rerun(&mut c, "g_charge", 4, "SELECT count(*) = 2 FROM g_reports")?;
+    let charges: i64 = one(&mut c, "SELECT count(*) FROM g_charges")?;
+    assert_eq!(
+        charges, 1,
+        "the charge step ran once; the unguarded report ran twice"
     );
     Ok(())
 }
@@ -266,6 +426,14 @@ fn main() {
             failed_deliveries_back_off_then_die,
         ),
         ("a_command_rerun_sends_once", a_command_rerun_sends_once),
+        (
+            "steps_done_are_skipped_by_retries_and_reruns",
+            steps_done_are_skipped_by_retries_and_reruns,
+        ),
+        (
+            "a_command_skips_its_done_steps_on_rerun",
+            a_command_skips_its_done_steps_on_rerun,
+        ),
     ];
-    run_tests("effects", tests)
+    run_tests("guarantees", tests)
 }
