@@ -768,7 +768,7 @@ AS $$ SELECT '"' || replace(replace(replace(v, '\', '\\'), '"', '\"'), E'\n', '\
 COMMENT ON FUNCTION tide._prom_label(text) IS 'Internal: a Prometheus label value, quoted and escaped.';
 
 CREATE FUNCTION tide._prom_num(v double precision) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE sql STABLE PARALLEL SAFE  -- float8 output follows extra_float_digits
 AS $$ SELECT CASE WHEN v IS NULL THEN 'NaN' ELSE v::text END $$;
 COMMENT ON FUNCTION tide._prom_num(double precision) IS 'Internal: a Prometheus sample value.';
 
