@@ -411,6 +411,55 @@ fn a_command_skips_its_done_steps_on_rerun(cluster: &Cluster) -> Result<(), Fail
     Ok(())
 }
 
+fn a_taken_back_run_resumes_from_its_checkpoint(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("g_checkpoint")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('backfill', '0 0 1 1 *', lease => '1 minute')",
+    )?;
+    let run: i64 = one(
+        &mut c,
+        "SELECT tide.rerun('backfill', window_start => (date_trunc('year', now() AT TIME ZONE 'UTC') - interval '1 year') AT TIME ZONE 'UTC')",
+    )?;
+    let claim = |c: &mut Client| -> Result<(i64, Option<String>), Failed> {
+        let row = c
+            .query_one(
+                "SELECT run_id, lease_token, checkpoint::text FROM tide.claim(worker => 'w1')",
+                &[],
+            )
+            .map_err(db_err)?;
+        assert_eq!(row.get::<_, i64>(0), run);
+        Ok((row.get(1), row.get(2)))
+    };
+    let (first, checkpoint) = claim(&mut c)?;
+    assert_eq!(checkpoint, None, "a fresh run starts from the beginning");
+    // Two batches done, each committed with its checkpoint; then the worker disappears.
+    for upto in [1000, 2000] {
+        exec(
+            &mut c,
+            &format!("SELECT tide.heartbeat({run}, {first}, '{{\"done_upto\": {upto}}}')"),
+        )?;
+    }
+    exec(&mut c, "SELECT tide.tick(now() + interval '5 minutes')")?;
+    // The lost lease counted as an attempt; the retry comes due and resumes at the checkpoint.
+    exec(&mut c, "SELECT tide.tick(now() + interval '2 hours')")?;
+    let (second, checkpoint) = claim(&mut c)?;
+    assert_eq!(checkpoint.as_deref(), Some("{\"done_upto\": 2000}"));
+    // The first worker's late heartbeat is fenced out and does not move the checkpoint back.
+    let (code, _, _) = refused(
+        &mut c,
+        &format!("SELECT tide.heartbeat({run}, {first}, '{{\"done_upto\": 1000}}')"),
+    )?;
+    assert_eq!(code, "55000");
+    exec(&mut c, &format!("SELECT tide.complete({run}, {second})"))?;
+    let outcomes: String = one(
+        &mut c,
+        &format!("SELECT string_agg(outcome::text, ',' ORDER BY attempt) FROM tide.attempt WHERE run_id = {run}"),
+    )?;
+    assert_eq!(outcomes, "lost,succeeded");
+    Ok(())
+}
+
 fn main() {
     let tests: &[(&str, TestFn)] = &[
         (
@@ -433,6 +482,10 @@ fn main() {
         (
             "a_command_skips_its_done_steps_on_rerun",
             a_command_skips_its_done_steps_on_rerun,
+        ),
+        (
+            "a_taken_back_run_resumes_from_its_checkpoint",
+            a_taken_back_run_resumes_from_its_checkpoint,
         ),
     ];
     run_tests("guarantees", tests)
