@@ -351,6 +351,7 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     r tide.run;
+    changed tide.run;
     rules jsonb;
     next_fire timestamptz;
     max_attempts integer;
@@ -397,13 +398,14 @@ BEGIN
            finished_at = CASE WHEN new_state = 'dead' THEN p_now END,
            updated_at = now(),
            reason = why
-     WHERE run_id = p_run_id AND state = 'running';
+     WHERE run_id = p_run_id AND state = 'running'
+    RETURNING * INTO changed;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'run % is %, not running: no attempt to end', p_run_id, r.state
             USING ERRCODE = 'object_not_in_prerequisite_state', HINT = 'only a claimed run can fail';
     END IF;
     PERFORM set_config('tide.history', '', true);
-    UPDATE tide.pending p SET state = new_state, due_at = wait_until WHERE p.run_id = p_run_id;
+    PERFORM tide._sync_pending(changed);
     INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner, at, attempt, worker, lease_token,
                                 claimed_at, outcome, error_kind, sqlstate, error)
     VALUES (p_run_id, 'running', new_state, why, r.owner, p_now, r.attempts, r.lease_owner, r.lease_token,

@@ -101,6 +101,19 @@ AS $$ SELECT coalesce(t.max_silence, t.fire_gap + least(t.timeout, t.fire_gap)) 
 COMMENT ON FUNCTION tide._max_silence(tide.task) IS
     'A task''s max_silence: set with tide.monitor, or derived: the longest gap between its fires plus its timeout (at most that gap).';
 
+-- The one rule of silence, for task health, tasks as heartbeats and alerts: late past
+-- max_silence, down past twice that. 0 = within, 1 = late, 2 = down; never late without a
+-- max_silence.
+CREATE FUNCTION tide._silence_level(silence interval, max_silence interval) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN max_silence IS NULL OR silence <= max_silence THEN 0
+                WHEN silence <= 2 * max_silence THEN 1
+                ELSE 2 END
+$$;
+COMMENT ON FUNCTION tide._silence_level(interval, interval) IS
+    'Internal: 0 within max_silence, 1 late (past it), 2 down (past twice it).';
+
 -- ---------------------------------------------------------------------------------------------
 -- Health of every task at an instant.
 CREATE FUNCTION tide._health(p_now timestamptz)
@@ -128,7 +141,8 @@ WITH open_runs AS (
     SELECT t.*, o.backlog, o.dead, o.need_check, ls.window_start AS success_window,
            ls.finished_at AS last_success, recent.last_state, recent.skips, fails.failures,
            day.retries, day.catch_up_limited, day.not_ready, day.p50, day.p95, day.wait95,
-           p_now - ready.since AS oldest_ready, tide._max_silence(t) AS max_silence_eff
+           p_now - ready.since AS oldest_ready, tide._max_silence(t) AS max_silence_eff,
+           p_now - coalesce(ls.finished_at, t.created_at) AS silence
       FROM tide.task t
       LEFT JOIN open_runs o ON o.task_id = t.task_id
       -- The latest successful run, walking back from the newest window.
@@ -170,12 +184,12 @@ WITH open_runs AS (
 )
 SELECT h.name,
        CASE WHEN h.paused THEN 'paused'
-            WHEN h.max_silence_eff IS NOT NULL AND p_now - coalesce(h.last_success, h.created_at) > 2 * h.max_silence_eff THEN 'down'
+            WHEN tide._silence_level(h.silence, h.max_silence_eff) = 2 THEN 'down'
             WHEN h.failures > 0 OR h.dead > 0 OR h.need_check > 0 THEN 'failing'
-            WHEN h.max_silence_eff IS NOT NULL AND p_now - coalesce(h.last_success, h.created_at) > h.max_silence_eff THEN 'late'
+            WHEN tide._silence_level(h.silence, h.max_silence_eff) = 1 THEN 'late'
             WHEN h.last_success IS NULL THEN 'never_ran'
             ELSE 'ok' END,
-       h.severity, h.last_success, p_now - coalesce(h.last_success, h.created_at), h.max_silence_eff,
+       h.severity, h.last_success, h.silence, h.max_silence_eff,
        h.last_state, h.failures::integer, coalesce(h.skips, 0)::integer, coalesce(h.retries, 0)::integer,
        coalesce(h.backlog, 0)::integer, h.oldest_ready, coalesce(h.dead, 0)::integer,
        coalesce(h.need_check, 0)::integer, coalesce(h.catch_up_limited, 0)::integer,
@@ -383,9 +397,7 @@ AS $$
     SELECT 'task', h.task,
            CASE WHEN h.status = 'paused' THEN 'paused'
                 WHEN h.last_success IS NULL AND h.status IN ('never_ran', 'failing') THEN 'new'
-                WHEN h.max_silence IS NULL OR h.silence <= h.max_silence THEN 'up'
-                WHEN h.silence <= 2 * h.max_silence THEN 'late'
-                ELSE 'down' END,
+                ELSE (ARRAY['up', 'late', 'down'])[tide._silence_level(h.silence, h.max_silence) + 1] END,
            h.severity, h.last_success, h.last_success + h.max_silence, h.max_silence, NULL, h.owner
       FROM tide._health(p_now) h
 $$;
@@ -437,18 +449,18 @@ AS $$
                tide._setting('alert_backlog', '1000')::integer AS backlog
     ), h AS MATERIALIZED (
         -- Only the tasks with something to report (the details are built for those alone).
-        SELECT h.*, NOT h.paused AND h.max_silence IS NOT NULL AND h.silence > h.max_silence AS silent
+        SELECT h.*, CASE WHEN h.paused THEN 0 ELSE tide._silence_level(h.silence, h.max_silence) END AS level
           FROM tide._health(p_now) h, cfg
-         WHERE (NOT h.paused AND h.max_silence IS NOT NULL AND h.silence > h.max_silence)
+         WHERE (NOT h.paused AND tide._silence_level(h.silence, h.max_silence) > 0)
             OR h.consecutive_failures >= cfg.failures OR h.dead > 0 OR h.need_check > 0
             OR h.consecutive_skips > cfg.skips OR h.retries_24h >= cfg.retries OR h.backlog >= cfg.backlog
             OR h.catch_up_limited_24h > 0 OR h.not_ready_24h > 0
     )
     SELECT 'task', h.task, c.kind, h.severity, c.details, h.owner
       FROM h CROSS JOIN cfg CROSS JOIN LATERAL (VALUES
-        ('silence'::tide.alert_kind, h.silent,
+        ('silence'::tide.alert_kind, h.level >= 1,
          jsonb_build_object('silence', h.silence, 'max_silence', h.max_silence, 'last_success', h.last_success)),
-        ('down', h.silent AND h.silence > 2 * h.max_silence,
+        ('down', h.level = 2,
          jsonb_build_object('silence', h.silence, 'max_silence', h.max_silence, 'last_success', h.last_success)),
         ('consecutive_failures', h.consecutive_failures >= cfg.failures,
          jsonb_build_object('consecutive_failures', h.consecutive_failures, 'last_state', h.last_state)),
@@ -911,18 +923,20 @@ CREATE FUNCTION tide._monitor(p_now timestamptz) RETURNS jsonb
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    last_eval timestamptz;
     step interval := tide._setting('monitor_interval', '10s')::interval;
-    counts jsonb := jsonb_build_object('alerts_opened', 0, 'alerts_resolved', 0, 'pruned_runs', 0, 'pruned_alerts', 0);
 BEGIN
-    INSERT INTO tide.monitor_state DEFAULT VALUES ON CONFLICT DO NOTHING;  -- if it was deleted
-    SELECT m.evaluated_at INTO last_eval FROM tide.monitor_state m FOR UPDATE;
-    -- Tests drive time backwards too: any move of at least the interval evaluates.
-    IF last_eval IS NULL OR p_now >= last_eval + step OR p_now < last_eval THEN
-        counts := tide._evaluate_alerts(p_now) || tide._prune(p_now, 5000);
-        UPDATE tide.monitor_state SET evaluated_at = p_now;
+    -- Claims the evaluation only when it is due: an idle tick reads one row and writes nothing,
+    -- and a concurrent tick waits on the row lock, then finds it no longer due. Tests drive time
+    -- backwards too: any move of at least the interval evaluates.
+    UPDATE tide.monitor_state m SET evaluated_at = p_now
+     WHERE m.evaluated_at IS NULL OR p_now >= m.evaluated_at + step OR p_now < m.evaluated_at;
+    IF NOT FOUND THEN
+        IF EXISTS (SELECT 1 FROM tide.monitor_state) THEN
+            RETURN jsonb_build_object('alerts_opened', 0, 'alerts_resolved', 0, 'pruned_runs', 0, 'pruned_alerts', 0);
+        END IF;
+        INSERT INTO tide.monitor_state (evaluated_at) VALUES (p_now);  -- the row was deleted
     END IF;
-    RETURN counts;
+    RETURN tide._evaluate_alerts(p_now) || tide._prune(p_now, 5000);
 END
 $$;
 COMMENT ON FUNCTION tide._monitor(timestamptz) IS
