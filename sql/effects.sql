@@ -100,8 +100,9 @@ DECLARE
     ids bigint[];
     token bigint;
 BEGIN
-    IF claim_effects.channel IS NULL OR claim_effects.n IS NULL OR claim_effects.n NOT BETWEEN 1 AND 1000 THEN
-        RAISE EXCEPTION 'channel must be given and n between 1 and 1000, got %', coalesce(claim_effects.n::text, 'NULL')
+    PERFORM tide._channel(claim_effects.channel);
+    IF claim_effects.n IS NULL OR claim_effects.n NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'n must be between 1 and 1000, got %', coalesce(claim_effects.n::text, 'NULL')
             USING ERRCODE = 'invalid_parameter_value', HINT = 'claim_effects(''sms'', worker => ''sender-1'', n => 10)';
     END IF;
     IF claim_effects.lease IS NULL OR claim_effects.lease <= interval '0' THEN

@@ -116,6 +116,11 @@ fn sends_are_recorded_once_per_key(cluster: &Cluster) -> Result<(), Failed> {
         ),
         ("SELECT tide.claim_effects('sms', n => 0)", "22023", "got 0"),
         (
+            "SELECT tide.claim_effects('bad channel')",
+            "22023",
+            "'bad channel'",
+        ),
+        (
             "SELECT tide.claim_effects('sms', lease => '0 seconds')",
             "22023",
             "00:00:00",

@@ -373,6 +373,7 @@ fn heartbeat_checks_go_late_then_down(cluster: &Cluster) -> Result<(), Failed> {
         ("SELECT tide.check('x', NULL)", "22004", "must not be NULL"),
         ("SELECT tide.beat('nope')", "42704", "\"nope\""),
         ("SELECT tide.pause_check('nope')", "42704", "\"nope\""),
+        ("SELECT tide.resume_check('nope')", "42704", "\"nope\""),
         ("SELECT tide.drop_check('nope')", "42704", "\"nope\""),
     ] {
         let (got, message, hint) = refused(&mut c, sql)?;
