@@ -103,12 +103,13 @@ CREATE FUNCTION tide._claim(p_executor tide.executor, p_queue text, p_worker tex
 RETURNS TABLE (run_id bigint, lease_token bigint, lease_expires_at timestamptz, task text, args jsonb,
                window_start timestamptz, window_end timestamptz, biz_date date, attempt integer,
                version integer, checkpoint jsonb, trigger tide.run_trigger, dedupe_key text,
-               priority integer, owner name, timeout interval)
+               priority integer, owner name, timeout interval, topic text, event_key text, payload jsonb)
 LANGUAGE plpgsql
 AS $$
 DECLARE
     ids bigint[];
     owners name[];
+    gated boolean;
     token bigint;
     ignored text;
     why text := 'claimed by ' || coalesce(p_worker, 'a worker');
@@ -128,16 +129,16 @@ BEGIN
     -- The candidates are fixed in an array first: a LIMIT subquery under FOR UPDATE SKIP LOCKED
     -- may be re-evaluated and claim more rows than asked.
     IF p_queue IS NULL THEN
-        SELECT array_agg(c.run_id), array_agg(c.owner) INTO ids, owners FROM (
-            SELECT p.run_id, p.owner FROM tide.pending p
-             WHERE p.state = 'ready' AND p.executor = p_executor
+        SELECT array_agg(c.run_id), array_agg(c.owner), bool_or(c.gated) INTO ids, owners, gated FROM (
+            SELECT p.run_id, p.owner, p.gated FROM tide.pending p
+             WHERE p.state = 'ready' AND NOT p.parked AND p.executor = p_executor
                AND (p.due_at IS NULL OR p.due_at <= now())
              ORDER BY p.priority DESC, p.run_id
              LIMIT p_n FOR UPDATE SKIP LOCKED) c;
     ELSE
-        SELECT array_agg(c.run_id), array_agg(c.owner) INTO ids, owners FROM (
-            SELECT p.run_id, p.owner FROM tide.pending p
-             WHERE p.state = 'ready' AND p.executor = p_executor AND p.queue = p_queue
+        SELECT array_agg(c.run_id), array_agg(c.owner), bool_or(c.gated) INTO ids, owners, gated FROM (
+            SELECT p.run_id, p.owner, p.gated FROM tide.pending p
+             WHERE p.state = 'ready' AND NOT p.parked AND p.executor = p_executor AND p.queue = p_queue
                AND (p.due_at IS NULL OR p.due_at <= now())
              ORDER BY p.priority DESC, p.run_id
              LIMIT p_n FOR UPDATE SKIP LOCKED) c;
@@ -148,6 +149,15 @@ BEGIN
     -- One fencing token per claim: larger than any earlier claim's, so a run claimed again is
     -- never completed with an older one.
     token := nextval('tide.lease_token_seq');
+    IF gated THEN
+        -- Serial groups, overlap, concurrency and locks decide which may go (sql/guarantees.sql).
+        ids := tide._admit(ids, token, p_executor, p_lease);
+        IF cardinality(ids) = 0 THEN
+            RETURN;
+        END IF;
+        SELECT array_agg(p.owner ORDER BY u.n) INTO owners
+          FROM unnest(ids) WITH ORDINALITY AS u(id, n) JOIN tide.pending p ON p.run_id = u.id;
+    END IF;
     UPDATE tide.pending p SET state = 'running', due_at = NULL WHERE p.run_id = ANY (ids);
     -- This path writes its own history rows below, one statement for the batch.
     ignored := set_config('tide.history', 'written', true);
@@ -167,13 +177,11 @@ BEGIN
                reason = why
           FROM tide.task_version v
           JOIN tide.task t ON t.task_id = v.task_id,
-               LATERAL (SELECT coalesce(p_lease, CASE WHEN p_executor = 'sql'
-                   THEN (v.rules->>'timeout')::interval + least((v.rules->>'timeout')::interval, interval '1 minute')
-                   ELSE (v.rules->>'lease')::interval END) AS length) l
+               LATERAL (SELECT tide._lease_length(p_executor, v.rules, p_lease) AS length) l
          WHERE r.run_id = ANY (ids) AND v.task_id = r.task_id AND v.version = r.version
         RETURNING r.run_id, r.lease_token, r.lease_expires_at, t.name, r.args, r.window_start, r.window_end,
                   r.biz_date, r.attempts, r.version, r.checkpoint, r.trigger, r.dedupe_key, r.priority, r.owner,
-                  (v.rules->>'timeout')::interval;
+                  (v.rules->>'timeout')::interval, r.topic, r.event_key, r.payload;
     ignored := set_config('tide.history', '', true);
     INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
     SELECT u.id, 'ready', 'running', why, u.who FROM unnest(ids, owners) AS u(id, who) ORDER BY u.id;
@@ -187,39 +195,52 @@ CREATE FUNCTION tide.claim(queue text DEFAULT 'default', worker text DEFAULT NUL
                            lease interval DEFAULT NULL)
 RETURNS TABLE (run_id bigint, lease_token bigint, lease_expires_at timestamptz, task text, args jsonb,
                window_start timestamptz, window_end timestamptz, biz_date date, attempt integer,
-               version integer, checkpoint jsonb, trigger tide.run_trigger, dedupe_key text)
+               version integer, checkpoint jsonb, trigger tide.run_trigger, dedupe_key text,
+               topic text, event_key text, payload jsonb)
 LANGUAGE sql
 -- A plain SQL wrapper (tide._claim checks the arguments): cheaper than a second PL/pgSQL layer
 -- on the hot path.
 AS $$
     SELECT c.run_id, c.lease_token, c.lease_expires_at, c.task, c.args, c.window_start, c.window_end,
-           c.biz_date, c.attempt, c.version, c.checkpoint, c.trigger, c.dedupe_key
+           c.biz_date, c.attempt, c.version, c.checkpoint, c.trigger, c.dedupe_key, c.topic, c.event_key, c.payload
       FROM tide._claim('external', queue, worker, n, lease) c
      ORDER BY c.priority DESC, c.run_id
 $$;
 COMMENT ON FUNCTION tide.claim(text, text, integer, interval) IS
-    'claim(queue => ''default'', worker => NULL, n => 1, lease => task''s lease): claims up to n ready runs of external tasks (FOR UPDATE SKIP LOCKED, priority then oldest) and returns their context with a fencing lease_token.';
+    'claim(queue => ''default'', worker => NULL, n => 1, lease => task''s lease): claims up to n ready runs of external tasks (FOR UPDATE SKIP LOCKED, priority then oldest) and returns their context with a fencing lease_token (and, for event runs, the topic, event key and payload). Runs of a serial group (overlap queue, one event key), of a task at its max_concurrency or whose lock is busy are not returned (see tide.lock).';
 
 CREATE FUNCTION tide.heartbeat(run_id bigint, token bigint, progress jsonb DEFAULT NULL) RETURNS timestamptz
 LANGUAGE plpgsql
 AS $$
 DECLARE
     expires timestamptz;
+    held_lock text;
 BEGIN
     UPDATE tide.run r
        SET lease_expires_at = now() + r.lease_length,
            checkpoint = coalesce(heartbeat.progress, r.checkpoint),
            updated_at = now()
      WHERE r.run_id = heartbeat.run_id AND r.lease_token = heartbeat.token AND r.state = 'running'
-    RETURNING r.lease_expires_at INTO expires;
+       AND r.control IS NULL
+    RETURNING r.lease_expires_at, r.lock_key INTO expires, held_lock;
     IF NOT FOUND THEN
+        PERFORM 1 FROM tide.run r
+         WHERE r.run_id = heartbeat.run_id AND r.lease_token = heartbeat.token AND r.state = 'running';
+        IF FOUND THEN
+            -- tide.pause_run / tide.cancel_run asked it to stop: it stops here, keeping progress.
+            PERFORM tide._stop_run(heartbeat.run_id, heartbeat.progress);
+            RETURN NULL;
+        END IF;
         PERFORM tide._refuse_stale(heartbeat.run_id, heartbeat.token, 'tide.heartbeat');
+    END IF;
+    IF held_lock IS NOT NULL THEN
+        UPDATE tide.lock l SET expires_at = expires WHERE l.run_id = heartbeat.run_id AND l.token = heartbeat.token;
     END IF;
     RETURN expires;
 END
 $$;
 COMMENT ON FUNCTION tide.heartbeat(bigint, bigint, jsonb) IS
-    'heartbeat(run_id, token, progress => NULL): extends the lease by its length and stores progress as the checkpoint; returns the new expiry. A stale token is refused.';
+    'heartbeat(run_id, token, progress => NULL): extends the lease (and the run''s lock) by its length and stores progress as the checkpoint; returns the new expiry. Returns NULL when tide.pause_run or tide.cancel_run stopped the run: stop working (progress is kept). A stale token is refused.';
 
 CREATE FUNCTION tide.complete(run_id bigint, token bigint, result jsonb DEFAULT NULL,
                               expected bigint DEFAULT NULL, actual bigint DEFAULT NULL)
@@ -234,6 +255,7 @@ DECLARE
     who name;
     worker text;
     claimed timestamptz;
+    gated boolean;
     ignored text;
 BEGIN
     IF complete.expected < 0 OR complete.actual < 0 THEN
@@ -263,9 +285,13 @@ BEGIN
         PERFORM tide._refuse_stale(complete.run_id, complete.token, 'tide.complete');
     END IF;
     IF short THEN
-        UPDATE tide.pending p SET state = 'need_check', due_at = NULL WHERE p.run_id = complete.run_id;
+        UPDATE tide.pending p SET state = 'need_check', due_at = NULL WHERE p.run_id = complete.run_id
+        RETURNING p.gated INTO gated;
     ELSE
-        DELETE FROM tide.pending p WHERE p.run_id = complete.run_id;
+        DELETE FROM tide.pending p WHERE p.run_id = complete.run_id RETURNING p.gated INTO gated;
+    END IF;
+    IF gated THEN
+        PERFORM tide._release(ARRAY[complete.run_id]);
     END IF;
     INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner, attempt, worker, lease_token,
                                 claimed_at, outcome)
@@ -284,6 +310,7 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     done_ids bigint[];
+    gated_ids bigint[];
     stale record;
     ignored text;
 BEGIN
@@ -315,7 +342,7 @@ BEGIN
          WHERE r.run_id = i.run_id AND r.lease_token = i.token AND r.state = 'running'
         RETURNING r.run_id, r.attempts, r.reason, r.owner, r.lease_owner, r.lease_token, r.claimed_at
     ), done_pending AS (
-        DELETE FROM tide.pending p USING done_run d WHERE p.run_id = d.run_id
+        DELETE FROM tide.pending p USING done_run d WHERE p.run_id = d.run_id RETURNING p.run_id, p.gated
     ), history AS (
         INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner, attempt, worker, lease_token,
                                     claimed_at, outcome)
@@ -323,7 +350,8 @@ BEGIN
                d.claimed_at, 'succeeded'
           FROM done_run d ORDER BY d.run_id
     )
-    SELECT array_agg(d.run_id) INTO done_ids FROM done_run d;
+    SELECT array_agg(d.run_id), (SELECT array_agg(g.run_id) FROM done_pending g WHERE g.gated)
+      INTO done_ids, gated_ids FROM done_run d;
     ignored := set_config('tide.history', '', true);
     IF coalesce(cardinality(done_ids), 0) < cardinality(complete_many.run_ids) THEN
         -- All or nothing: raising undoes the completions above.
@@ -335,6 +363,9 @@ BEGIN
         END IF;
         RAISE EXCEPTION 'run_ids must not repeat a run' USING ERRCODE = 'invalid_parameter_value',
             HINT = 'complete each claimed run once';
+    END IF;
+    IF gated_ids IS NOT NULL THEN
+        PERFORM tide._release(gated_ids);
     END IF;
     PERFORM tide._log_runs('success', done_ids);
     RETURN cardinality(done_ids);
@@ -444,19 +475,33 @@ COMMENT ON FUNCTION tide.fail(bigint, bigint, text, text) IS
 -- The SQL executor's body for one claimed run, called as the task's owner. The command runs in
 -- a subtransaction together with its completion: a run whose completion is refused (its lease
 -- was lost meanwhile) leaves no effects, and an error is recorded as a failed attempt.
+--
+-- A long task's command does one batch: it returns the next checkpoint (jsonb), committed with
+-- the batch's work, or NULL when done. Each call is one batch in its own transaction; the
+-- result 'more <ms>' asks the executor to call again after that many milliseconds (rate or
+-- pause). A pause or cancel asked for is taken up before the next batch.
 CREATE FUNCTION tide._execute(p_run_id bigint, p_token bigint) RETURNS text
 LANGUAGE plpgsql
 AS $$
 DECLARE
     cmd text;
+    rules jsonb;
+    r tide.run;
     n bigint;
+    next_checkpoint jsonb;
     st text;
     msg text;
     final tide.run_state;
 BEGIN
-    SELECT v.rules->>'command' INTO cmd
-      FROM tide.run r JOIN tide.task_version v ON v.task_id = r.task_id AND v.version = r.version
-     WHERE r.run_id = p_run_id;
+    SELECT * INTO r FROM tide.run x WHERE x.run_id = p_run_id AND x.lease_token = p_token AND x.state = 'running';
+    IF NOT FOUND THEN
+        RETURN 'fenced';
+    END IF;
+    IF r.control IS NOT NULL THEN
+        RETURN tide._stop_run(p_run_id, NULL)::text;
+    END IF;
+    SELECT v.rules INTO rules FROM tide.task_version v WHERE v.task_id = r.task_id AND v.version = r.version;
+    cmd := rules->>'command';
     PERFORM set_config('tide.run_id', p_run_id::text, true);
     PERFORM set_config('tide.expected', '', true);
     PERFORM set_config('tide.actual', '', true);
@@ -464,9 +509,29 @@ BEGIN
         IF cmd IS NULL THEN
             PERFORM tide.business_error('the task has no command in this rule version');
         END IF;
-        EXECUTE cmd;
-        GET DIAGNOSTICS n = ROW_COUNT;
-        final := tide.complete(p_run_id, p_token, jsonb_build_object('row_count', n),
+        IF (rules->>'long')::boolean THEN
+            EXECUTE cmd INTO next_checkpoint;
+            IF next_checkpoint IS NOT NULL THEN
+                -- One batch done: its checkpoint commits with its work, and renews the lease.
+                UPDATE tide.run x
+                   SET checkpoint = next_checkpoint, batches = x.batches + 1,
+                       lease_expires_at = now() + x.lease_length, updated_at = now()
+                 WHERE x.run_id = p_run_id AND x.lease_token = p_token AND x.state = 'running';
+                UPDATE tide.lock l SET expires_at = now() + r.lease_length
+                 WHERE l.run_id = p_run_id AND l.token = p_token;
+                RETURN 'more ' || coalesce(round(1000 / (rules->>'rate')::float8)::bigint,
+                                           (extract(epoch FROM (rules->>'pause')::interval) * 1000)::bigint, 0);
+            END IF;
+            UPDATE tide.run x SET batches = x.batches + 1 WHERE x.run_id = p_run_id;
+            n := NULL;
+        ELSE
+            EXECUTE cmd;
+            GET DIAGNOSTICS n = ROW_COUNT;
+        END IF;
+        final := tide.complete(p_run_id, p_token,
+                               CASE WHEN (rules->>'long')::boolean
+                                    THEN jsonb_build_object('batches', r.batches + 1)
+                                    ELSE jsonb_build_object('row_count', n) END,
                                nullif(current_setting('tide.expected', true), '')::bigint,
                                nullif(current_setting('tide.actual', true), '')::bigint);
         RETURN final::text;
@@ -474,8 +539,8 @@ BEGIN
         GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
     END;
     PERFORM set_config('tide.run_id', '', true);
-    PERFORM 1 FROM tide.run r
-     WHERE r.run_id = p_run_id AND r.lease_token = p_token AND r.state = 'running' FOR UPDATE;
+    PERFORM 1 FROM tide.run x
+     WHERE x.run_id = p_run_id AND x.lease_token = p_token AND x.state = 'running' FOR UPDATE;
     IF NOT FOUND THEN
         -- Fenced: the lease was lost and the run taken back; the command's effects are undone.
         RETURN 'fenced';
@@ -485,7 +550,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide._execute(bigint, bigint) IS
-    'Internal: runs a claimed run''s command and completes or fails it in the same transaction (called by pg_tide executors as the task owner).';
+    'Internal: runs a claimed run''s command (one batch of a long task) and completes or fails it in the same transaction (called by pg_tide executors as the task owner). Returns the run''s state, fenced, or ''more <ms>'' when a long task has more batches.';
 
 -- Readiness of one waiting run whose task declares a check, called by an executor as the owner.
 CREATE FUNCTION tide._check_ready(p_run_id bigint) RETURNS boolean
@@ -858,6 +923,10 @@ DECLARE
     rules jsonb;
     next_deadline timestamptz;
 BEGIN
+    -- Parked runs whose wait is over are looked at by claims again (a wake-up may have been
+    -- lost: the run they waited for was deleted, say).
+    UPDATE tide.pending p SET parked = false WHERE p.parked AND p.due_at <= p_now;
+
     -- Backoff passed: retries are ready again.
     UPDATE tide.run r SET state = 'ready', run_after = NULL, updated_at = now(),
                           reason = format('retry due (attempt %s next)', r.tries + 1)

@@ -18,7 +18,8 @@ CREATE TYPE tide.run_state AS ENUM (
     'dead',        -- dead letter: business error, retries exhausted, or never ready
     'skipped',     -- not run, with skip_reason
     'cancelled',
-    'held'         -- its task's rules changed; waits for tide.confirm
+    'held',        -- its task's rules changed; waits for tide.confirm
+    'paused'       -- paused by tide.pause_run; tide.resume_run puts it back in line
 );
 COMMENT ON TYPE tide.run_state IS
     'Life of a run; see tide.run_transition for the allowed changes and the README for the diagram.';
@@ -28,10 +29,11 @@ COMMENT ON TYPE tide.run_trigger IS
     'What last put the run in line: scheduled fire, catch-up of a missed window, tide.rerun (manual), tide.replay, a backfill, an event.';
 
 CREATE TYPE tide.skip_reason AS ENUM (
-    'paused', 'misfire', 'superseded', 'coalesced', 'catch_up_limit', 'beyond_retention', 'not_ready'
+    'paused', 'misfire', 'superseded', 'coalesced', 'catch_up_limit', 'beyond_retention', 'not_ready',
+    'overlap'
 );
 COMMENT ON TYPE tide.skip_reason IS
-    'Why a window was not run: paused task; misfire policy skip; superseded by a newer window (misfire latest); covered by a coalesced run; beyond catch_up_max; older than source_retention; not ready by its deadline.';
+    'Why a window was not run: paused task; misfire policy skip; superseded by a newer window (misfire latest); covered by a coalesced run; beyond catch_up_max; older than source_retention; not ready by its deadline; another run of the task was running (overlap skip).';
 
 CREATE TYPE tide.error_kind AS ENUM ('transient', 'business', 'not_ready');
 COMMENT ON TYPE tide.error_kind IS
@@ -88,6 +90,20 @@ CREATE TABLE tide.run (
     started_at       timestamptz,
     claimed_at       timestamptz,
     finished_at      timestamptz,
+    -- Event runs: the topic, the event key (runs of one key go one at a time, in emit order)
+    -- and the payload.
+    topic            text,
+    event_key        text,
+    payload          jsonb,
+    -- Computed when the run is created (tide.run_gating): the serial group it goes through one
+    -- at a time (overlap queue; an event key), the business object it locks, and whether it
+    -- needs any check when claimed.
+    gate             text,
+    lock_key         text,
+    gated            boolean,
+    -- Long tasks: batches done; a pause or cancel asked for, taken up between batches.
+    batches          integer NOT NULL DEFAULT 0,
+    control          text CHECK (control IN ('pause', 'cancel')),
     -- The idempotency key: a scheduled window, or (for event runs) a dedupe key. Exactly one.
     CONSTRAINT run_window_key UNIQUE (task_id, window_start),
     CONSTRAINT run_one_key CHECK ((window_start IS NULL) <> (dedupe_key IS NULL)),
@@ -109,6 +125,12 @@ COMMENT ON COLUMN tide.run.tries IS 'Attempts since the run was last (re)opened;
 COMMENT ON COLUMN tide.run.deferrals IS 'Times the run was deferred to the next window because it was not ready.';
 COMMENT ON COLUMN tide.run.run_after IS 'Not claimable (ready) or re-checked (waiting) before this instant; NULL = at once.';
 COMMENT ON COLUMN tide.run.ready_deadline IS 'A waiting run not ready by then follows the task''s not_ready_policy.';
+COMMENT ON COLUMN tide.run.event_key IS 'Event runs: the key given to tide.emit; runs of one task and key are claimed one at a time, in emit order.';
+COMMENT ON COLUMN tide.run.payload IS 'Event runs: the payload given to tide.emit (tide.payload() inside a command).';
+COMMENT ON COLUMN tide.run.gate IS 'Serial group: runs of one group are claimed one at a time in run order (overlap queue: the task; event runs: the task and key).';
+COMMENT ON COLUMN tide.run.lock_key IS 'The business object the run locks while it runs (from the task''s lock_key template); see tide.lock.';
+COMMENT ON COLUMN tide.run.batches IS 'Long tasks: batches committed so far.';
+COMMENT ON COLUMN tide.run.control IS 'A pause or cancel asked for with tide.pause_run / tide.cancel_run, taken up at the next batch or heartbeat.';
 COMMENT ON COLUMN tide.run.lease_token IS 'Fencing token of the current claim; heartbeat/complete/fail must present it.';
 
 -- Event runs' idempotency key; partial, so window runs carry no entry for it.
@@ -134,19 +156,31 @@ COMMENT ON COLUMN tide.run.claimed_at IS 'When the current (or last) attempt was
 CREATE TABLE tide.pending (
     run_id   bigint PRIMARY KEY,
     task_id  bigint NOT NULL,
-    state    tide.run_state NOT NULL CHECK (state IN ('waiting', 'ready', 'running', 'retry', 'held', 'dead', 'need_check')),
+    state    tide.run_state NOT NULL CHECK (state IN ('waiting', 'ready', 'running', 'retry', 'held', 'paused', 'dead', 'need_check')),
     executor tide.executor NOT NULL,
     queue    text NOT NULL,
     priority integer NOT NULL,
     due_at   timestamptz,
-    owner    name NOT NULL
+    owner    name NOT NULL,
+    gate     text,
+    lock_key text,
+    gated    boolean NOT NULL DEFAULT false,
+    -- A ready run that cannot go yet (behind its group, its task's concurrency, a busy lock): out
+    -- of the claim indexes until woken by the run it waits for, or at due_at in any case.
+    parked   boolean NOT NULL DEFAULT false
 );
 COMMENT ON TABLE tide.pending IS
     'The unfinished and unresolved (dead, need_check) runs, a narrow copy of their state, queue and due time: what claims, the scheduler and task health scan. Maintained by pg_tide; read tide.run.';
 COMMENT ON COLUMN tide.pending.due_at IS 'run_after of the run: not claimable (ready), not retried (retry), not re-checked (waiting) before it.';
 -- Claiming reads only ready runs, by queue or (SQL executors) across queues.
-CREATE INDEX pending_claim_idx ON tide.pending (executor, queue, priority DESC, run_id) WHERE state = 'ready';
-CREATE INDEX pending_claim_any_idx ON tide.pending (executor, priority DESC, run_id) WHERE state = 'ready';
+CREATE INDEX pending_claim_idx ON tide.pending (executor, queue, priority DESC, run_id) WHERE state = 'ready' AND NOT parked;
+CREATE INDEX pending_claim_any_idx ON tide.pending (executor, priority DESC, run_id) WHERE state = 'ready' AND NOT parked;
+-- Gated runs only (partial: the plain claim path writes no entries): serial groups, lock
+-- waiters, a task's running runs, parked runs by wake-up time.
+CREATE INDEX pending_gate_idx ON tide.pending (gate, run_id) WHERE gate IS NOT NULL;
+CREATE INDEX pending_lock_idx ON tide.pending (lock_key, run_id) WHERE lock_key IS NOT NULL;
+CREATE INDEX pending_gated_task_idx ON tide.pending (task_id, run_id) WHERE gated;
+CREATE INDEX pending_parked_idx ON tide.pending (due_at) WHERE parked;
 -- The tick's scans: due retries and waiting runs by time; running runs (whose leases it checks)
 -- by id, since every claim inserts here and time-ordered keys would make all claimers insert
 -- into the same index page.
@@ -158,14 +192,21 @@ CREATE FUNCTION tide._sync_pending(r tide.run) RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    IF r.state IN ('waiting', 'ready', 'running', 'retry', 'held', 'dead', 'need_check') THEN
-        INSERT INTO tide.pending AS p (run_id, task_id, state, executor, queue, priority, due_at, owner)
-        VALUES (r.run_id, r.task_id, r.state, r.executor, r.queue, r.priority, r.run_after, r.owner)
+    IF r.state IN ('waiting', 'ready', 'running', 'retry', 'held', 'paused', 'dead', 'need_check') THEN
+        INSERT INTO tide.pending AS p (run_id, task_id, state, executor, queue, priority, due_at, owner,
+                                       gate, lock_key, gated)
+        VALUES (r.run_id, r.task_id, r.state, r.executor, r.queue, r.priority, r.run_after, r.owner,
+                r.gate, r.lock_key, coalesce(r.gated, false))
         ON CONFLICT ON CONSTRAINT pending_pkey DO UPDATE
            SET state = EXCLUDED.state, executor = EXCLUDED.executor, queue = EXCLUDED.queue,
-               priority = EXCLUDED.priority, due_at = EXCLUDED.due_at;
+               priority = EXCLUDED.priority, due_at = EXCLUDED.due_at, gate = EXCLUDED.gate,
+               lock_key = EXCLUDED.lock_key, gated = EXCLUDED.gated, parked = false;
     ELSE
         DELETE FROM tide.pending p WHERE p.run_id = r.run_id;
+    END IF;
+    IF r.gated AND r.state <> 'running' THEN
+        -- A gated run that stopped running gives back its lock and may let others go.
+        PERFORM tide._release(ARRAY[r.run_id]);
     END IF;
 END
 $$;
@@ -229,7 +270,9 @@ AS $$ SELECT ARRAY[
     'ready>running', 'ready>waiting', 'ready>skipped', 'ready>cancelled', 'ready>held',
     'retry>ready', 'retry>cancelled', 'retry>held', 'retry>dead',
     'running>succeeded', 'running>need_check', 'running>retry', 'running>dead', 'running>waiting',
-    'running>cancelled',
+    'running>cancelled', 'running>paused',
+    'waiting>paused', 'ready>paused', 'retry>paused',
+    'paused>ready', 'paused>waiting', 'paused>cancelled', 'paused>held',
     'held>ready', 'held>waiting', 'held>cancelled',
     -- Reopening finished runs (tide.replay / tide.rerun; succeeded only with force).
     'succeeded>ready', 'succeeded>waiting',
@@ -308,6 +351,7 @@ BEGIN
     DELETE FROM tide.run_event e USING old_runs o WHERE e.run_id = o.run_id;
     DELETE FROM tide.step s USING old_runs o WHERE s.run_id = o.run_id;
     DELETE FROM tide.pending p USING old_runs o WHERE p.run_id = o.run_id;
+    DELETE FROM tide.lock l USING old_runs o WHERE l.run_id = o.run_id;
     RETURN NULL;
 END
 $$;
@@ -327,10 +371,11 @@ BEGIN
     INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
     SELECT r.run_id, NULL, r.state, r.reason, r.owner
       FROM tide.run r WHERE r.run_id = ANY (p_run_ids) ORDER BY r.run_id;
-    INSERT INTO tide.pending (run_id, task_id, state, executor, queue, priority, due_at, owner)
-    SELECT r.run_id, r.task_id, r.state, r.executor, r.queue, r.priority, r.run_after, r.owner
+    INSERT INTO tide.pending (run_id, task_id, state, executor, queue, priority, due_at, owner, gate, lock_key, gated)
+    SELECT r.run_id, r.task_id, r.state, r.executor, r.queue, r.priority, r.run_after, r.owner,
+           r.gate, r.lock_key, coalesce(r.gated, false)
       FROM tide.run r
-     WHERE r.run_id = ANY (p_run_ids) AND r.state IN ('waiting', 'ready', 'running', 'retry', 'held', 'dead', 'need_check');
+     WHERE r.run_id = ANY (p_run_ids) AND r.state IN ('waiting', 'ready', 'running', 'retry', 'held', 'paused', 'dead', 'need_check');
     PERFORM pg_notify('pg_tide_ready', q.queue)
        FROM (SELECT DISTINCT r.queue FROM tide.run r
               WHERE r.run_id = ANY (p_run_ids) AND r.state = 'ready') q;

@@ -77,7 +77,7 @@ fn next_fire_datum(rules: &TaskRules) -> Option<TimestampWithTimeZone> {
 /// The rule columns in the order of `$2..$9` of the write queries below.
 fn rule_args(rules: &TaskRules) -> Vec<DatumWithOid<'static>> {
     vec![
-        rules.schedule.text().to_string().into(),
+        rules.schedule_text().into(),
         rules.command.clone().into(),
         rules.tz.name().to_string().into(),
         rules.biz_window.as_str().to_string().into(),
@@ -112,11 +112,18 @@ fn exec_args(o: &ExecOptions) -> Vec<DatumWithOid<'static>> {
         interval_of(o.ready_timeout).into(),
         interval_of(o.recheck_interval).into(),
         o.not_ready_policy.clone().into(),
+        o.overlap.clone().into(),
+        o.max_concurrency.into(),
+        o.lock_key.clone().into(),
+        o.topics.clone().into(),
+        o.long.into(),
+        o.rate.into(),
+        interval_of(o.pause).into(),
     ]
 }
 
 /// Column names and casts for `exec_args`, starting at parameter `$first`.
-const EXEC_COLUMNS: [(&str, &str); 17] = [
+const EXEC_COLUMNS: [(&str, &str); 24] = [
     ("timeout", ""),
     ("lease", ""),
     ("priority", ""),
@@ -134,7 +141,43 @@ const EXEC_COLUMNS: [(&str, &str); 17] = [
     ("ready_timeout", ""),
     ("recheck_interval", ""),
     ("not_ready_policy", "::tide.not_ready_policy"),
+    ("overlap", "::tide.overlap"),
+    ("max_concurrency", ""),
+    ("lock_key", ""),
+    ("topics", "::text[]"),
+    ("long", ""),
+    ("rate", ""),
+    ("pause", ""),
 ];
+
+/// Options where a given "nothing" value ('' / 0 / empty) removes the setting, so NULL can keep
+/// meaning "leave it" in tide.alter.
+fn stored(col: &str, p: &str) -> String {
+    match col {
+        "ready_dataset" | "ready_check" | "lock_key" => format!("nullif({p}, '')"),
+        "max_concurrency" => format!("nullif({p}, 0)"),
+        "rate" => format!("nullif({p}, 0)"),
+        "pause" => format!("nullif({p}, interval '0')"),
+        _ => p.to_string(),
+    }
+}
+
+/// The options of overlap, locks, events and long tasks.
+struct Guarantees<'a> {
+    overlap: Option<&'a str>,
+    max_concurrency: Option<i32>,
+    lock_key: Option<&'a str>,
+    topics: Option<Vec<Option<String>>>,
+    long: Option<bool>,
+    rate: Option<f64>,
+    pause: Option<Interval>,
+}
+
+/// Checks what involves several options at once (`tide._check_task`), after a write: an error
+/// aborts the statement, so nothing is written.
+fn check_task(task_id: i64, function: &'static str) {
+    Spi::run_with_args("SELECT tide._check_task($1)", &[task_id.into()]).or_raise(function);
+}
 
 /// Collects the execution options of `tide.schedule` / `tide.alter` and validates them.
 #[allow(clippy::too_many_arguments)]
@@ -156,6 +199,7 @@ fn exec_options(
     ready_timeout: Option<Interval>,
     recheck_interval: Option<Interval>,
     not_ready_policy: Option<&str>,
+    guarantees: Guarantees,
     function: &'static str,
 ) -> ExecOptions {
     let span = |i: Option<Interval>| i.as_ref().map(span_of);
@@ -178,6 +222,13 @@ fn exec_options(
         ready_timeout: span(ready_timeout),
         recheck_interval: span(recheck_interval),
         not_ready_policy: text(not_ready_policy),
+        overlap: text(guarantees.overlap),
+        max_concurrency: guarantees.max_concurrency,
+        lock_key: guarantees.lock_key.map(str::to_string),
+        topics: guarantees.topics.map(|t| t.into_iter().flatten().collect()),
+        long: guarantees.long,
+        rate: guarantees.rate,
+        pause: span(guarantees.pause),
     }
     .validate()
     .or_raise(function)
@@ -214,6 +265,13 @@ fn schedule(
     ready_timeout: default!(Option<Interval>, "NULL"),
     recheck_interval: default!(Option<Interval>, "'1 minute'"),
     not_ready_policy: default!(Option<&str>, "'next_window'"),
+    overlap: default!(Option<&str>, "'queue'"),
+    max_concurrency: default!(Option<i32>, "NULL"),
+    lock_key: default!(Option<&str>, "NULL"),
+    topics: default!(Option<Vec<Option<String>>>, "'{}'"),
+    long: default!(Option<bool>, false),
+    rate: default!(Option<f64>, "NULL"),
+    pause: default!(Option<Interval>, "NULL"),
 ) -> i64 {
     const F: &str = "tide.schedule";
     let exec = exec_options(
@@ -234,12 +292,22 @@ fn schedule(
         ready_timeout,
         Some(required(recheck_interval, "recheck_interval", F)),
         Some(required(not_ready_policy, "not_ready_policy", F)),
+        Guarantees {
+            overlap: Some(required(overlap, "overlap", F)),
+            max_concurrency,
+            lock_key,
+            topics: Some(required(topics, "topics", F)),
+            long: Some(required(long, "long", F)),
+            rate,
+            pause,
+        },
         F,
     );
     let name = required(name, "name", F);
     check_name(name).or_raise(F);
     let text = RuleText {
-        schedule: required(schedule, "schedule", F).to_string(),
+        // NULL: an event task without a schedule (tide._check_task wants topics then).
+        schedule: schedule.unwrap_or_default().to_string(),
         command: command.map(str::to_string),
         tz: required(tz, "tz", F).to_string(),
         biz_window: required(biz_window, "biz_window", F).to_string(),
@@ -258,7 +326,7 @@ fn schedule(
     let values: Vec<String> = EXEC_COLUMNS
         .iter()
         .enumerate()
-        .map(|(i, (_, cast))| format!("${}{cast}", i + 11))
+        .map(|(i, (col, cast))| stored(col, &format!("${}{cast}", i + 11)))
         .collect();
     // One statement inserts the task and its version-1 snapshot; a taken name inserts neither.
     let query = format!(
@@ -285,7 +353,10 @@ fn schedule(
             .map(|row| row.get::<i64>(1).or_raise(F))
     });
     match id {
-        Some(Some(id)) => id,
+        Some(Some(id)) => {
+            check_task(id, F);
+            id
+        }
         _ => raise(TideError::DuplicateTask(name.to_string()), F),
     }
 }
@@ -322,6 +393,13 @@ fn alter(
     recheck_interval: default!(Option<Interval>, "NULL"),
     not_ready_policy: default!(Option<&str>, "NULL"),
     pending: default!(Option<&str>, "'hold'"),
+    overlap: default!(Option<&str>, "NULL"),
+    max_concurrency: default!(Option<i32>, "NULL"),
+    lock_key: default!(Option<&str>, "NULL"),
+    topics: default!(Option<Vec<Option<String>>>, "NULL"),
+    long: default!(Option<bool>, "NULL"),
+    rate: default!(Option<f64>, "NULL"),
+    pause: default!(Option<Interval>, "NULL"),
 ) -> i32 {
     const F: &str = "tide.alter";
     let name = required(name, "name", F);
@@ -347,6 +425,15 @@ fn alter(
         ready_timeout,
         recheck_interval,
         not_ready_policy,
+        Guarantees {
+            overlap,
+            max_concurrency,
+            lock_key,
+            topics,
+            long,
+            rate,
+            pause,
+        },
         F,
     );
     let current = load_task(name, true).or_raise(F);
@@ -365,7 +452,7 @@ fn alter(
 
     // The next fire moves only when the timing changed, so a no-op alter never skips a fire
     // that is due but not yet processed.
-    let timing_changed = old.schedule.text() != rules.schedule.text()
+    let timing_changed = old.schedule_text() != rules.schedule_text()
         || old.tz != rules.tz
         || old.policy != rules.policy;
     let mut args: Vec<DatumWithOid> = vec![current.task_id.into()];
@@ -379,10 +466,11 @@ fn alter(
         .enumerate()
         .map(|(i, (col, cast))| {
             let p = format!("${}{cast}", i + 12);
-            if matches!(*col, "ready_dataset" | "ready_check") {
-                format!("{col} = CASE WHEN {p} IS NULL THEN {col} ELSE nullif({p}, '') END")
-            } else {
+            let value = stored(col, &p);
+            if value == p {
                 format!("{col} = coalesce({p}, {col})")
+            } else {
+                format!("{col} = CASE WHEN {p} IS NULL THEN {col} ELSE {value} END")
             }
         })
         .collect();
@@ -405,6 +493,7 @@ fn alter(
             .and_then(|row| row.get::<i32>(1).or_raise(F))
             .unwrap_or_else(|| raise(TideError::NoSuchTask(name.to_string()), F))
     });
+    check_task(current.task_id, F);
     // Unstarted runs created under older rules must not silently run under the new ones.
     Spi::run_with_args(
         "SELECT tide._apply_pending($1, $2, $3)",

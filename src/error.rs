@@ -72,6 +72,15 @@ pub enum TideError {
 
     #[error("unknown pending \"{0}\"")]
     BadPending(String),
+
+    #[error("task \"{0}\" has no schedule, so it has no windows")]
+    NoSchedule(String),
+
+    #[error("topic \"{0}\" is not valid")]
+    BadTopic(String),
+
+    #[error("lock_key \"{template}\" is not valid: {reason}")]
+    BadLockKey { template: String, reason: String },
 }
 
 /// The longest task name accepted: long enough for descriptive names, short enough to read in
@@ -120,6 +129,13 @@ impl TideError {
             TideError::NoWindow { hint, .. } => hint.clone(),
             TideError::OneOf { params } => format!("for example tide.rerun('daily_bill', biz_date => DATE '2026-11-28'); pass {params}, not both"),
             TideError::BadPending(_) => "use pending => 'hold' (default: unstarted runs wait for tide.confirm), 'adopt' (they take the new rules) or 'keep' (they keep the rules they were created under)".to_string(),
+            TideError::NoSchedule(name) => format!(
+                "it runs on events only (tide.emit); give it a schedule with tide.alter('{name}', schedule => '0 1 * * *')"
+            ),
+            TideError::BadTopic(_) => {
+                "a topic is 1 to 100 characters: letters, digits, '_', '-', '.' or ':', such as 'order.created'".to_string()
+            }
+            TideError::BadLockKey { .. } => "write a template such as 'account:{args.account_id}'; placeholders are {args.NAME}, {payload.NAME}, {key}, {biz_date} and {task}".to_string(),
             TideError::ArgsNotObject(_) => {
                 "pass an object such as '{\"account_id\": 42}'::jsonb".to_string()
             }

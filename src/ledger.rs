@@ -71,13 +71,14 @@ fn window_by_date(
     task: &str,
 ) -> Result<(Option<chrono::DateTime<chrono::Utc>>, BizWindow), TideError> {
     let (tz, policy, kind) = (rules.tz, rules.policy, rules.biz_window);
+    let schedule = rules.calendar(task)?;
     // The first fire at or after the local midnight of the date, then every fire while its
     // window still starts on or before that date.
     let midnight = biz_date.and_time(NaiveTime::MIN);
     let start = crate::calendar::zone_instant(tz, midnight) - Duration::days(1);
     let mut found: Vec<(chrono::DateTime<chrono::Utc>, BizWindow)> = Vec::new();
-    for fire in fire_iter(&rules.schedule, tz, policy, start).take(20_000) {
-        let Some(w) = window_for(&rules.schedule, tz, policy, kind, fire) else {
+    for fire in fire_iter(schedule, tz, policy, start).take(20_000) {
+        let Some(w) = window_for(schedule, tz, policy, kind, fire) else {
             continue;
         };
         if w.biz_date > biz_date {
@@ -120,6 +121,7 @@ fn window_by_start(
     task: &str,
 ) -> Result<(Option<chrono::DateTime<chrono::Utc>>, BizWindow), TideError> {
     let (tz, policy, kind) = (rules.tz, rules.policy, rules.biz_window);
+    let schedule = rules.calendar(task)?;
     let not_a_start = || TideError::NoWindow {
         task: task.to_string(),
         what: format!("a window starting at {start}"),
@@ -127,25 +129,16 @@ fn window_by_start(
     };
     let fire = match kind {
         // A fire window starts at a fire and ends at the next one.
-        WindowKind::Fire => fire_iter(&rules.schedule, tz, policy, start)
-            .next()
-            .filter(|_| {
-                previous_fire(
-                    &rules.schedule,
-                    tz,
-                    policy,
-                    start + Duration::microseconds(1),
-                ) == Some(start)
-            }),
+        WindowKind::Fire => fire_iter(schedule, tz, policy, start).next().filter(|_| {
+            previous_fire(schedule, tz, policy, start + Duration::microseconds(1)) == Some(start)
+        }),
         // A period window belongs to the first fire at or after its end.
-        _ => fire_iter(&rules.schedule, tz, policy, start)
+        _ => fire_iter(schedule, tz, policy, start)
             .take(20_000)
-            .find(|f| {
-                window_for(&rules.schedule, tz, policy, kind, *f).is_some_and(|w| w.start >= start)
-            }),
+            .find(|f| window_for(schedule, tz, policy, kind, *f).is_some_and(|w| w.start >= start)),
     }
     .ok_or_else(not_a_start)?;
-    let w = window_for(&rules.schedule, tz, policy, kind, fire).ok_or_else(not_a_start)?;
+    let w = window_for(schedule, tz, policy, kind, fire).ok_or_else(not_a_start)?;
     if w.start != start {
         return Err(not_a_start());
     }
@@ -207,4 +200,32 @@ fn rerun(
     )
     .or_raise(F)
     .unwrap_or_else(|| raise(TideError::NoSuchTask(name.to_string()), F))
+}
+
+/// The lock key of a run from its task's `lock_key` template (see `lockkey.rs`); NULL when the
+/// task has none. A template stored around validation is used as a constant key: more
+/// exclusion, never less.
+#[pg_extern(immutable, parallel_safe, name = "_lock_key")]
+fn lock_key(
+    template: Option<&str>,
+    task: Option<&str>,
+    args: Option<pgrx::JsonB>,
+    payload: Option<pgrx::JsonB>,
+    key: Option<&str>,
+    biz_date: Option<&str>,
+) -> Option<String> {
+    let template = template.filter(|t| !t.trim().is_empty())?;
+    let Ok(parsed) = crate::lockkey::Template::parse(template) else {
+        return Some(template.to_string());
+    };
+    let empty = serde_json::Value::Object(serde_json::Map::new());
+    let args = args.map(|a| a.0).unwrap_or(empty);
+    let payload = payload.map(|p| p.0);
+    Some(parsed.render(&crate::lockkey::RunFacts {
+        task: task.unwrap_or(""),
+        args: &args,
+        payload: payload.as_ref(),
+        key,
+        biz_date,
+    }))
 }

@@ -6,6 +6,7 @@
 // Pure logic, unit-tested with plain `cargo test`.
 pub mod calendar;
 pub mod error;
+pub mod lockkey;
 pub mod misfire;
 pub mod retry;
 pub mod rules;
@@ -43,11 +44,17 @@ mod worker;
 );
 // Steps inside a run, skipped by later attempts and reruns once done.
 ::pgrx::extension_sql_file!("../sql/steps.sql", name = "steps", requires = ["execution"]);
+// Locks, overlap, per-key order, event tasks (tide.emit), controls of long runs.
+::pgrx::extension_sql_file!(
+    "../sql/guarantees.sql",
+    name = "guarantees",
+    requires = ["effects", "steps"]
+);
 // Monitoring: health, heartbeat checks, alerts, metrics, run log lines, explain, retention.
 ::pgrx::extension_sql_file!(
     "../sql/monitor.sql",
     name = "monitor",
-    requires = ["effects", "steps"]
+    requires = ["guarantees"]
 );
 // Comments on the generated functions, once they exist.
 ::pgrx::extension_sql_file!("../sql/comments.sql", name = "comments", finalize);

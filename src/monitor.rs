@@ -12,7 +12,8 @@ use crate::pgtime::{from_pg, now, to_pg};
 use crate::sqlerr::{required, OrRaise};
 
 /// The longest time between two consecutive fires of a schedule (from now, a year ahead):
-/// the base of a task's derived `max_silence`. NULL for a schedule that fires less than twice.
+/// the base of a task's derived `max_silence`. NULL for a schedule that fires less than twice,
+/// and for no schedule.
 #[pg_extern(stable, parallel_safe, name = "_fire_gap")]
 fn fire_gap(
     schedule: Option<&str>,
@@ -21,7 +22,8 @@ fn fire_gap(
     dst_overlap: Option<&str>,
 ) -> Option<Interval> {
     const F: &str = "tide._fire_gap";
-    let schedule = Schedule::parse(required(schedule, "schedule", F)).or_raise(F);
+    // An event task without a schedule has no gaps between fires.
+    let schedule = Schedule::parse(schedule.filter(|s| !s.trim().is_empty())?).or_raise(F);
     let tz = parse_zone(required(tz, "tz", F)).or_raise(F);
     let policy = DstPolicy {
         gap: DstGap::parse(dst_gap.unwrap_or("shift")).or_raise(F),

@@ -28,7 +28,8 @@ pub struct RuleText {
 /// Validated rules, with the canonical spellings to store.
 #[derive(Debug, Clone)]
 pub struct TaskRules {
-    pub schedule: Schedule,
+    /// `None`: an event task without a schedule (it runs only on `tide.emit`).
+    pub schedule: Option<Schedule>,
     pub command: Option<String>,
     pub tz: Tz,
     pub biz_window: WindowKind,
@@ -62,6 +63,52 @@ pub fn check_name(name: &str) -> Result<(), TideError> {
     Ok(())
 }
 
+/// The overlap policies of a task's scheduled runs.
+pub fn parse_overlap(s: &str) -> Result<&'static str, TideError> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "queue" => Ok("queue"),
+        "skip" => Ok("skip"),
+        "allow" => Ok("allow"),
+        _ => Err(TideError::UnknownOption {
+            option: "overlap",
+            value: s.to_string(),
+            allowed: "'queue' (default: a window waits for the previous one), 'skip' or 'allow'",
+        }),
+    }
+}
+
+/// A topic name: 1 to 100 letters, digits, '_', '-', '.' or ':'.
+pub fn check_topic(topic: &str) -> Result<(), TideError> {
+    let ok = (1..=100).contains(&topic.len())
+        && topic
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':'));
+    if ok {
+        Ok(())
+    } else {
+        Err(TideError::BadTopic(topic.to_string()))
+    }
+}
+
+/// The topics a task subscribes to, deduplicated and sorted.
+pub fn check_topics(topics: &[String]) -> Result<Vec<String>, TideError> {
+    let mut out: Vec<String> = Vec::with_capacity(topics.len());
+    for t in topics {
+        check_topic(t)?;
+        out.push(t.clone());
+    }
+    out.sort();
+    out.dedup();
+    if out.len() > 50 {
+        return Err(TideError::OutOfRange {
+            param: "topics",
+            value: format!("{} topics", out.len()),
+            expected: "at most 50 topics",
+        });
+    }
+    Ok(out)
+}
+
 fn check_queue(queue: &str) -> Result<(), TideError> {
     let ok = (1..=63).contains(&queue.len())
         && queue
@@ -77,7 +124,11 @@ fn check_queue(queue: &str) -> Result<(), TideError> {
 impl RuleText {
     /// Validates every rule; the first problem found is returned.
     pub fn validate(&self) -> Result<TaskRules, TideError> {
-        let schedule = Schedule::parse(&self.schedule)?;
+        let schedule = if self.schedule.trim().is_empty() {
+            None
+        } else {
+            Some(Schedule::parse(&self.schedule)?)
+        };
         let tz = parse_zone(&self.tz)?;
         let biz_window = WindowKind::parse(&self.biz_window)?;
         let policy = DstPolicy {
@@ -129,9 +180,21 @@ impl RuleText {
 impl TaskRules {
     /// The first fire strictly after `after`.
     pub fn next_fire(&self, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        next_fires(&self.schedule, self.tz, self.policy, after, 1)
+        next_fires(self.schedule.as_ref()?, self.tz, self.policy, after, 1)
             .into_iter()
             .next()
+    }
+
+    /// The schedule, for what needs windows; an event task without one is refused.
+    pub fn calendar(&self, task: &str) -> Result<&Schedule, TideError> {
+        self.schedule
+            .as_ref()
+            .ok_or_else(|| TideError::NoSchedule(task.to_string()))
+    }
+
+    /// The schedule as stored: NULL for an event task without one.
+    pub fn schedule_text(&self) -> Option<String> {
+        self.schedule.as_ref().map(|s| s.text().to_string())
     }
 }
 
@@ -228,6 +291,13 @@ pub struct ExecOptions {
     pub ready_timeout: Option<Span>,
     pub recheck_interval: Option<Span>,
     pub not_ready_policy: Option<String>,
+    pub overlap: Option<String>,
+    pub max_concurrency: Option<i32>,
+    pub lock_key: Option<String>,
+    pub topics: Option<Vec<String>>,
+    pub long: Option<bool>,
+    pub rate: Option<f64>,
+    pub pause: Option<Span>,
 }
 
 /// The most attempts a task may allow: retries are always bounded (R6.1, R14).
@@ -312,6 +382,43 @@ impl ExecOptions {
         }
         if let Some(p) = &self.not_ready_policy {
             self.not_ready_policy = Some(NotReadyPolicy::parse(p)?.as_str().to_string());
+        }
+        if let Some(o) = &self.overlap {
+            self.overlap = Some(parse_overlap(o)?.to_string());
+        }
+        within(
+            "max_concurrency",
+            self.max_concurrency,
+            0,
+            10_000,
+            "between 1 and 10000 (0: no limit)",
+        )?;
+        if let Some(k) = &self.lock_key {
+            // '' removes the lock key (tide.alter); anything else must be a valid template.
+            if !k.trim().is_empty() {
+                crate::lockkey::Template::parse(k)?;
+            }
+        }
+        if let Some(topics) = &self.topics {
+            self.topics = Some(check_topics(topics)?);
+        }
+        if let Some(r) = self.rate {
+            if !(0.0..=10_000.0).contains(&r) {
+                return Err(TideError::OutOfRange {
+                    param: "rate",
+                    value: r.to_string(),
+                    expected: "between 0 and 10000 batches per second (0: no limit)",
+                });
+            }
+        }
+        if let Some(p) = self.pause {
+            if p.approx_micros() < 0 {
+                return Err(TideError::OutOfRange {
+                    param: "pause",
+                    value: p.describe(),
+                    expected: "an interval of 0 or more",
+                });
+            }
         }
         Ok(self)
     }

@@ -9,7 +9,7 @@ use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use serde_json::{json, Map, Value};
 
-use crate::calendar::{fire_iter, previous_fire, window_for, BizWindow, WindowKind};
+use crate::calendar::{fire_iter, previous_fire, window_for, BizWindow, Schedule, WindowKind};
 use crate::catalog::{rule_text, RULE_COLUMNS};
 use crate::ledger::micros_of;
 use crate::misfire::{plan, Decision, Due, Misfire, Planned, Policy, SkipReason};
@@ -133,11 +133,11 @@ struct Done {
 
 /// The windows of consecutive fires, one per window (a period window reached by several
 /// fires is kept once, with its first fire).
-fn windows(rules: &TaskRules, fires: &[DateTime<Utc>]) -> Vec<Due> {
+fn windows(rules: &TaskRules, schedule: &Schedule, fires: &[DateTime<Utc>]) -> Vec<Due> {
     let mut out: Vec<Due> = Vec::with_capacity(fires.len());
     let mut previous = fires
         .first()
-        .and_then(|f| previous_fire(&rules.schedule, rules.tz, rules.policy, *f));
+        .and_then(|f| previous_fire(schedule, rules.tz, rules.policy, *f));
     for &fire in fires {
         let window = match rules.biz_window {
             WindowKind::Fire => previous.map(|start| BizWindow {
@@ -145,7 +145,7 @@ fn windows(rules: &TaskRules, fires: &[DateTime<Utc>]) -> Vec<Due> {
                 end: fire,
                 biz_date: crate::calendar::to_local(rules.tz, start).date(),
             }),
-            kind => window_for(&rules.schedule, rules.tz, rules.policy, kind, fire),
+            kind => window_for(schedule, rules.tz, rules.policy, kind, fire),
         };
         previous = Some(fire);
         let Some(window) = window else { continue };
@@ -159,6 +159,7 @@ fn windows(rules: &TaskRules, fires: &[DateTime<Utc>]) -> Vec<Due> {
 
 fn fire_task(client: &mut SpiClient, task: &DueTask, now: DateTime<Utc>) -> Result<Done, String> {
     let rules = task.rules.validate().map_err(|e| e.to_string())?;
+    let schedule = rules.calendar(&task.name).map_err(|e| e.to_string())?;
     let misfire = Misfire::parse(&task.misfire).map_err(|e| e.to_string())?;
     let from = from_pg(task.next_fire_at, "next_fire_at").map_err(|e| e.to_string())?;
     let threshold = Duration::microseconds(micros_of(&task.threshold));
@@ -169,7 +170,7 @@ fn fire_task(client: &mut SpiClient, task: &DueTask, now: DateTime<Utc>) -> Resu
     // far enough ahead to know whether this batch is older than the windows a catch-up keeps.
     let cap = BATCH + catch_up_max + 1;
     let mut iter = fire_iter(
-        &rules.schedule,
+        schedule,
         rules.tz,
         rules.policy,
         from - Duration::seconds(1),
@@ -195,7 +196,7 @@ fn fire_task(client: &mut SpiClient, task: &DueTask, now: DateTime<Utc>) -> Resu
         (&fires[..], next)
     };
 
-    let due = windows(&rules, batch);
+    let due = windows(&rules, schedule, batch);
     let policy = Policy {
         now,
         threshold,

@@ -88,10 +88,11 @@ fn preview(
     let row = load_task(task, false).or_raise(F);
     let rules = row.rules.validate().or_raise(F);
     let tz = rules.tz;
-    let rows: Vec<_> = fire_iter(&rules.schedule, tz, rules.policy, after)
+    let schedule = rules.calendar(task).or_raise(F);
+    let rows: Vec<_> = fire_iter(schedule, tz, rules.policy, after)
         .take(n)
         .filter_map(|fire| {
-            let w = window_for(&rules.schedule, tz, rules.policy, rules.biz_window, fire)?;
+            let w = window_for(schedule, tz, rules.policy, rules.biz_window, fire)?;
             let length = (w.end - w.start).num_microseconds().unwrap_or(i64::MAX);
             Some((
                 to_pg(fire),

@@ -230,17 +230,50 @@ fn execute_one(worker: &str) -> bool {
     let Some(run) = claimed else {
         return false;
     };
-    in_transaction("run", || {
-        as_owner(&run.owner, run.timeout_ms, || {
-            let outcome = Spi::get_one_with_args::<String>(
-                "SELECT tide._execute($1, $2)",
-                &[run.run_id.into(), run.token.into()],
-            )
-            .or_raise(F);
-            debug1!("pg_tide: run {} {:?}", run.run_id, outcome);
+    // One transaction per call; a long task's command is called once per batch, each batch in
+    // its own transaction, until it returns no checkpoint (or is paused, cancelled, fenced).
+    loop {
+        let outcome = in_transaction("run", || {
+            as_owner(&run.owner, run.timeout_ms, || {
+                Spi::get_one_with_args::<String>(
+                    "SELECT tide._execute($1, $2)",
+                    &[run.run_id.into(), run.token.into()],
+                )
+                .or_raise(F)
+            })
         })
-    });
+        .flatten()
+        .flatten();
+        debug1!("pg_tide: run {} {:?}", run.run_id, outcome);
+        let Some(delay) = outcome.as_deref().and_then(more_after) else {
+            break;
+        };
+        if !sleep(delay) {
+            exit_for_restart();
+        }
+    }
     true
+}
+
+/// The delay before the next batch of a long task, from `tide._execute`'s answer `more <ms>`.
+fn more_after(outcome: &str) -> Option<Duration> {
+    let ms = outcome.strip_prefix("more ")?.trim().parse::<u64>().ok()?;
+    Some(Duration::from_millis(ms))
+}
+
+/// Sleeps `delay` (a pending SIGTERM ends the worker at the next transaction). False means the
+/// postmaster died.
+fn sleep(delay: Duration) -> bool {
+    let until = std::time::Instant::now() + delay;
+    loop {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return true;
+        }
+        if !wait(left) {
+            return false;
+        }
+    }
 }
 
 /// Evaluates one due readiness check; true if there was one.
@@ -279,15 +312,15 @@ fn check_one() -> bool {
 /// Runs `body` as role `owner`, as a SECURITY DEFINER function would: the user id is switched
 /// with SECURITY_LOCAL_USERID_CHANGE, so the user's SQL cannot SET ROLE or RESET ROLE back to
 /// the worker's superuser. A statement timeout bounds it.
-fn as_owner(owner: &str, timeout_ms: i32, body: impl FnOnce()) {
+fn as_owner<R>(owner: &str, timeout_ms: i32, body: impl FnOnce() -> R) -> Option<R> {
     let Ok(role) = std::ffi::CString::new(owner) else {
-        return;
+        return None;
     };
     // SAFETY: get_role_oid with missing_ok returns InvalidOid for a dropped role.
     let oid = unsafe { pg_sys::get_role_oid(role.as_ptr(), true) };
     if oid == pg_sys::InvalidOid {
         warning!("pg_tide: role \"{owner}\" no longer exists; its runs cannot be executed");
-        return;
+        return None;
     }
     let mut saved_user = pg_sys::InvalidOid;
     let mut saved_context: c_int = 0;
@@ -301,10 +334,11 @@ fn as_owner(owner: &str, timeout_ms: i32, body: impl FnOnce()) {
         );
         enable_timeout_after(STATEMENT_TIMEOUT, timeout_ms.max(1));
     }
-    body();
+    let result = body();
     // SAFETY: as above.
     unsafe {
         disable_timeout(STATEMENT_TIMEOUT, false);
         pg_sys::SetUserIdAndSecContext(saved_user, saved_context);
     }
+    Some(result)
 }

@@ -327,7 +327,10 @@ fn retries_back_off_then_dead_letter_then_replay(cluster: &Cluster) -> Result<()
 
 fn error_kinds_choose_the_path(cluster: &Cluster) -> Result<(), Failed> {
     let mut c = cluster.fresh_db("t_kinds")?;
-    exec(&mut c, "SELECT tide.schedule('k', '0 * * * *')")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('k', '0 * * * *', overlap => 'allow')",
+    )?;
     let a = rerun_hours_ago(&mut c, "k", 3)?;
     let b = rerun_hours_ago(&mut c, "k", 2)?;
     let (ida, ta) = claim(&mut c, "")?.ok_or("claim a")?;
@@ -388,7 +391,10 @@ fn error_kinds_choose_the_path(cluster: &Cluster) -> Result<(), Failed> {
 
 fn stale_lease_tokens_are_fenced(cluster: &Cluster) -> Result<(), Failed> {
     let mut c = cluster.fresh_db("t_fence")?;
-    exec(&mut c, "SELECT tide.schedule('s', '0 * * * *')")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('s', '0 * * * *', overlap => 'allow')",
+    )?;
     let run = rerun_hours_ago(&mut c, "s", 2)?;
     let (_, old) = claim(&mut c, ", lease => '1 second'")?.ok_or("claim")?;
     let back = tick(&mut c, "now() + interval '1 minute'")?;
@@ -854,7 +860,10 @@ fn only_the_scheduler_moves_time(cluster: &Cluster) -> Result<(), Failed> {
 
 fn small_functions_happy_paths_and_bad_input(cluster: &Cluster) -> Result<(), Failed> {
     let mut c = cluster.fresh_db("t_small_functions")?;
-    exec(&mut c, "SELECT tide.schedule('s', '0 * * * *')")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('s', '0 * * * *', overlap => 'allow')",
+    )?;
 
     // tide.tick: NULL and infinite instants are refused.
     let cases = [
