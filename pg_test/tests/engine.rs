@@ -860,10 +860,7 @@ fn only_the_scheduler_moves_time(cluster: &Cluster) -> Result<(), Failed> {
 
 fn small_functions_happy_paths_and_bad_input(cluster: &Cluster) -> Result<(), Failed> {
     let mut c = cluster.fresh_db("t_small_functions")?;
-    exec(
-        &mut c,
-        "SELECT tide.schedule('s', '0 * * * *', overlap => 'allow')",
-    )?;
+    exec(&mut c, "SELECT tide.schedule('s', '0 * * * *')")?;
 
     // tide.tick: NULL and infinite instants are refused.
     let cases = [
