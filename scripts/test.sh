@@ -35,6 +35,8 @@ run_tier cluster cargo test -p pg_tide_pg_test --test cluster
 run_tier engine cargo test -p pg_tide_pg_test --test engine
 run_tier monitor cargo test -p pg_tide_pg_test --test monitor
 run_tier guarantees cargo test -p pg_tide_pg_test --test guarantees
+run_tier locks cargo test -p pg_tide_pg_test --test locks
+run_tier events cargo test -p pg_tide_pg_test --test events
 
 # Runners that ran nothing (empty doc-test binaries) are left out of the summary.
 printf '\n==> summary\n'

@@ -925,7 +925,7 @@ DECLARE
 BEGIN
     -- Parked runs whose wait is over are looked at by claims again (a wake-up may have been
     -- lost: the run they waited for was deleted, say).
-    UPDATE tide.pending p SET parked = false WHERE p.parked AND p.due_at <= p_now;
+    UPDATE tide.pending p SET parked = false, due_at = NULL WHERE p.parked AND p.due_at <= p_now;
 
     -- Backoff passed: retries are ready again.
     UPDATE tide.run r SET state = 'ready', run_after = NULL, updated_at = now(),

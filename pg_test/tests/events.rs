@@ -1,0 +1,672 @@
+//! Event tasks and long tasks on a real cluster. `tide.emit` creates runs in the caller's
+//! transaction, once per dedupe key; runs of one key go one at a time in emit order;
+//! `emit_on_change` emits table changes; an event task may also have a schedule. Long tasks run
+//! batch by batch in the executors, survive a killed executor without redoing committed
+//! batches, and obey pause, resume and cancel between batches. The R4.5 property: a task run
+//! three times for one window (replay, forced rerun, racing claimers, a lease expiring under a
+//! slow worker) leaves the business tables as one run does, and each message is delivered once.
+
+use std::time::Duration;
+
+use pg_tide_pg_test::{
+    db_err, one, refused, run_tests, wait_for, Client, Cluster, Failed, TestFn, WORKERS_DB,
+};
+
+fn exec(c: &mut Client, sql: &str) -> Result<(), Failed> {
+    c.batch_execute(sql).map_err(db_err)
+}
+
+fn claim(c: &mut Client, n: i32) -> Result<Vec<(i64, i64, Option<String>)>, Failed> {
+    Ok(c
+        .query(
+            &format!("SELECT run_id, lease_token, event_key FROM tide.claim(worker => 'w', n => {n}) ORDER BY run_id"),
+            &[],
+        )
+        .map_err(db_err)?
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect())
+}
+
+fn complete(c: &mut Client, run: i64, token: i64) -> Result<(), Failed> {
+    exec(c, &format!("SELECT tide.complete({run}, {token})"))
+}
+
+fn state(c: &mut Client, run: i64) -> Result<String, String> {
+    c.query_one(
+        &format!("SELECT state::text FROM tide.run WHERE run_id = {run}"),
+        &[],
+    )
+    .map(|r| r.get(0))
+    .map_err(|e| e.to_string())
+}
+
+fn emit_creates_runs_in_the_callers_transaction(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("v_emit")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('welcome', NULL, topics => ARRAY['user.created']);
+         SELECT tide.schedule('crm', NULL, topics => ARRAY['user.created', 'user.deleted']);
+         SELECT tide.schedule('audit', '0 1 * * *', topics => ARRAY['user.deleted']);",
+    )?;
+    let n: i32 = one(
+        &mut c,
+        "SELECT tide.emit('user.created', '{\"id\": 1}', dedupe => 'user:1')",
+    )?;
+    assert_eq!(n, 2, "one run per subscribed task");
+    let again: i32 = one(
+        &mut c,
+        "SELECT tide.emit('user.created', '{\"id\": 1}', dedupe => 'user:1')",
+    )?;
+    assert_eq!(again, 0, "a repeated dedupe key is a no-op");
+    exec(
+        &mut c,
+        "BEGIN; SELECT tide.emit('user.created', '{\"id\": 2}'); ROLLBACK;",
+    )?;
+    let runs: String = one(
+        &mut c,
+        "SELECT string_agg(t.name || ':' || r.trigger || ':' || r.dedupe_key || ':' || r.payload::text, ',' ORDER BY t.name)
+           FROM tide.run r JOIN tide.task t USING (task_id)",
+    )?;
+    assert_eq!(
+        runs, "crm:event:user:1:{\"id\": 1},welcome:event:user:1:{\"id\": 1}",
+        "a rolled-back emit left nothing"
+    );
+    let none: i32 = one(&mut c, "SELECT tide.emit('nobody.listens')")?;
+    assert_eq!(none, 0);
+    // Without a dedupe key every emit is its own event; the scheduled task's windows coexist.
+    let deleted: i32 = one(
+        &mut c,
+        "SELECT tide.emit('user.deleted') + tide.emit('user.deleted')",
+    )?;
+    assert_eq!(deleted, 4);
+    exec(
+        &mut c,
+        "SELECT tide.rerun('audit', biz_date => current_date - 1)",
+    )?;
+    let audit: String = one(
+        &mut c,
+        "SELECT string_agg(r.trigger::text, ',' ORDER BY r.trigger::text) FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'audit'",
+    )?;
+    assert_eq!(audit, "event,event,manual");
+    // The claim hands the event over.
+    let got: String = one(
+        &mut c,
+        "SELECT string_agg(task || '/' || topic || '/' || payload::text, ',' ORDER BY task)
+           FROM tide.claim(n => 2) WHERE topic = 'user.created'",
+    )?;
+    assert_eq!(
+        got,
+        "crm/user.created/{\"id\": 1},welcome/user.created/{\"id\": 1}"
+    );
+    // An event task has no windows.
+    let (code, message, hint) = refused(
+        &mut c,
+        "SELECT tide.rerun('welcome', biz_date => current_date)",
+    )?;
+    assert_eq!(code, "22023");
+    assert_eq!(
+        message,
+        "task \"welcome\" has no schedule, so it has no windows"
+    );
+    assert!(hint.contains("tide.alter('welcome', schedule =>"), "{hint}");
+
+    for (sql, code, needle) in [
+        ("SELECT tide.emit(NULL)", "22004", "topic NULL"),
+        (
+            "SELECT tide.emit('has space')",
+            "22023",
+            "topic 'has space'",
+        ),
+        ("SELECT tide.emit('t', key => '')", "22023", "key ''"),
+        (
+            "SELECT tide.emit('t', dedupe => '#5')",
+            "22023",
+            "dedupe '#5'",
+        ),
+        (
+            "SELECT tide.schedule('x', NULL)",
+            "22004",
+            "schedule must not be NULL for a task without topics",
+        ),
+        (
+            "SELECT tide.schedule('x', NULL, topics => ARRAY['ok', 'not ok'])",
+            "22023",
+            "topic \"not ok\" is not valid",
+        ),
+        (
+            "SELECT tide.alter('welcome', topics => '{}')",
+            "22004",
+            "schedule must not be NULL",
+        ),
+    ] {
+        let (got, message, hint) = refused(&mut c, sql)?;
+        assert_eq!(got, code, "{sql}: {message}");
+        assert!(message.contains(needle), "{sql}: {message}");
+        assert!(!hint.is_empty(), "{sql}");
+    }
+    let topics: String = one(
+        &mut c,
+        "SELECT array_to_string(topics, ',') FROM tide.task WHERE name = 'welcome'",
+    )?;
+    assert_eq!(topics, "user.created", "the refused alter wrote nothing");
+    Ok(())
+}
+
+fn runs_of_one_key_go_in_emit_order(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("v_order")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('ship', NULL, topics => ARRAY['order']);
+         SELECT tide.emit('order', '{\"n\": 1}', key => 'cust:1');
+         SELECT tide.emit('order', '{\"n\": 2}', key => 'cust:1');
+         SELECT tide.emit('order', '{\"n\": 3}', key => 'cust:2');
+         SELECT tide.emit('order', '{\"n\": 4}', key => 'cust:1');
+         SELECT tide.emit('order', '{\"n\": 5}');
+         SELECT tide.emit('order', '{\"n\": 6}');",
+    )?;
+    let mut order = Vec::new();
+    // Different keys (and keyless events) go side by side; one key one at a time.
+    let first = claim(&mut c, 10)?;
+    let keys: Vec<Option<String>> = first.iter().map(|r| r.2.clone()).collect();
+    assert_eq!(
+        keys,
+        vec![Some("cust:1".into()), Some("cust:2".into()), None, None]
+    );
+    for (run, token, _) in &first {
+        order.push(*run);
+        complete(&mut c, *run, *token)?;
+    }
+    // A failed run keeps its key's place: the next waits for its retry.
+    let second = claim(&mut c, 10)?;
+    assert_eq!(second.len(), 1);
+    let (run, token, _) = second[0];
+    exec(
+        &mut c,
+        &format!("SELECT tide.fail({run}, {token}, 'flaky')"),
+    )?;
+    assert!(claim(&mut c, 10)?.is_empty(), "cust:1's next waits");
+    exec(&mut c, "SELECT tide.tick(now() + interval '1 hour')")?;
+    let retried = claim(&mut c, 10)?;
+    assert_eq!(retried[0].0, run);
+    complete(&mut c, run, retried[0].1)?;
+    order.push(run);
+    let last = claim(&mut c, 10)?;
+    complete(&mut c, last[0].0, last[0].1)?;
+    order.push(last[0].0);
+    let ns: String = one(
+        &mut c,
+        &format!(
+            "SELECT string_agg(payload->>'n', ',' ORDER BY array_position(ARRAY{order:?}::bigint[], run_id))
+               FROM tide.run WHERE event_key = 'cust:1'"
+        ),
+    )?;
+    assert_eq!(ns, "1,2,4", "cust:1 in emit order");
+    Ok(())
+}
+
+fn emit_on_change_emits_inserts_and_updates(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("v_change")?;
+    exec(
+        &mut c,
+        "CREATE TABLE orders (id int PRIMARY KEY, customer text, total int);
+         SELECT tide.schedule('sync', NULL, topics => ARRAY['order.changed']);",
+    )?;
+    let name: String = one(
+        &mut c,
+        "SELECT tide.emit_on_change('orders', 'order.changed', 'customer')::text",
+    )?;
+    assert_eq!(name, "tide_emit_order_changed");
+    exec(
+        &mut c,
+        "INSERT INTO orders VALUES (1, 'ann', 10);
+         UPDATE orders SET total = 10 WHERE id = 1;  -- no change: no event
+         UPDATE orders SET total = 12 WHERE id = 1;",
+    )?;
+    exec(
+        &mut c,
+        "BEGIN; INSERT INTO orders VALUES (2, 'bob', 5); ROLLBACK;",
+    )?;
+    let events: String = one(
+        &mut c,
+        "SELECT string_agg(payload->>'op' || ':' || event_key || ':' || (payload->'row'->>'total'), ',' ORDER BY run_id)
+           FROM tide.run",
+    )?;
+    assert_eq!(events, "insert:ann:10,update:ann:12");
+    let table: String = one(&mut c, "SELECT payload->>'table' FROM tide.run LIMIT 1")?;
+    assert_eq!(table, "public.orders");
+    let dropped: bool = one(
+        &mut c,
+        "SELECT tide.drop_emit_on_change('orders', 'order.changed')",
+    )?;
+    assert!(dropped);
+    exec(&mut c, "INSERT INTO orders VALUES (3, 'cy', 1)")?;
+    let runs: i64 = one(&mut c, "SELECT count(*) FROM tide.run")?;
+    assert_eq!(runs, 2, "no trigger, no event");
+    let again: bool = one(
+        &mut c,
+        "SELECT tide.drop_emit_on_change('orders', 'order.changed')",
+    )?;
+    assert!(!again);
+    for (sql, code, needle) in [
+        (
+            "SELECT tide.emit_on_change('orders', 'x', 'nope')",
+            "42703",
+            "table orders has no column nope",
+        ),
+        (
+            "SELECT tide.emit_on_change(NULL, 'x')",
+            "22004",
+            "table must not be NULL",
+        ),
+        (
+            "SELECT tide.emit_on_change('orders', 'bad topic')",
+            "22023",
+            "topic 'bad topic' is not valid",
+        ),
+        (
+            "SELECT tide.emit_on_change('missing', 'x')",
+            "42P01",
+            "missing",
+        ),
+    ] {
+        let (got, message, _) = refused(&mut c, sql)?;
+        assert_eq!(got, code, "{sql}: {message}");
+        assert!(message.contains(needle), "{sql}: {message}");
+    }
+    Ok(())
+}
+
+/// A long task in the real executors: batches of 5 items with a pause between, each item
+/// counted by the batch that did it.
+fn long_task_setup(c: &mut Client, task: &str, items: i32, extra: &str) -> Result<(), Failed> {
+    exec(
+        c,
+        &format!(
+            "DROP TABLE IF EXISTS {task}_items;
+             CREATE TABLE {task}_items (i int PRIMARY KEY, times int NOT NULL DEFAULT 0);
+             INSERT INTO {task}_items SELECT g FROM generate_series(1, {items}) g;
+             CREATE OR REPLACE FUNCTION {task}_batch(ck jsonb) RETURNS jsonb LANGUAGE plpgsql AS $$
+             DECLARE last int := coalesce((ck->>'last')::int, 0); n int;
+             BEGIN
+                 UPDATE {task}_items SET times = times + 1 WHERE i > last AND i <= last + 5;
+                 GET DIAGNOSTICS n = ROW_COUNT;
+                 RETURN CASE WHEN n = 0 THEN NULL ELSE jsonb_build_object('last', last + 5) END;
+             END $$;
+             SELECT tide.schedule('{task}', NULL, 'SELECT {task}_batch(tide.checkpoint())',
+                                  topics => ARRAY['{task}'], long => true, timeout => '2 seconds',
+                                  backoff_base => '100 ms', jitter => 'none'{extra});"
+        ),
+    )?;
+    Ok(())
+}
+
+fn batches_done(c: &mut Client, run: i64) -> Result<i32, String> {
+    c.query_one(
+        &format!("SELECT batches FROM tide.run WHERE run_id = {run}"),
+        &[],
+    )
+    .map(|r| r.get(0))
+    .map_err(|e| e.to_string())
+}
+
+fn a_killed_long_task_resumes_from_its_checkpoint(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    long_task_setup(&mut c, "long_kill", 60, ", pause => '150 ms'")?;
+    exec(&mut c, "SELECT tide.emit('long_kill')")?;
+    let run: i64 = one(
+        &mut c,
+        "SELECT r.run_id FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'long_kill'",
+    )?;
+    wait_for("three batches", Duration::from_secs(30), || {
+        Ok((batches_done(&mut c, run)? >= 3).then_some(()))
+    })?;
+    // Kill every executor mid-way (SIGKILL: crash recovery restarts all sessions).
+    cluster.kill_9("pg_tide executor")?;
+    let mut c = cluster.connect(WORKERS_DB)?;
+    let at_kill = batches_done(&mut c, run)?;
+    assert!(at_kill < 12, "killed mid-way ({at_kill} batches)");
+    wait_for("the run to finish", Duration::from_secs(60), || {
+        Ok((state(&mut c, run)? == "succeeded").then_some(()))
+    })?;
+    let (items, once): (i64, i64) = c
+        .query_one(
+            "SELECT count(*), count(*) FILTER (WHERE times = 1) FROM long_kill_items",
+            &[],
+        )
+        .map(|r| (r.get(0), r.get(1)))
+        .map_err(db_err)?;
+    assert_eq!((items, once), (60, 60), "every item done exactly once");
+    let history: String = one(
+        &mut c,
+        &format!("SELECT string_agg(outcome::text, ',' ORDER BY attempt) FROM tide.attempt WHERE run_id = {run}"),
+    )?;
+    assert_eq!(
+        history, "lost,succeeded",
+        "the killed attempt was taken back"
+    );
+    let batches = batches_done(&mut c, run)?;
+    assert_eq!(batches, 13, "12 batches of work and the last, empty one");
+    Ok(())
+}
+
+fn long_runs_pause_resume_and_cancel_between_batches(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    long_task_setup(&mut c, "long_ctl", 100, ", rate => 5")?;
+    exec(&mut c, "SELECT tide.emit('long_ctl', dedupe => 'one')")?;
+    let run: i64 = one(
+        &mut c,
+        "SELECT r.run_id FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'long_ctl'",
+    )?;
+    wait_for("a first batch", Duration::from_secs(30), || {
+        Ok((batches_done(&mut c, run)? >= 1).then_some(()))
+    })?;
+    let asked: String = one(&mut c, &format!("SELECT tide.pause_run({run})"))?;
+    assert_eq!(asked, "pausing");
+    wait_for("the pause to be taken up", Duration::from_secs(30), || {
+        Ok((state(&mut c, run)? == "paused").then_some(()))
+    })?;
+    let (done_items, batches, lease): (i64, i32, bool) = c
+        .query_one(
+            &format!(
+                "SELECT (SELECT count(*) FROM long_ctl_items WHERE times = 1), r.batches, r.lease_expires_at IS NULL
+                   FROM tide.run r WHERE r.run_id = {run}"
+            ),
+            &[],
+        )
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .map_err(db_err)?;
+    assert_eq!(done_items, i64::from(batches) * 5, "paused between batches");
+    assert!(lease, "a paused run holds no lease");
+    let checkpoint: i32 = one(
+        &mut c,
+        &format!("SELECT (checkpoint->>'last')::int FROM tide.run WHERE run_id = {run}"),
+    )?;
+    assert_eq!(checkpoint, batches * 5);
+    let again: String = one(&mut c, &format!("SELECT tide.pause_run({run})"))?;
+    assert_eq!(again, "paused");
+    let resumed: String = one(&mut c, &format!("SELECT tide.resume_run({run})"))?;
+    assert_eq!(resumed, "ready");
+    wait_for("the run to finish", Duration::from_secs(60), || {
+        Ok((state(&mut c, run)? == "succeeded").then_some(()))
+    })?;
+    let once: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM long_ctl_items WHERE times = 1",
+    )?;
+    assert_eq!(once, 100, "resumed from its checkpoint: nothing twice");
+
+    // Cancel between batches: committed batches stay, the rest is never done.
+    exec(
+        &mut c,
+        "UPDATE long_ctl_items SET times = 0; SELECT tide.emit('long_ctl', dedupe => 'two')",
+    )?;
+    let second: i64 = one(
+        &mut c,
+        "SELECT run_id FROM tide.run WHERE dedupe_key = 'two'",
+    )?;
+    wait_for("a first batch", Duration::from_secs(30), || {
+        Ok((batches_done(&mut c, second)? >= 1).then_some(()))
+    })?;
+    let asked: String = one(
+        &mut c,
+        &format!("SELECT tide.cancel_run({second}, 'wrong data')"),
+    )?;
+    assert_eq!(asked, "cancelling");
+    wait_for("the cancel to be taken up", Duration::from_secs(30), || {
+        Ok((state(&mut c, second)? == "cancelled").then_some(()))
+    })?;
+    let (done_items, batches): (i64, i32) = c
+        .query_one(
+            &format!("SELECT (SELECT count(*) FROM long_ctl_items WHERE times = 1), batches FROM tide.run WHERE run_id = {second}"),
+            &[],
+        )
+        .map(|r| (r.get(0), r.get(1)))
+        .map_err(db_err)?;
+    assert_eq!(done_items, i64::from(batches) * 5);
+    assert!(done_items < 100);
+
+    for (sql, code, needle) in [
+        (
+            format!("SELECT tide.resume_run({run})"),
+            "55000",
+            format!("run {run} is succeeded, not paused"),
+        ),
+        (
+            format!("SELECT tide.pause_run({run})"),
+            "55000",
+            format!("run {run} is succeeded"),
+        ),
+        (
+            format!("SELECT tide.cancel_run({run})"),
+            "55000",
+            format!("run {run} already ended (succeeded)"),
+        ),
+        (
+            "SELECT tide.pause_run(NULL)".to_string(),
+            "22004",
+            "run_id must not be NULL".to_string(),
+        ),
+        (
+            "SELECT tide.cancel_run(999999)".to_string(),
+            "42704",
+            "run 999999 does not exist".to_string(),
+        ),
+        (
+            "SELECT tide.schedule('x', '@daily', long => true)".to_string(),
+            "22023",
+            "long => true needs an SQL command".to_string(),
+        ),
+        (
+            "SELECT tide.schedule('x', '@daily', 'SELECT 1', rate => 2)".to_string(),
+            "22023",
+            "rate and pause apply to long tasks only".to_string(),
+        ),
+        (
+            "SELECT tide.schedule('x', '@daily', 'SELECT 1', long => true, rate => 2, pause => '1 s')"
+                .to_string(),
+            "22023",
+            "pass rate or pause, not both".to_string(),
+        ),
+        (
+            "SELECT tide.schedule('x', '@daily', 'SELECT 1', long => true, rate => -1)".to_string(),
+            "22023",
+            "rate must be between 0 and 10000".to_string(),
+        ),
+    ] {
+        let (got, message, hint) = refused(&mut c, &sql)?;
+        assert_eq!(got, code, "{sql}: {message}");
+        assert!(message.contains(&needle), "{sql}: {message}");
+        assert!(!hint.is_empty(), "{sql}");
+    }
+    Ok(())
+}
+
+/// The promise of R4.5 for an external worker's task: one window executed by two claimers
+/// racing, by a worker whose lease expired while it was still working (and then finished), by a
+/// replay and by a forced rerun leaves one ledger row and one delivered message.
+fn an_external_task_run_many_ways_acts_once(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("v_once_ext")?;
+    exec(
+        &mut c,
+        "CREATE TABLE ledger (biz_date date PRIMARY KEY, amount int NOT NULL);
+         SELECT tide.schedule('bill', '0 1 * * *', backoff_base => '1 second', jitter => 'none');",
+    )?;
+    // The worker's work for a claimed run: an upsert keyed by the business date, and a message
+    // deduplicated by it, committed together with the completion.
+    let work = |c: &mut Client, run: i64, token: i64| -> Result<(), postgres::Error> {
+        let mut tx = c.transaction()?;
+        tx.batch_execute(&format!(
+            "INSERT INTO ledger SELECT biz_date, 100 FROM tide.run WHERE run_id = {run}
+               ON CONFLICT (biz_date) DO UPDATE SET amount = EXCLUDED.amount;
+             SELECT tide.send('sms', 'bill:' || biz_date) FROM tide.run WHERE run_id = {run};
+             SELECT tide.complete({run}, {token});"
+        ))?;
+        tx.commit()
+    };
+    let run: i64 = one(
+        &mut c,
+        "SELECT tide.rerun('bill', biz_date => current_date - 1)",
+    )?;
+    // 1. Two claimers race: one gets it.
+    let mut other = cluster.connect("v_once_ext")?;
+    let a = claim(&mut c, 1)?;
+    let b = claim(&mut other, 1)?;
+    assert_eq!((a.len(), b.len()), (1, 0), "one claimer wins");
+    // 2. Its lease expires while it still works; the run is taken back and claimed again.
+    let slow_token = a[0].1;
+    exec(&mut c, "SELECT tide.tick(now() + interval '1 hour')")?;
+    exec(&mut c, "SELECT tide.tick(now() + interval '2 hours')")?;
+    let fresh = claim(&mut other, 1)?;
+    assert_eq!(fresh[0].0, run);
+    work(&mut other, run, fresh[0].1).map_err(db_err)?;
+    let late = work(&mut c, run, slow_token).expect_err("the slow worker is fenced");
+    assert_eq!(late.code().map(|s| s.code()), Some("55000"));
+    // 3. A replay and 4. a forced rerun of the succeeded window.
+    exec(&mut c, &format!("SELECT tide.replay({run}, force => true)"))?;
+    let again = claim(&mut c, 1)?;
+    work(&mut c, run, again[0].1).map_err(db_err)?;
+    exec(
+        &mut c,
+        "SELECT tide.rerun('bill', biz_date => current_date - 1, force => true)",
+    )?;
+    let again = claim(&mut c, 1)?;
+    work(&mut c, run, again[0].1).map_err(db_err)?;
+
+    let ledger: String = one(
+        &mut c,
+        "SELECT string_agg(biz_date || '=' || amount, ',') FROM ledger",
+    )?;
+    let day: String = one(&mut c, "SELECT (current_date - 1)::text")?;
+    assert_eq!(ledger, format!("{day}=100"), "as one execution leaves it");
+    let successes: i64 = one(
+        &mut c,
+        &format!(
+            "SELECT count(*) FROM tide.attempt WHERE run_id = {run} AND outcome = 'succeeded'"
+        ),
+    )?;
+    assert_eq!(successes, 3, "it really ran three times");
+    // Each message once: delivered by a delivery worker, never offered again.
+    let offered: i64 = one(
+        &mut c,
+        "SELECT count(tide.delivered(effect_id, lease_token)) FROM tide.claim_effects('sms', n => 10)",
+    )?;
+    assert_eq!(offered, 1);
+    let more: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM tide.claim_effects('sms', n => 10)",
+    )?;
+    assert_eq!(more, 0);
+    Ok(())
+}
+
+/// The same for an SQL command task in the real executors (two of them, claiming with SKIP
+/// LOCKED): the first run, a forced replay and a forced rerun of the window, against one
+/// execution of the same work elsewhere. (An SQL command cannot outlive its lease: the lease is
+/// its statement timeout plus a margin.)
+fn an_sql_task_run_many_ways_acts_once(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "DROP TABLE IF EXISTS once_ledger, once_reference;
+         CREATE TABLE once_ledger (biz_date date PRIMARY KEY, amount int NOT NULL, runs int NOT NULL DEFAULT 1);
+         CREATE TABLE once_reference (LIKE once_ledger INCLUDING ALL);
+         CREATE OR REPLACE FUNCTION once_bill(target text, day date) RETURNS void LANGUAGE plpgsql AS $$
+         BEGIN
+             EXECUTE format('INSERT INTO %I (biz_date, amount) VALUES ($1, 100)
+                             ON CONFLICT (biz_date) DO UPDATE SET amount = EXCLUDED.amount', target) USING day;
+         END $$;
+         SELECT tide.schedule('once_sql', '0 1 * * *',
+             $$SELECT once_bill('once_ledger', tide.biz_date());
+               SELECT tide.send('once_sms', 'bill:' || tide.biz_date())$$,
+             timeout => '1 second', backoff_base => '100 ms', jitter => 'none', max_attempts => 10);",
+    )?;
+    let run: i64 = one(
+        &mut c,
+        "SELECT tide.rerun('once_sql', biz_date => current_date - 2)",
+    )?;
+    let finished = |c: &mut Client, attempts: i64| -> Result<(), String> {
+        wait_for("the run to succeed", Duration::from_secs(30), || {
+            let (s, n): (String, i64) = c
+                .query_one(
+                    &format!("SELECT r.state::text, (SELECT count(*) FROM tide.attempt a WHERE a.run_id = r.run_id AND a.outcome = 'succeeded') FROM tide.run r WHERE r.run_id = {run}"),
+                    &[],
+                )
+                .map(|r| (r.get(0), r.get(1)))
+                .map_err(|e| e.to_string())?;
+            Ok((s == "succeeded" && n == attempts).then_some(()))
+        })
+    };
+    finished(&mut c, 1)?;
+    exec(&mut c, &format!("SELECT tide.replay({run}, force => true)"))?;
+    finished(&mut c, 2)?;
+    exec(
+        &mut c,
+        "SELECT tide.rerun('once_sql', biz_date => current_date - 2, force => true)",
+    )?;
+    finished(&mut c, 3)?;
+    // One execution of the same work, for comparison.
+    exec(
+        &mut c,
+        "SELECT once_bill('once_reference', current_date - 2)",
+    )?;
+    let differ: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM ((TABLE once_ledger EXCEPT TABLE once_reference)
+                                UNION ALL (TABLE once_reference EXCEPT TABLE once_ledger)) d",
+    )?;
+    assert_eq!(differ, 0, "three executions leave what one does");
+    let messages: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM tide.effect WHERE channel = 'once_sms'",
+    )?;
+    assert_eq!(messages, 1, "one message for the window");
+    let delivered: i64 = one(
+        &mut c,
+        "SELECT count(tide.delivered(effect_id, lease_token)) FROM tide.claim_effects('once_sms', n => 10)",
+    )?;
+    assert_eq!(delivered, 1);
+    assert_eq!(
+        one::<i64>(
+            &mut c,
+            "SELECT count(*) FROM tide.claim_effects('once_sms', n => 10)"
+        )?,
+        0,
+        "delivered once"
+    );
+    Ok(())
+}
+
+fn main() {
+    let tests: &[(&str, TestFn)] = &[
+        (
+            "emit_creates_runs_in_the_callers_transaction",
+            emit_creates_runs_in_the_callers_transaction,
+        ),
+        (
+            "runs_of_one_key_go_in_emit_order",
+            runs_of_one_key_go_in_emit_order,
+        ),
+        (
+            "emit_on_change_emits_inserts_and_updates",
+            emit_on_change_emits_inserts_and_updates,
+        ),
+        (
+            "a_killed_long_task_resumes_from_its_checkpoint",
+            a_killed_long_task_resumes_from_its_checkpoint,
+        ),
+        (
+            "long_runs_pause_resume_and_cancel_between_batches",
+            long_runs_pause_resume_and_cancel_between_batches,
+        ),
+        (
+            "an_external_task_run_many_ways_acts_once",
+            an_external_task_run_many_ways_acts_once,
+        ),
+        (
+            "an_sql_task_run_many_ways_acts_once",
+            an_sql_task_run_many_ways_acts_once,
+        ),
+    ];
+    run_tests("events", tests)
+}
