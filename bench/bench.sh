@@ -2,7 +2,9 @@
 # Benchmarks, each printed beside a baseline measured in the same run on the same cluster:
 #   1. claim+complete throughput, 4 clients, batches of 1 and 50: pg_tide vs a minimal
 #      hand-made FOR UPDATE SKIP LOCKED queue table;
-#   2. the cost of one tide.tick() with 10,000 idle tasks vs with none.
+#   2. event tasks: tide.emit throughput (in one transaction and from 4 clients) and event
+#      claim+complete at batch 50, vs inserting into and working the same baseline queue;
+#   3. the cost of one tide.tick() with 10,000 idle tasks vs with none.
 # Figures are printed, never asserted. Uses a throw-away cluster with the release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,8 +36,13 @@ CREATE TABLE baseline_q (
     locked_at timestamptz
 );
 CREATE INDEX baseline_q_ready ON baseline_q (id) WHERE state = 'ready';
--- An external task whose own schedule never fires during the run (1 January).
-SELECT tide.schedule('bench', '0 0 1 1 *', queue => 'bench');
+-- An external task whose own schedule never fires during the run (1 January); its windows may
+-- run side by side (the fixture's runs are independent windows).
+SELECT tide.schedule('bench', '0 0 1 1 *', queue => 'bench', overlap => 'allow');
+-- An external event task: keyless events, so they run side by side.
+SELECT tide.schedule('bench_ev', NULL, queue => 'bench_ev', topics => ARRAY['bench.ev']);
+-- The baseline's emit: one row per event.
+CREATE FUNCTION baseline_emit(p jsonb) RETURNS void LANGUAGE sql AS $$ INSERT INTO baseline_q (payload) VALUES (p) $$;
 SQL
 
 fill() { # $1 = number of runs / rows
@@ -135,6 +142,45 @@ SELECT tide._evaluate_alerts(now());
 SQL
 alerts_10k=$("$BIN/pgbench" -n -h 127.0.0.1 -p "$PORT" -U postgres -c 1 -t 20 -f "$tmp/alerts.sql" "$DB" 2>/dev/null \
     | sed -nE 's/^latency average = ([0-9.]+) ms/\1/p')
+
+# Event tasks. Emit: 10,000 events in one transaction (one call per event), and one event per
+# transaction from 4 clients; the baseline inserts its rows the same ways.
+cat > "$tmp/emit_one_tx.sql" <<'SQL'
+SELECT count(tide.emit('bench.ev', jsonb_build_object('i', g))) FROM generate_series(1, 10000) g;
+SQL
+cat > "$tmp/base_one_tx.sql" <<'SQL'
+SELECT count(baseline_emit(jsonb_build_object('i', g))) FROM generate_series(1, 10000) g;
+SQL
+cat > "$tmp/emit.sql" <<'SQL'
+SELECT tide.emit('bench.ev', '{"i": 1}');
+SQL
+cat > "$tmp/base_emit.sql" <<'SQL'
+SELECT baseline_emit('{"i": 1}');
+SQL
+one_tx_ms() { # $1 = script: average of 3 transactions, ms
+    "$BIN/pgbench" -n -h 127.0.0.1 -p "$PORT" -U postgres -c 1 -t 3 -f "$1" "$DB" 2>/dev/null \
+        | sed -nE 's/^latency average = ([0-9.]+) ms/\1/p'
+}
+emit_tx_ms=$(one_tx_ms "$tmp/emit_one_tx.sql")
+base_tx_ms=$(one_tx_ms "$tmp/base_one_tx.sql")
+emit_tps=$(tps "$tmp/emit.sql" 1 2000)
+base_emit_tps=$(tps "$tmp/base_emit.sql" 1 2000)
+# Event claim + complete_many at batch 50, on emitted runs.
+cat > "$tmp/event_many.sql" <<'SQL'
+SELECT array_agg(run_id)::text AS ids, array_agg(lease_token)::text AS tokens
+  FROM tide.claim('bench_ev', 'bench', :batch) \gset
+SELECT tide.complete_many(':ids'::bigint[], ':tokens'::bigint[]);
+SQL
+"${PSQL[@]}" -d postgres -c "ALTER DATABASE $DB SET pg_tide.log_runs = off" >/dev/null
+"${PSQL[@]}" -d "$DB" -v ON_ERROR_STOP=1 -v n=$((CLIENTS * TX_BATCH50 * 50)) <<'SQL' >/dev/null
+SELECT count(tide.emit('bench.ev', jsonb_build_object('i', g))) FROM generate_series(1, :n) g;
+INSERT INTO baseline_q (payload) SELECT '{}' FROM generate_series(1, :n);
+VACUUM ANALYZE tide.run;
+VACUUM ANALYZE tide.pending;
+VACUUM ANALYZE baseline_q;
+SQL
+event_50=$(tps "$tmp/event_many.sql" 50 "$TX_BATCH50")
+base_ev_50=$(tps "$tmp/baseline.sql" 50 "$TX_BATCH50")
 rm -rf "$tmp"
 
 rate() { awk -v t="$1" -v b="$2" 'BEGIN { printf "%.0f", t * b }'; }
@@ -155,3 +201,13 @@ echo "(target: under 20 ms with 10,000 idle tasks)"
 echo
 echo "==> one evaluation of health and alerts (every pg_tide.monitor_interval, average of 20, ms)"
 printf '%-22s %10s\n' "10,000 idle tasks" "$alerts_10k"
+echo
+echo "==> event tasks"
+printf '%-46s %10s %10s %7s\n' "" pg_tide baseline ratio
+e1=$(awk -v ms="$emit_tx_ms" 'BEGIN { printf "%.0f", 10000 * 1000 / ms }')
+b1=$(awk -v ms="$base_tx_ms" 'BEGIN { printf "%.0f", 10000 * 1000 / ms }')
+printf '%-46s %10s %10s %7s\n' "emit, 10,000 in one transaction (events/s)" "$e1" "$b1" "$(pct "$e1" "$b1")"
+e4=$(rate "$emit_tps" 1); b4=$(rate "$base_emit_tps" 1)
+printf '%-46s %10s %10s %7s\n' "emit, 1 per transaction, $CLIENTS clients (events/s)" "$e4" "$b4" "$(pct "$e4" "$b4")"
+t=$(rate "$event_50" 50); b=$(rate "$base_ev_50" 50)
+printf '%-46s %10s %10s %7s\n' "event claim + complete_many, batch 50 (runs/s)" "$t" "$b" "$(pct "$t" "$b")"
