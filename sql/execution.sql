@@ -657,14 +657,15 @@ COMMENT ON FUNCTION tide.mark_ready(text, date, jsonb) IS
     'mark_ready(dataset, biz_date, details => NULL): records that a dataset is complete for a business date; runs waiting for it become ready. Returns how many runs it released.';
 
 -- Who runs a run of a task with this command: pg_tide's SQL executors, or external workers.
+-- (STABLE, as the enum cast in it is: so it is inlined where runs are created.)
 CREATE FUNCTION tide._executor_of(command text) RETURNS tide.executor
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE sql STABLE PARALLEL SAFE
 AS $$ SELECT CASE WHEN command IS NULL THEN 'external' ELSE 'sql' END::tide.executor $$;
 COMMENT ON FUNCTION tide._executor_of(text) IS 'Internal: sql when the rules have a command, else external.';
 
 -- The state a (re)opened run starts in: waiting when its rules declare readiness.
 CREATE FUNCTION tide._open_state(rules jsonb) RETURNS tide.run_state
-LANGUAGE sql IMMUTABLE
+LANGUAGE sql STABLE
 AS $$
     SELECT CASE WHEN rules->>'ready_dataset' IS NOT NULL OR rules->>'ready_check' IS NOT NULL
                 THEN 'waiting' ELSE 'ready' END::tide.run_state

@@ -39,8 +39,9 @@ SELECT pg_catalog.pg_extension_config_dump('tide.lock', '');
 
 -- The lease of a claim: given, or the task's lease (external workers), or its timeout plus a
 -- margin (pg_tide's executors).
+-- (STABLE, as the text-to-interval casts in it are: so it is inlined into the claim.)
 CREATE FUNCTION tide._lease_length(p_executor tide.executor, rules jsonb, p_lease interval) RETURNS interval
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
     SELECT coalesce(p_lease, CASE WHEN p_executor = 'sql'
         THEN (rules->>'timeout')::interval + least((rules->>'timeout')::interval, interval '1 minute')
@@ -55,8 +56,34 @@ CREATE FUNCTION tide._park_time() RETURNS interval
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT interval '1 minute' $$;
 COMMENT ON FUNCTION tide._park_time() IS 'Internal: the longest a parked run waits before a claim looks at it again.';
 
+-- A run's serial group: the task for a window run of an overlap-queue task, the task and key
+-- for an event run with a key; NULL otherwise.
+CREATE FUNCTION tide._gate(p_task_id bigint, p_overlap text, p_window_start timestamptz, p_event_key text)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN p_window_start IS NULL THEN p_task_id::text || ':' || p_event_key
+                WHEN coalesce(p_overlap, 'queue') = 'queue' THEN p_task_id::text END
+$$;
+COMMENT ON FUNCTION tide._gate(bigint, text, timestamptz, text) IS
+    'Internal: a run''s serial group (overlap queue: the task; an event run with a key: the task and key).';
+
+-- Whether a claim must check a run at all; a plain run (no group, no lock, overlap allow
+-- without a limit) goes by the fast path.
+CREATE FUNCTION tide._gated(p_gate text, p_lock_key text, p_overlap text, p_window_start timestamptz,
+                            p_max_concurrency integer)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT p_gate IS NOT NULL OR p_lock_key IS NOT NULL OR (p_window_start IS NOT NULL AND p_overlap = 'skip')
+           OR p_max_concurrency IS NOT NULL
+$$;
+COMMENT ON FUNCTION tide._gated(text, text, text, timestamptz, integer) IS
+    'Internal: whether a claim must check a run (serial group, lock key, overlap skip or max_concurrency).';
+
 -- A new run's serial group, lock key and whether a claim must check it; again when its rule
--- version or args change. Not when they are already set: pg_dump restores runs with COPY.
+-- version or args change. Not when they are already set: tide.emit sets them itself, and
+-- pg_dump restores runs with COPY.
 CREATE FUNCTION tide.run_gating() RETURNS trigger
 LANGUAGE plpgsql
 AS $$
@@ -70,14 +97,12 @@ BEGIN
     SELECT v.rules, t.name INTO rules, task_name
       FROM tide.task_version v JOIN tide.task t ON t.task_id = v.task_id
      WHERE v.task_id = NEW.task_id AND v.version = NEW.version;
-    NEW.lock_key := tide._lock_key(rules->>'lock_key', task_name, NEW.args, NEW.payload, NEW.event_key,
-                                   NEW.biz_date::text);
-    NEW.gate := CASE WHEN NEW.window_start IS NULL
-                     THEN CASE WHEN NEW.event_key IS NOT NULL THEN NEW.task_id || ':' || NEW.event_key END
-                     WHEN coalesce(rules->>'overlap', 'queue') = 'queue' THEN NEW.task_id::text END;
-    NEW.gated := NEW.gate IS NOT NULL OR NEW.lock_key IS NOT NULL
-                 OR (NEW.window_start IS NOT NULL AND rules->>'overlap' = 'skip')
-                 OR rules->>'max_concurrency' IS NOT NULL;
+    NEW.lock_key := CASE WHEN rules->>'lock_key' IS NOT NULL
+                         THEN tide._lock_key(rules->>'lock_key', task_name, NEW.args, NEW.payload, NEW.event_key,
+                                             NEW.biz_date::text) END;
+    NEW.gate := tide._gate(NEW.task_id, rules->>'overlap', NEW.window_start, NEW.event_key);
+    NEW.gated := tide._gated(NEW.gate, NEW.lock_key, rules->>'overlap', NEW.window_start,
+                             (rules->>'max_concurrency')::integer);
     RETURN NEW;
 END
 $$;
@@ -85,7 +110,7 @@ COMMENT ON FUNCTION tide.run_gating() IS
     'Trigger: computes a run''s serial group (gate), lock key and gated flag from its rule version, args and event.';
 CREATE TRIGGER run_gating_insert BEFORE INSERT ON tide.run
     FOR EACH ROW EXECUTE FUNCTION tide.run_gating();
-CREATE TRIGGER run_gating_update BEFORE UPDATE ON tide.run
+CREATE TRIGGER run_gating_update BEFORE UPDATE OF version, args ON tide.run
     FOR EACH ROW WHEN (OLD.version IS DISTINCT FROM NEW.version OR OLD.args IS DISTINCT FROM NEW.args)
     EXECUTE FUNCTION tide.run_gating();
 
@@ -409,6 +434,7 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     ids bigint[];
+    queues text[];
     ev bigint;
 BEGIN
     PERFORM tide._check_topic(emit.topic, 'tide.emit');
@@ -424,23 +450,43 @@ BEGIN
         -- order the key's runs are claimed in.
         PERFORM pg_advisory_xact_lock(tide._lock_class(), hashtext('emit:' || emit.key));
     END IF;
-    WITH created AS (
-        INSERT INTO tide.run (task_id, trigger, dedupe_key, version, state, reason, executor, queue, priority,
-                              args, owner, topic, event_key, payload)
-        SELECT t.task_id, 'event', coalesce(emit.dedupe, '#' || ev), t.version, tide._open_state(tide.task_rules(t)),
-               format('event %s on %s%s', ev, emit.topic, coalesce(' (key ' || emit.key || ')', '')),
-               tide._executor_of(t.command), t.queue, t.priority, t.args, t.owner,
-               emit.topic, emit.key, coalesce(emit.payload, '{}')
+    -- One statement: the runs (with their gating, so the insert trigger has nothing to look up),
+    -- their first history rows and their tide.pending rows, as tide._record_created would
+    -- write them (measured: about half the cost of creating and then re-reading them).
+    WITH subscribed AS (
+        SELECT t.*, tide._gate(t.task_id, t.overlap::text, NULL, emit.key) AS gate,
+               CASE WHEN t.lock_key IS NOT NULL
+                    THEN tide._lock_key(t.lock_key, t.name, t.args, coalesce(emit.payload, '{}'), emit.key, NULL) END
+                   AS lock_key_of_run
           FROM tide.task t
          WHERE t.topics @> ARRAY[emit.topic]
+    ), created AS (
+        INSERT INTO tide.run (task_id, trigger, dedupe_key, version, state, reason, executor, queue, priority,
+                              args, owner, topic, event_key, payload, gate, lock_key, gated)
+        SELECT t.task_id, 'event', coalesce(emit.dedupe, '#' || ev), t.version,
+               tide._open_state(jsonb_build_object('ready_dataset', t.ready_dataset, 'ready_check', t.ready_check)),
+               format('event %s on %s%s', ev, emit.topic, coalesce(' (key ' || emit.key || ')', '')),
+               tide._executor_of(t.command), t.queue, t.priority, t.args, t.owner,
+               emit.topic, emit.key, coalesce(emit.payload, '{}'),
+               t.gate, t.lock_key_of_run, tide._gated(t.gate, t.lock_key_of_run, t.overlap::text, NULL, t.max_concurrency)
+          FROM subscribed t
          ORDER BY t.task_id
         ON CONFLICT (task_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
-        RETURNING run_id)
-    SELECT array_agg(c.run_id) INTO ids FROM created c;
+        RETURNING run_id, task_id, state, reason, owner, executor, queue, priority, gate, lock_key, gated
+    ), history AS (
+        INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
+        SELECT c.run_id, NULL, c.state, c.reason, c.owner FROM created c ORDER BY c.run_id
+    ), line AS (
+        INSERT INTO tide.pending (run_id, task_id, state, executor, queue, priority, owner, gate, lock_key, gated)
+        SELECT c.run_id, c.task_id, c.state, c.executor, c.queue, c.priority, c.owner, c.gate, c.lock_key, c.gated
+          FROM created c
+    )
+    SELECT array_agg(c.run_id), array_agg(DISTINCT c.queue) FILTER (WHERE c.state = 'ready')
+      INTO ids, queues FROM created c;
     IF ids IS NULL THEN
         RETURN 0;
     END IF;
-    PERFORM tide._record_created(ids);
+    PERFORM pg_notify('pg_tide_ready', q) FROM unnest(queues) q;
     RETURN cardinality(ids);
 END
 $$;

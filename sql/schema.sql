@@ -114,7 +114,8 @@ COMMENT ON COLUMN tide.task.version IS 'Current rule version; runs record the ve
 COMMENT ON COLUMN tide.task.owner IS 'Role that created the task; its command runs as this role.';
 
 -- tide.emit finds the tasks subscribed to a topic.
-CREATE INDEX task_topics_idx ON tide.task USING gin (topics);
+-- (fastupdate off: a pending list of new tasks would be scanned by every emit.)
+CREATE INDEX task_topics_idx ON tide.task USING gin (topics) WITH (fastupdate = off);
 
 -- The scheduler looks up due tasks by next fire time; paused tasks never fire.
 CREATE INDEX task_next_fire_idx ON tide.task (next_fire_at) WHERE NOT paused;
