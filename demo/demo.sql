@@ -157,6 +157,56 @@ SELECT tide.replay(:run_id);
 SELECT * FROM demo_invoices;
 
 \echo
+\echo '== Event tasks: a table change emits an event in the writing transaction; runs of one customer'
+\echo '   go one at a time, in order, under the customer''s lock'
+CREATE TABLE demo_orders (id int PRIMARY KEY, customer int NOT NULL, total int NOT NULL);
+CREATE TABLE demo_shipments (order_id int PRIMARY KEY, customer int, seq bigint GENERATED ALWAYS AS IDENTITY);
+SELECT tide.schedule('ship_order', NULL, topics => ARRAY['order.changed'], lock_key => 'customer:{key}',
+    command => $$INSERT INTO demo_shipments (order_id, customer)
+                 VALUES ((tide.payload()->'row'->>'id')::int, tide.event_key()::int) ON CONFLICT DO NOTHING$$);
+SELECT tide.emit_on_change('demo_orders', 'order.changed', 'customer');
+INSERT INTO demo_orders VALUES (1, 7, 10), (2, 7, 20), (3, 8, 30);
+BEGIN;
+INSERT INTO demo_orders VALUES (4, 9, 40);
+ROLLBACK;
+\echo '   (the rolled-back order 4 emitted nothing)'
+CALL demo_wait($$(SELECT count(*) = 3 FROM tide.run r JOIN tide.task t USING (task_id)
+                   WHERE t.name = 'ship_order' AND r.state = 'succeeded')$$);
+SELECT r.run_id, r.event_key AS customer, r.payload->'row'->>'id' AS order_id, r.lock_key, r.state
+  FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'ship_order' ORDER BY r.run_id;
+SELECT order_id, customer, seq FROM demo_shipments ORDER BY seq;
+\echo '   the same event twice with a dedupe key: the second emit creates nothing'
+SELECT tide.emit('order.changed', '{"row": {"id": 5}}', key => '8', dedupe => 'order:5') AS first,
+       tide.emit('order.changed', '{"row": {"id": 5}}', key => '8', dedupe => 'order:5') AS again;
+
+\echo
+\echo '== A long task: a backfill of 1000 rows in batches of 100, at most 5 batches a second,'
+\echo '   each batch committed with its checkpoint; paused and resumed from psql'
+CREATE TABLE demo_events (id int PRIMARY KEY, region text);
+INSERT INTO demo_events SELECT g, NULL FROM generate_series(1, 1000) g;
+CREATE FUNCTION demo_backfill(ck jsonb) RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE last int := coalesce((ck->>'last_id')::int, 0);
+BEGIN
+    IF last >= 1000 THEN RETURN NULL; END IF;          -- done
+    UPDATE demo_events SET region = CASE WHEN id % 2 = 0 THEN 'eu' ELSE 'us' END
+     WHERE id > last AND id <= last + 100;
+    RETURN jsonb_build_object('last_id', last + 100);
+END $$;
+SELECT tide.schedule('backfill_region', NULL, 'SELECT demo_backfill(tide.checkpoint())',
+                     topics => ARRAY['backfill.region'], long => true, rate => 5);
+SELECT tide.emit('backfill.region');
+SELECT r.run_id AS long_run FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'backfill_region' \gset
+CALL demo_wait($$(SELECT batches >= 2 FROM tide.run WHERE run_id = $$ || :long_run || $$)$$);
+SELECT tide.pause_run(:long_run);
+CALL demo_wait($$(SELECT state = 'paused' FROM tide.run WHERE run_id = $$ || :long_run || $$)$$);
+SELECT run_id, state, batches, checkpoint, (SELECT count(region) FROM demo_events) AS rows_done
+  FROM tide.run WHERE run_id = :long_run;
+SELECT tide.resume_run(:long_run);
+CALL demo_wait($$(SELECT state = 'succeeded' FROM tide.run WHERE run_id = $$ || :long_run || $$)$$);
+SELECT run_id, state, batches, checkpoint, (SELECT count(region) FROM demo_events) AS rows_done
+  FROM tide.run WHERE run_id = :long_run;
+
+\echo
 \echo '== Monitoring: a partner import keeps failing; the tick opens an alert (and NOTIFYs pg_tide_alert)'
 SELECT tide.schedule('partner_import', '0 4 * * *', biz_window => 'day',
     command => $$SELECT tide.business_error('partner file for ' || tide.biz_date() || ' is malformed')$$);

@@ -136,6 +136,8 @@ COMMENT ON COLUMN tide.run.lease_token IS 'Fencing token of the current claim; h
 -- Event runs' idempotency key; partial, so window runs carry no entry for it.
 CREATE UNIQUE INDEX run_dedupe_key ON tide.run (task_id, dedupe_key) WHERE dedupe_key IS NOT NULL;
 CREATE INDEX run_covered_by_idx ON tide.run (covered_by) WHERE covered_by IS NOT NULL;
+-- Event runs of a task, newest first (task health of event tasks). Neither column changes.
+CREATE INDEX run_event_task_idx ON tide.run (task_id, run_id) WHERE window_start IS NULL;
 -- Windows skipped as coalesced whose covering run is still to be made (an outage planned over
 -- several ticks): the tick of a coalescing task looks here. Neither column changes when a run
 -- is claimed or completed, so these updates stay HOT.

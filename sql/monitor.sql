@@ -145,11 +145,19 @@ WITH open_runs AS (
            p_now - coalesce(ls.finished_at, t.created_at) AS silence
       FROM tide.task t
       LEFT JOIN open_runs o ON o.task_id = t.task_id
-      -- The latest successful run, walking back from the newest window.
+      -- The latest successful run, walking back from the newest window (an event task without a
+      -- schedule: from its newest event run).
       LEFT JOIN LATERAL (
-          SELECT r.window_start, r.finished_at FROM tide.run r
-           WHERE r.task_id = t.task_id AND r.window_start IS NOT NULL AND r.state = 'succeeded'
-           ORDER BY r.window_start DESC LIMIT 1) ls ON true
+          SELECT s.window_start, s.finished_at FROM (
+              (SELECT r.window_start, r.finished_at FROM tide.run r
+                WHERE r.task_id = t.task_id AND r.window_start IS NOT NULL AND r.state = 'succeeded'
+                ORDER BY r.window_start DESC LIMIT 1)
+              UNION ALL
+              (SELECT NULL::timestamptz, r.finished_at FROM tide.run r
+                WHERE t.schedule IS NULL AND r.task_id = t.task_id AND r.window_start IS NULL
+                  AND r.state = 'succeeded'
+                ORDER BY r.run_id DESC LIMIT 1)) s
+           LIMIT 1) ls ON true
       -- The latest 100 runs: the last state, and skips in a row among the finished ones.
       LEFT JOIN LATERAL (
           SELECT (array_agg(x.state ORDER BY x.n))[1] AS last_state,
@@ -679,7 +687,18 @@ BEGIN
     IF r.window_start IS NOT NULL THEN
         RETURN NEXT format('window: %s to %s (%s), business date %s', r.window_start, r.window_end, t.tz, r.biz_date);
     ELSE
-        RETURN NEXT format('event run, dedupe key %s', r.dedupe_key);
+        RETURN NEXT format('event run on %s, dedupe key %s%s, payload %s', r.topic, r.dedupe_key,
+                           coalesce(', key ' || r.event_key || ' (runs of this key go one at a time, in emit order)', ''),
+                           r.payload);
+    END IF;
+    IF r.lock_key IS NOT NULL THEN
+        RETURN NEXT format('lock key: %s%s', r.lock_key,
+                           coalesce((SELECT format(' (held by run %s until %s)', l.run_id, l.expires_at)
+                                       FROM tide.lock l WHERE l.owner = r.owner AND l.key = r.lock_key), ''));
+    END IF;
+    IF r.batches > 0 OR r.control IS NOT NULL THEN
+        RETURN NEXT format('long run: %s batches done%s', r.batches,
+                           coalesce(format(', %s asked (taken up before the next batch)', r.control), ''));
     END IF;
     RETURN NEXT format('trigger: %s%s', r.trigger, CASE WHEN r.fire_at IS NOT NULL THEN format(', scheduled fire at %s', r.fire_at) ELSE '' END);
     RETURN NEXT format('state: %s%s: %s', r.state, CASE WHEN r.skip_reason IS NOT NULL THEN format(' (%s)', r.skip_reason) ELSE '' END, r.reason);
@@ -726,6 +745,7 @@ BEGIN
         WHEN 'retry' THEN format('next: retried after %s', r.run_after)
         WHEN 'waiting' THEN format('next: waits for readiness (deadline %s)', coalesce(r.ready_deadline::text, 'none'))
         WHEN 'held' THEN format('next: held until SELECT tide.confirm(%s, version)', quote_literal(t.name))
+        WHEN 'paused' THEN format('next: paused until SELECT tide.resume_run(%s)', r.run_id)
         WHEN 'ready' THEN format('next: claimable%s', coalesce(' after ' || r.run_after, ''))
         WHEN 'running' THEN 'next: completes or fails; taken back when the lease expires'
         ELSE format('finished %s', coalesce(r.finished_at::text, '')) END;

@@ -72,6 +72,14 @@ fn emit_creates_runs_in_the_callers_transaction(cluster: &Cluster) -> Result<(),
         runs, "crm:event:user:1:{\"id\": 1},welcome:event:user:1:{\"id\": 1}",
         "a rolled-back emit left nothing"
     );
+    let explained: String = one(
+        &mut c,
+        "SELECT string_agg(l, E'\\n') FROM tide.run r, tide.explain(r.run_id) l WHERE r.dedupe_key = 'user:1' AND r.task_id = 1",
+    )?;
+    assert!(
+        explained.contains("event run on user.created, dedupe key user:1, payload {\"id\": 1}"),
+        "{explained}"
+    );
     let none: i32 = one(&mut c, "SELECT tide.emit('nobody.listens')")?;
     assert_eq!(none, 0);
     // Without a dedupe key every emit is its own event; the scheduled task's windows coexist.
@@ -385,6 +393,15 @@ fn long_runs_pause_resume_and_cancel_between_batches(cluster: &Cluster) -> Resul
     assert_eq!(checkpoint, batches * 5);
     let again: String = one(&mut c, &format!("SELECT tide.pause_run({run})"))?;
     assert_eq!(again, "paused");
+    let explained: String = one(
+        &mut c,
+        &format!("SELECT string_agg(l, E'\\n') FROM tide.explain({run}) l"),
+    )?;
+    assert!(
+        explained.contains(&format!("long run: {batches} batches done"))
+            && explained.contains(&format!("next: paused until SELECT tide.resume_run({run})")),
+        "{explained}"
+    );
     let resumed: String = one(&mut c, &format!("SELECT tide.resume_run({run})"))?;
     assert_eq!(resumed, "ready");
     wait_for("the run to finish", Duration::from_secs(60), || {

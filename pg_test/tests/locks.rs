@@ -91,6 +91,20 @@ fn busy_keys_defer_runs_across_tasks(cluster: &Cluster) -> Result<(), Failed> {
         assert_eq!(recorded, 1, "the deferral is in the history");
     }
     assert!(claim(&mut c, 10, "")?.is_empty(), "both keys are busy");
+    let explained: String = one(
+        &mut c,
+        &format!(
+            "SELECT string_agg(l, E'\\n') FROM tide.explain({}) l",
+            deferred[0].0
+        ),
+    )?;
+    assert!(
+        explained.contains(&format!(
+            "lock key: account:1 (held by run {} until",
+            first[0].0
+        )),
+        "{explained}"
+    );
 
     // A heartbeat renews the lock with the lease.
     let (run, token) = first[0];
