@@ -695,7 +695,7 @@ BEGIN
             HINT = 'find runs with: SELECT run_id, state, biz_date FROM tide.run WHERE task_id = ...';
     END IF;
     SELECT * INTO t FROM tide.task WHERE task_id = r.task_id;
-    IF r.state IN ('waiting', 'ready', 'running', 'retry', 'held') THEN
+    IF r.state IN ('waiting', 'ready', 'running', 'retry', 'held', 'paused') THEN
         RAISE NOTICE 'run % is already % (%); nothing to reopen', r.run_id, r.state, r.reason;
         RETURN r.run_id;
     END IF;
@@ -844,14 +844,14 @@ BEGIN
                updated_at = now(),
                reason = format('%s; adopted rule version %s', r.reason, p_version)
          WHERE r.run_id IN (SELECT p.run_id FROM tide.pending p
-                             WHERE p.task_id = p_task_id AND p.state IN ('waiting', 'ready', 'retry', 'held'))
+                             WHERE p.task_id = p_task_id AND p.state IN ('waiting', 'ready', 'retry', 'held', 'paused'))
            AND r.version <> p_version;
     ELSE
         UPDATE tide.run r
            SET state = 'held', updated_at = now(),
                reason = format('held: rules changed to version %s; confirm with tide.confirm', p_version)
          WHERE r.run_id IN (SELECT p.run_id FROM tide.pending p
-                             WHERE p.task_id = p_task_id AND p.state IN ('waiting', 'ready', 'retry'))
+                             WHERE p.task_id = p_task_id AND p.state IN ('waiting', 'ready', 'retry', 'paused'))
            AND r.version <> p_version;
     END IF;
     GET DIAGNOSTICS n = ROW_COUNT;
@@ -902,7 +902,7 @@ BEGIN
     UPDATE tide.run r
        SET state = 'cancelled', finished_at = now(), updated_at = now(), lease_expires_at = NULL,
            reason = format('cancelled by %s%s', current_user, coalesce(': ' || cancel.reason, ''))
-     WHERE r.run_id = cancel.run_id AND r.state IN ('waiting', 'ready', 'retry', 'held');
+     WHERE r.run_id = cancel.run_id AND r.state IN ('waiting', 'ready', 'retry', 'held', 'paused');
     IF FOUND THEN
         RETURN true;
     END IF;
@@ -914,7 +914,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide.cancel(bigint, text) IS
-    'cancel(run_id, reason => NULL): cancels a run that has not started (waiting, ready, retry, held); false if it is running or finished.';
+    'cancel(run_id, reason => NULL): cancels a run that has not started (waiting, ready, retry, held, paused); false if it is running or finished (tide.cancel_run stops a running one).';
 
 -- The tick's work on existing runs, all at the instant p_now.
 CREATE FUNCTION tide._tick_runs(p_now timestamptz) RETURNS jsonb

@@ -414,6 +414,8 @@ COMMENT ON FUNCTION tide.cancel_run(bigint, text) IS
 CREATE SEQUENCE tide.event_seq;
 COMMENT ON SEQUENCE tide.event_seq IS 'Ids of emitted events (the idempotency key of an event run emitted without a dedupe key: #id).';
 GRANT USAGE ON SEQUENCE tide.event_seq TO PUBLIC;
+-- Restored with the runs: ids of a restored database must not start over (#1 would be taken).
+SELECT pg_catalog.pg_extension_config_dump('tide.event_seq', '');
 
 CREATE FUNCTION tide._check_topic(p_topic text, p_function text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE

@@ -225,7 +225,10 @@ fn exec_options(
         overlap: text(guarantees.overlap),
         max_concurrency: guarantees.max_concurrency,
         lock_key: guarantees.lock_key.map(str::to_string),
-        topics: guarantees.topics.map(|t| t.into_iter().flatten().collect()),
+        // A NULL topic in the array is refused like any malformed one.
+        topics: guarantees
+            .topics
+            .map(|t| t.into_iter().map(Option::unwrap_or_default).collect()),
         long: guarantees.long,
         rate: guarantees.rate,
         pause: span(guarantees.pause),

@@ -678,4 +678,111 @@ mod tests {
         });
         assert_eq!(cleared.validate().unwrap().command, None);
     }
+
+    #[test]
+    fn guarantee_options_are_checked_and_canonical() {
+        let ok = ExecOptions {
+            overlap: Some(" Skip ".into()),
+            topics: Some(vec!["b.x".into(), "a:y".into(), "b.x".into()]),
+            lock_key: Some("account:{args.id}".into()),
+            max_concurrency: Some(0),
+            rate: Some(0.5),
+            pause: Some(Span::seconds(0)),
+            ..Default::default()
+        }
+        .validate()
+        .unwrap();
+        assert_eq!(ok.overlap.as_deref(), Some("skip"));
+        assert_eq!(ok.topics, Some(vec!["a:y".to_string(), "b.x".to_string()]));
+        let cases: Vec<(ExecOptions, &str)> = vec![
+            (
+                ExecOptions {
+                    overlap: Some("sometimes".into()),
+                    ..Default::default()
+                },
+                "unknown overlap \"sometimes\"",
+            ),
+            (
+                ExecOptions {
+                    topics: Some(vec!["ok".into(), "not ok".into()]),
+                    ..Default::default()
+                },
+                "topic \"not ok\" is not valid",
+            ),
+            (
+                ExecOptions {
+                    topics: Some(vec![String::new()]),
+                    ..Default::default()
+                },
+                "topic \"\" is not valid",
+            ),
+            (
+                ExecOptions {
+                    topics: Some((0..51).map(|i| format!("t{i}")).collect()),
+                    ..Default::default()
+                },
+                "topics must be at most 50 topics, got 51 topics",
+            ),
+            (
+                ExecOptions {
+                    lock_key: Some("acct:{nope}".into()),
+                    ..Default::default()
+                },
+                "unknown placeholder {nope}",
+            ),
+            (
+                ExecOptions {
+                    max_concurrency: Some(-1),
+                    ..Default::default()
+                },
+                "max_concurrency must be between 1 and 10000 (0: no limit), got -1",
+            ),
+            (
+                ExecOptions {
+                    rate: Some(-2.0),
+                    ..Default::default()
+                },
+                "rate must be between 0 and 10000",
+            ),
+            (
+                ExecOptions {
+                    rate: Some(f64::NAN),
+                    ..Default::default()
+                },
+                "rate must be between 0 and 10000",
+            ),
+            (
+                ExecOptions {
+                    pause: Some(Span::seconds(-1)),
+                    ..Default::default()
+                },
+                "pause must be an interval of 0 or more, got -1 seconds",
+            ),
+        ];
+        for (options, needle) in cases {
+            let err = options.validate().unwrap_err();
+            assert!(err.to_string().contains(needle), "{err} should contain {needle}");
+            assert!(!err.hint().is_empty());
+        }
+    }
+
+    #[test]
+    fn no_schedule_means_an_event_task() {
+        let rules = RuleText {
+            schedule: "  ".into(),
+            ..defaults()
+        }
+        .validate()
+        .unwrap();
+        assert!(rules.schedule.is_none());
+        assert_eq!(rules.next_fire(Utc::now()), None);
+        assert_eq!(rules.schedule_text(), None);
+        let e = rules.calendar("on_signup").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "task \"on_signup\" has no schedule, so it has no windows"
+        );
+        assert!(e.hint().contains("tide.alter('on_signup', schedule =>"));
+    }
+
 }

@@ -139,13 +139,15 @@ fn pg_dump_keeps_tasks_versions_and_runs(cluster: &Cluster) -> Result<(), Failed
         "SELECT tide.rerun('ny_sync', window_start => date_trunc('hour', now()) - interval '3 hours');
          SELECT tide.rerun('ny_sync', window_start => date_trunc('hour', now()) - interval '2 hours');
          SELECT tide.complete(run_id, lease_token) FROM tide.claim(n => 1);
-         SELECT tide.fail(run_id, lease_token, 'timeout') FROM tide.claim(n => 1);",
+         SELECT tide.fail(run_id, lease_token, 'timeout') FROM tide.claim(n => 1);
+         SELECT tide.schedule('on_signup', NULL, topics => ARRAY['signup']);
+         SELECT tide.emit('signup', '{\"id\": 1}', key => 'u1');",
     )
     .map_err(db_err)?;
     let runs = "SELECT concat_ws('|', (SELECT string_agg(state::text, ',' ORDER BY run_id) FROM tide.run),
                                  (SELECT count(*) FROM tide.attempt), (SELECT count(*) FROM tide.run_event))";
     let runs_before: String = one(&mut c, runs)?;
-    assert_eq!(runs_before, "succeeded,retry|2|6");
+    assert_eq!(runs_before, "succeeded,retry,ready|2|7");
 
     let dump_file = format!("/tmp/pg_tide-pg_test-dump-{}.sql", std::process::id());
     cluster.tool("pg_dump", &["-d", "t_dump_src", "-f", &dump_file])?;
@@ -186,6 +188,12 @@ fn pg_dump_keeps_tasks_versions_and_runs(cluster: &Cluster) -> Result<(), Failed
     let token: i64 = one(&mut dst, "SELECT lease_token FROM tide.claim(n => 1)")?;
     let max_token: i64 = one(&mut c, "SELECT max(lease_token) FROM tide.attempt")?;
     assert!(token > max_token, "token {token} <= {max_token}");
+    // Event ids continue too: a new event is not taken for the restored one (its key is #id).
+    let emitted: i32 = one(
+        &mut dst,
+        "SELECT tide.emit('signup', '{\"id\": 2}', key => 'u2')",
+    )?;
+    assert_eq!(emitted, 1, "a new event after the restore is a new run");
     let id: i64 = one(
         &mut dst,
         "SELECT tide.schedule('new_after_restore', '@daily')",

@@ -143,6 +143,11 @@ fn emit_creates_runs_in_the_callers_transaction(cluster: &Cluster) -> Result<(),
             "topic \"not ok\" is not valid",
         ),
         (
+            "SELECT tide.schedule('x', NULL, topics => ARRAY[NULL]::text[])",
+            "22023",
+            "topic \"\" is not valid",
+        ),
+        (
             "SELECT tide.alter('welcome', topics => '{}')",
             "22004",
             "schedule must not be NULL",
@@ -158,6 +163,20 @@ fn emit_creates_runs_in_the_callers_transaction(cluster: &Cluster) -> Result<(),
         "SELECT array_to_string(topics, ',') FROM tide.task WHERE name = 'welcome'",
     )?;
     assert_eq!(topics, "user.created", "the refused alter wrote nothing");
+    // A run not started is paused at once, and a paused run can be cancelled.
+    let waiting: i64 = one(
+        &mut c,
+        "SELECT min(run_id) FROM tide.run WHERE state = 'ready'",
+    )?;
+    let paused: String = one(&mut c, &format!("SELECT tide.pause_run({waiting})"))?;
+    assert_eq!(paused, "paused");
+    assert!(
+        claim(&mut c, 100)?.iter().all(|r| r.0 != waiting),
+        "a paused run is not claimed"
+    );
+    let cancelled: bool = one(&mut c, &format!("SELECT tide.cancel({waiting})"))?;
+    assert!(cancelled);
+    assert_eq!(state(&mut c, waiting)?, "cancelled");
     Ok(())
 }
 
