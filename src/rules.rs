@@ -761,7 +761,10 @@ mod tests {
         ];
         for (options, needle) in cases {
             let err = options.validate().unwrap_err();
-            assert!(err.to_string().contains(needle), "{err} should contain {needle}");
+            assert!(
+                err.to_string().contains(needle),
+                "{err} should contain {needle}"
+            );
             assert!(!err.hint().is_empty());
         }
     }
@@ -784,5 +787,4 @@ mod tests {
         );
         assert!(e.hint().contains("tide.alter('on_signup', schedule =>"));
     }
-
 }

@@ -148,6 +148,7 @@ fn pg_dump_keeps_tasks_versions_and_runs(cluster: &Cluster) -> Result<(), Failed
                                  (SELECT count(*) FROM tide.attempt), (SELECT count(*) FROM tide.run_event))";
     let runs_before: String = one(&mut c, runs)?;
     assert_eq!(runs_before, "succeeded,retry,ready|2|7");
+    let before: String = one(&mut c, summary)?;
 
     let dump_file = format!("/tmp/pg_tide-pg_test-dump-{}.sql", std::process::id());
     cluster.tool("pg_dump", &["-d", "t_dump_src", "-f", &dump_file])?;
