@@ -153,7 +153,7 @@ BEGIN
     -- never completed with an older one.
     token := nextval('tide.lease_token_seq');
     IF gated THEN
-        -- Serial groups, overlap, concurrency and locks decide which may go (sql/guarantees.sql).
+        -- Serial groups, overlap, concurrency and locks decide which may go (sql/locks.sql).
         ids := tide._admit(ids, token, p_executor, p_lease);
         IF cardinality(ids) = 0 THEN
             RETURN;

@@ -210,6 +210,43 @@ GRANT USAGE ON SCHEMA tide TO PUBLIC;
 GRANT SELECT, INSERT, UPDATE, DELETE ON tide.task TO PUBLIC;
 GRANT SELECT, INSERT ON tide.task_version TO PUBLIC;
 
+-- Rules that involve several options, checked after tide.schedule / tide.alter wrote them (an
+-- error undoes the write).
+CREATE FUNCTION tide._check_task(p_task_id bigint) RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    t tide.task;
+BEGIN
+    SELECT * INTO t FROM tide.task WHERE task_id = p_task_id;
+    IF t.schedule IS NULL AND cardinality(t.topics) = 0 THEN
+        RAISE EXCEPTION 'task "%": schedule must not be NULL for a task without topics', t.name
+            USING ERRCODE = 'null_value_not_allowed',
+                  HINT = 'give a cron schedule such as ''0 1 * * *'', or topics => ARRAY[''order.created''] to run it on tide.emit';
+    END IF;
+    IF t.max_concurrency IS NOT NULL AND t.overlap <> 'allow' THEN
+        RAISE EXCEPTION 'task "%": max_concurrency % needs overlap => ''allow'', got overlap %', t.name, t.max_concurrency, t.overlap
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'overlap queue runs one at a time and skip never overlaps; pass overlap => ''allow'' with max_concurrency';
+    END IF;
+    IF t.long AND t.command IS NULL THEN
+        RAISE EXCEPTION 'task "%": long => true needs an SQL command', t.name
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'the command does one batch and returns the next checkpoint; external workers of long runs send progress with tide.heartbeat instead';
+    END IF;
+    IF (t.rate IS NOT NULL OR t.pause IS NOT NULL) AND NOT t.long THEN
+        RAISE EXCEPTION 'task "%": rate and pause apply to long tasks only', t.name
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'pass long => true with them, or leave them out';
+    END IF;
+    IF t.rate IS NOT NULL AND t.pause IS NOT NULL THEN
+        RAISE EXCEPTION 'task "%": pass rate or pause, not both (got rate %, pause %)', t.name, t.rate, t.pause
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'rate => 2 means at most 2 batches a second; pause => ''1 second'' waits between batches';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION tide._check_task(bigint) IS
+    'Internal: checks the rules of a task that involve several options (called by tide.schedule and tide.alter).';
+
 -- pg_dump keeps user data of extension tables only when they are registered.
 SELECT pg_catalog.pg_extension_config_dump('tide.task', '');
 SELECT pg_catalog.pg_extension_config_dump('tide.task_task_id_seq', '');

@@ -44,17 +44,17 @@ mod worker;
 );
 // Steps inside a run, skipped by later attempts and reruns once done.
 ::pgrx::extension_sql_file!("../sql/steps.sql", name = "steps", requires = ["execution"]);
-// Locks, overlap, per-key order, event tasks (tide.emit), controls of long runs.
-::pgrx::extension_sql_file!(
-    "../sql/guarantees.sql",
-    name = "guarantees",
-    requires = ["effects", "steps"]
-);
+// Per-object locks, overlap control and serial groups: what a claim checks for gated runs.
+::pgrx::extension_sql_file!("../sql/locks.sql", name = "locks", requires = ["execution"]);
+// Event tasks: tide.emit, tide.emit_on_change.
+::pgrx::extension_sql_file!("../sql/events.sql", name = "events", requires = ["locks"]);
+// Long runs: the checkpoint, pause_run / resume_run / cancel_run.
+::pgrx::extension_sql_file!("../sql/long.sql", name = "long", requires = ["execution"]);
 // Monitoring: health, heartbeat checks, alerts, metrics, run log lines, explain, retention.
 ::pgrx::extension_sql_file!(
     "../sql/monitor.sql",
     name = "monitor",
-    requires = ["guarantees"]
+    requires = ["effects", "steps", "locks", "events", "long"]
 );
 // Comments on the generated functions, once they exist.
 ::pgrx::extension_sql_file!("../sql/comments.sql", name = "comments", finalize);

@@ -1,0 +1,288 @@
+-- pg_tide locks: per-object locks with fencing, overlap control (queue, skip, allow with
+-- max_concurrency) and the one-at-a-time order of serial groups (an overlap-queue task's windows,
+-- an event task's runs of one key).
+--
+-- How a claim decides (tide._claim calls tide._admit for gated runs only; a plain run pays
+-- nothing): a run in a serial group (overlap queue: its task; an event run: its task and key)
+-- goes only when nothing of its group runs and no earlier run of the group waits; a run of a
+-- task with overlap skip is skipped while another runs; max_concurrency counts the task's
+-- running runs; a run with a lock key takes its row in tide.lock. Each decision holds a
+-- transaction-level advisory lock on what it decides about, so two claimers never both say yes.
+-- A run that cannot go is parked (out of the claim indexes) until the run it waits for ends and
+-- wakes it (tide._wake), or after pg_tide's park time in any case.
+
+-- Advisory lock class of pg_tide's decisions ('tide' in ASCII).
+CREATE FUNCTION tide._lock_class() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 1952064613 $$;
+COMMENT ON FUNCTION tide._lock_class() IS 'Internal: the class id of pg_tide''s transaction-level advisory locks.';
+
+CREATE TABLE tide.lock (
+    owner       name NOT NULL,
+    key         text NOT NULL,
+    run_id      bigint NOT NULL,
+    task_id     bigint NOT NULL,
+    token       bigint NOT NULL,
+    acquired_at timestamptz NOT NULL DEFAULT now(),
+    expires_at  timestamptz NOT NULL,
+    PRIMARY KEY (owner, key)
+);
+CREATE INDEX lock_run_idx ON tide.lock (run_id);
+COMMENT ON TABLE tide.lock IS
+    'Per-object locks: one row per business object (key) held by a running run, with the run''s fencing token and an expiry that tide.heartbeat renews. Taken when a run is claimed, released when it ends; an expired lock is taken over and its old holder fenced out. Keys are shared by all tasks of one role.';
+COMMENT ON COLUMN tide.lock.key IS 'The business object, from the task''s lock_key template (such as account:42).';
+COMMENT ON COLUMN tide.lock.token IS 'Fencing token of the holding claim (tide.run.lease_token).';
+COMMENT ON COLUMN tide.lock.expires_at IS 'The holder''s lease expiry; renewed by tide.heartbeat (and each batch of a long task).';
+ALTER TABLE tide.lock ENABLE ROW LEVEL SECURITY;
+CREATE POLICY lock_owner ON tide.lock USING (owner = current_user) WITH CHECK (owner = current_user);
+GRANT SELECT, INSERT, UPDATE, DELETE ON tide.lock TO PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('tide.lock', '');
+
+-- The lease of a claim: given, or the task's lease (external workers), or its timeout plus a
+-- margin (pg_tide's executors).
+-- (STABLE, as the text-to-interval casts in it are: so it is inlined into the claim.)
+CREATE FUNCTION tide._lease_length(p_executor tide.executor, rules jsonb, p_lease interval) RETURNS interval
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$
+    SELECT coalesce(p_lease, CASE WHEN p_executor = 'sql'
+        THEN (rules->>'timeout')::interval + least((rules->>'timeout')::interval, interval '1 minute')
+        ELSE (rules->>'lease')::interval END)
+$$;
+COMMENT ON FUNCTION tide._lease_length(tide.executor, jsonb, interval) IS
+    'Internal: the lease length of a claim (the given one, the task''s lease, or an SQL run''s timeout plus a margin).';
+
+-- How long a parked run waits at most before a claim looks at it again, in case the run it
+-- waits for never wakes it (it was deleted, say).
+CREATE FUNCTION tide._park_time() RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT interval '1 minute' $$;
+COMMENT ON FUNCTION tide._park_time() IS 'Internal: the longest a parked run waits before a claim looks at it again.';
+
+-- A run's serial group: the task for a window run of an overlap-queue task, the task and key
+-- for an event run with a key; NULL otherwise.
+CREATE FUNCTION tide._gate(p_task_id bigint, p_overlap text, p_window_start timestamptz, p_event_key text)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN p_window_start IS NULL THEN p_task_id::text || ':' || p_event_key
+                WHEN coalesce(p_overlap, 'queue') = 'queue' THEN p_task_id::text END
+$$;
+COMMENT ON FUNCTION tide._gate(bigint, text, timestamptz, text) IS
+    'Internal: a run''s serial group (overlap queue: the task; an event run with a key: the task and key).';
+
+-- Whether a claim must check a run at all; a plain run (no group, no lock, overlap allow
+-- without a limit) goes by the fast path.
+CREATE FUNCTION tide._gated(p_gate text, p_lock_key text, p_overlap text, p_window_start timestamptz,
+                            p_max_concurrency integer)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT p_gate IS NOT NULL OR p_lock_key IS NOT NULL OR (p_window_start IS NOT NULL AND p_overlap = 'skip')
+           OR p_max_concurrency IS NOT NULL
+$$;
+COMMENT ON FUNCTION tide._gated(text, text, text, timestamptz, integer) IS
+    'Internal: whether a claim must check a run (serial group, lock key, overlap skip or max_concurrency).';
+
+-- A new run's serial group, lock key and whether a claim must check it; again when its rule
+-- version or args change. Not when they are already set: tide.emit sets them itself, and
+-- pg_dump restores runs with COPY.
+CREATE FUNCTION tide.run_gating() RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    rules jsonb;
+    task_name text;
+BEGIN
+    IF TG_OP = 'INSERT' AND NEW.gated IS NOT NULL THEN
+        RETURN NEW;
+    END IF;
+    SELECT v.rules, t.name INTO rules, task_name
+      FROM tide.task_version v JOIN tide.task t ON t.task_id = v.task_id
+     WHERE v.task_id = NEW.task_id AND v.version = NEW.version;
+    NEW.lock_key := CASE WHEN rules->>'lock_key' IS NOT NULL
+                         THEN tide._lock_key(rules->>'lock_key', task_name, NEW.args, NEW.payload, NEW.event_key,
+                                             NEW.biz_date::text) END;
+    NEW.gate := tide._gate(NEW.task_id, rules->>'overlap', NEW.window_start, NEW.event_key);
+    NEW.gated := tide._gated(NEW.gate, NEW.lock_key, rules->>'overlap', NEW.window_start,
+                             (rules->>'max_concurrency')::integer);
+    RETURN NEW;
+END
+$$;
+COMMENT ON FUNCTION tide.run_gating() IS
+    'Trigger: computes a run''s serial group (gate), lock key and gated flag from its rule version, args and event.';
+CREATE TRIGGER run_gating_insert BEFORE INSERT ON tide.run
+    FOR EACH ROW EXECUTE FUNCTION tide.run_gating();
+CREATE TRIGGER run_gating_update BEFORE UPDATE OF version, args ON tide.run
+    FOR EACH ROW WHEN (OLD.version IS DISTINCT FROM NEW.version OR OLD.args IS DISTINCT FROM NEW.args)
+    EXECUTE FUNCTION tide.run_gating();
+
+-- Parks a ready run that cannot go yet.
+CREATE FUNCTION tide._park(p_run_id bigint, p_until timestamptz) RETURNS void
+LANGUAGE sql
+AS $$
+    UPDATE tide.pending p SET parked = true, due_at = least(p_until, now() + tide._park_time())
+     WHERE p.run_id = p_run_id AND p.state = 'ready'
+$$;
+COMMENT ON FUNCTION tide._park(bigint, timestamptz) IS 'Internal: takes a ready run out of the claim indexes until woken or until the time given.';
+
+-- The runs that may go now that these runs moved (ended, failed, paused, ...): the next of
+-- each serial group, the oldest waiter of each lock key nobody holds, as many of a task's
+-- waiters as it has free slots.
+CREATE FUNCTION tide._wake(p_run_ids bigint[]) RETURNS integer
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    rec record;
+    woken bigint[] := '{}';
+    more bigint[];
+BEGIN
+    FOR rec IN SELECT DISTINCT r.gate FROM tide.run r WHERE r.run_id = ANY (p_run_ids) AND r.gate IS NOT NULL LOOP
+        WITH w AS (
+            UPDATE tide.pending p SET parked = false, due_at = NULL
+             WHERE p.run_id = (SELECT q.run_id FROM tide.pending q
+                                WHERE q.gate = rec.gate AND q.state IN ('ready', 'retry', 'running', 'paused')
+                                ORDER BY q.run_id LIMIT 1)
+               AND p.parked AND p.state = 'ready'
+               AND NOT EXISTS (SELECT 1 FROM tide.pending q WHERE q.gate = rec.gate AND q.state = 'running')
+            RETURNING p.run_id)
+        SELECT array_agg(w.run_id) INTO more FROM w;
+        woken := woken || coalesce(more, '{}');
+    END LOOP;
+    FOR rec IN SELECT DISTINCT r.owner, r.lock_key FROM tide.run r WHERE r.run_id = ANY (p_run_ids) AND r.lock_key IS NOT NULL LOOP
+        WITH w AS (
+            UPDATE tide.pending p SET parked = false, due_at = NULL
+             WHERE p.run_id = (SELECT q.run_id FROM tide.pending q
+                                WHERE q.lock_key = rec.lock_key AND q.owner = rec.owner AND q.state = 'ready' AND q.parked
+                                ORDER BY q.run_id LIMIT 1)
+               AND NOT EXISTS (SELECT 1 FROM tide.lock l
+                                WHERE l.owner = rec.owner AND l.key = rec.lock_key AND l.expires_at > now())
+            RETURNING p.run_id)
+        SELECT array_agg(w.run_id) INTO more FROM w;
+        woken := woken || coalesce(more, '{}');
+    END LOOP;
+    FOR rec IN SELECT t.task_id, t.max_concurrency FROM tide.task t
+                WHERE t.task_id IN (SELECT r.task_id FROM tide.run r WHERE r.run_id = ANY (p_run_ids))
+                  AND t.max_concurrency IS NOT NULL LOOP
+        WITH w AS (
+            UPDATE tide.pending p SET parked = false, due_at = NULL
+             WHERE p.run_id IN (SELECT q.run_id FROM tide.pending q
+                                 WHERE q.task_id = rec.task_id AND q.gated AND q.state = 'ready' AND q.parked
+                                 ORDER BY q.run_id
+                                 LIMIT greatest(0, rec.max_concurrency
+                                                   - (SELECT count(*) FROM tide.pending x
+                                                       WHERE x.task_id = rec.task_id AND x.gated AND x.state = 'running')))
+            RETURNING p.run_id)
+        SELECT array_agg(w.run_id) INTO more FROM w;
+        woken := woken || coalesce(more, '{}');
+    END LOOP;
+    IF cardinality(woken) > 0 THEN
+        PERFORM pg_notify('pg_tide_ready', q.queue)
+           FROM (SELECT DISTINCT p.queue FROM tide.pending p WHERE p.run_id = ANY (woken)) q;
+    END IF;
+    RETURN cardinality(woken);
+END
+$$;
+COMMENT ON FUNCTION tide._wake(bigint[]) IS
+    'Internal: unparks the runs that may go now that these runs moved: the next of their serial groups, the oldest waiter of their freed lock keys, waiters for free slots of their tasks.';
+
+-- A run that stopped running gives back its lock and wakes who waits.
+CREATE FUNCTION tide._release(p_run_ids bigint[]) RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    DELETE FROM tide.lock l WHERE l.run_id = ANY (p_run_ids)
+       AND NOT EXISTS (SELECT 1 FROM tide.run r WHERE r.run_id = l.run_id AND r.state = 'running'
+                                                 AND r.lease_token = l.token);
+    PERFORM tide._wake(p_run_ids);
+END
+$$;
+COMMENT ON FUNCTION tide._release(bigint[]) IS
+    'Internal: frees the locks of runs that no longer run and wakes the runs waiting for them.';
+
+-- Which of the claimed candidates may go; the others are parked, deferred or skipped. Called by
+-- tide._claim only when a candidate is gated.
+CREATE FUNCTION tide._admit(p_ids bigint[], p_token bigint, p_executor tide.executor, p_lease interval)
+RETURNS bigint[]
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    c record;
+    rules jsonb;
+    running bigint;
+    blocker bigint;
+    l tide.lock;
+    admitted bigint[] := '{}';
+BEGIN
+    FOR c IN SELECT p.run_id, p.task_id, p.gate, p.lock_key, p.gated, p.owner, r.window_start, r.version
+               FROM tide.pending p JOIN tide.run r ON r.run_id = p.run_id
+              WHERE p.run_id = ANY (p_ids)
+              ORDER BY p.priority DESC, p.run_id LOOP
+        IF NOT c.gated THEN
+            admitted := admitted || c.run_id;
+            CONTINUE;
+        END IF;
+        SELECT v.rules INTO rules FROM tide.task_version v WHERE v.task_id = c.task_id AND v.version = c.version;
+        -- One at a time per serial group, in run order. Each check holds an advisory lock until
+        -- this claim commits and then reads afresh, so a concurrent claim's decision is seen.
+        IF c.gate IS NOT NULL THEN
+            CONTINUE WHEN NOT pg_try_advisory_xact_lock(tide._lock_class(), hashtext('gate:' || c.gate));
+            SELECT q.run_id INTO blocker FROM tide.pending q
+             WHERE q.gate = c.gate AND q.run_id <> c.run_id
+               AND (q.state = 'running' OR (q.state IN ('ready', 'retry', 'paused') AND q.run_id < c.run_id))
+             ORDER BY q.state = 'running' DESC, q.run_id LIMIT 1;
+            IF FOUND THEN
+                PERFORM tide._park(c.run_id, now() + tide._park_time());
+                CONTINUE;
+            END IF;
+        END IF;
+        -- Overlap skip and max_concurrency count the task's running runs.
+        IF (c.window_start IS NOT NULL AND rules->>'overlap' = 'skip') OR rules->>'max_concurrency' IS NOT NULL THEN
+            CONTINUE WHEN NOT pg_try_advisory_xact_lock(tide._lock_class(), hashtext('task:' || c.task_id));
+            SELECT count(*) INTO running FROM tide.pending q
+             WHERE q.task_id = c.task_id AND q.gated AND q.state = 'running';
+            IF c.window_start IS NOT NULL AND rules->>'overlap' = 'skip' AND running > 0 THEN
+                UPDATE tide.run SET state = 'skipped', skip_reason = 'overlap', finished_at = now(), updated_at = now(),
+                                    reason = 'skipped: another run of the task was still running (overlap skip)'
+                 WHERE run_id = c.run_id;
+                CONTINUE;
+            END IF;
+            IF running >= (rules->>'max_concurrency')::integer THEN
+                PERFORM tide._park(c.run_id, now() + tide._park_time());
+                CONTINUE;
+            END IF;
+        END IF;
+        -- The business object's lock: free, expired (its holder is fenced out), or busy (the run
+        -- is deferred: recorded, not an attempt).
+        IF c.lock_key IS NOT NULL THEN
+            CONTINUE WHEN NOT pg_try_advisory_xact_lock(tide._lock_class(), hashtext('lock:' || c.owner || ':' || c.lock_key));
+            SELECT * INTO l FROM tide.lock x WHERE x.owner = c.owner AND x.key = c.lock_key;
+            IF FOUND AND l.run_id <> c.run_id THEN
+                IF l.expires_at > now() THEN
+                    UPDATE tide.run SET updated_at = now(),
+                           reason = format('deferred: lock %s is held by run %s until %s', c.lock_key, l.run_id,
+                                           to_char(l.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS" UTC"'))
+                     WHERE run_id = c.run_id;
+                    PERFORM tide._park(c.run_id, l.expires_at);
+                    CONTINUE;
+                END IF;
+                PERFORM 1 FROM tide.run x WHERE x.run_id = l.run_id AND x.state = 'running' AND x.lease_token = l.token
+                    FOR UPDATE;
+                IF FOUND THEN
+                    PERFORM tide._fail(l.run_id, format('lock %s expired (token %s) and was taken over by run %s',
+                                                        c.lock_key, l.token, c.run_id),
+                                       'transient', NULL, 'lost', now());
+                END IF;
+            END IF;
+            INSERT INTO tide.lock AS x (owner, key, run_id, task_id, token, acquired_at, expires_at)
+            VALUES (c.owner, c.lock_key, c.run_id, c.task_id, p_token, now(), now() + tide._lease_length(p_executor, rules, p_lease))
+            ON CONFLICT ON CONSTRAINT lock_pkey DO UPDATE
+               SET run_id = EXCLUDED.run_id, task_id = EXCLUDED.task_id, token = EXCLUDED.token,
+                   acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at;
+        END IF;
+        -- Running already for the checks of later candidates of this claim.
+        UPDATE tide.pending SET state = 'running' WHERE run_id = c.run_id;
+        admitted := admitted || c.run_id;
+    END LOOP;
+    RETURN admitted;
+END
+$$;
+COMMENT ON FUNCTION tide._admit(bigint[], bigint, tide.executor, interval) IS
+    'Internal: decides which claimed candidates may run now (serial group, overlap, max_concurrency, lock key) and takes their locks; parks, defers or skips the rest.';

@@ -1,0 +1,130 @@
+-- pg_tide long runs: the checkpoint in a command, and pause_run / resume_run / cancel_run, taken
+-- up between the batches of a long task or at an external worker's heartbeat. (The batches
+-- themselves are run by tide._execute, sql/execution.sql, and the executor loop, src/worker.rs.)
+
+CREATE FUNCTION tide.checkpoint() RETURNS jsonb
+LANGUAGE sql STABLE
+AS $$ SELECT r.checkpoint FROM tide.run r WHERE r.run_id = tide.run_id() $$;
+COMMENT ON FUNCTION tide.checkpoint() IS 'Inside a task''s command: the run''s last committed checkpoint (NULL at the start); a long task''s batch continues from it.';
+
+-- Ends a running run that was asked to pause or cancel (between batches, or at a heartbeat).
+CREATE FUNCTION tide._stop_run(p_run_id bigint, p_progress jsonb) RETURNS tide.run_state
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    r tide.run;
+BEGIN
+    SELECT * INTO r FROM tide.run WHERE run_id = p_run_id AND state = 'running' FOR UPDATE;
+    UPDATE tide.run
+       SET state = CASE WHEN r.control = 'cancel' THEN 'cancelled' ELSE 'paused' END::tide.run_state,
+           checkpoint = coalesce(p_progress, checkpoint), control = NULL, lease_expires_at = NULL,
+           finished_at = CASE WHEN r.control = 'cancel' THEN now() END, updated_at = now(),
+           reason = format('%s after %s batches (asked by tide.%s_run)',
+                           CASE WHEN r.control = 'cancel' THEN 'cancelled' ELSE 'paused' END, r.batches, r.control)
+     WHERE run_id = p_run_id;
+    RETURN (SELECT x.state FROM tide.run x WHERE x.run_id = p_run_id);
+END
+$$;
+COMMENT ON FUNCTION tide._stop_run(bigint, jsonb) IS
+    'Internal: pauses or cancels a running run whose pause or cancel was asked for, keeping its checkpoint.';
+
+CREATE FUNCTION tide._control_target(p_run_id bigint, p_function text) RETURNS tide.run
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    r tide.run;
+BEGIN
+    IF p_run_id IS NULL THEN
+        RAISE EXCEPTION '%: run_id must not be NULL', p_function USING ERRCODE = 'null_value_not_allowed',
+            HINT = 'find the run with: SELECT run_id, state FROM tide.run WHERE task_id = ...';
+    END IF;
+    SELECT * INTO r FROM tide.run x WHERE x.run_id = p_run_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'run % does not exist', p_run_id USING ERRCODE = 'undefined_object',
+            HINT = 'find the run with: SELECT run_id, state FROM tide.run WHERE task_id = ...; runs of other roles'' tasks are not visible';
+    END IF;
+    RETURN r;
+END
+$$;
+COMMENT ON FUNCTION tide._control_target(bigint, text) IS 'Internal: the run a pause/resume/cancel works on, locked.';
+
+CREATE FUNCTION tide.pause_run(run_id bigint) RETURNS text
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    r tide.run;
+BEGIN
+    r := tide._control_target(pause_run.run_id, 'tide.pause_run');
+    IF r.state = 'running' THEN
+        UPDATE tide.run x SET control = 'pause', updated_at = now() WHERE x.run_id = r.run_id;
+        RETURN 'pausing';
+    ELSIF r.state IN ('waiting', 'ready', 'retry') THEN
+        UPDATE tide.run x SET state = 'paused', updated_at = now(),
+               reason = format('paused by %s (was %s)', current_user, r.state)
+         WHERE x.run_id = r.run_id;
+        RETURN 'paused';
+    ELSIF r.state = 'paused' THEN
+        RETURN 'paused';
+    END IF;
+    RAISE EXCEPTION 'run % is %, so there is nothing to pause', r.run_id, r.state
+        USING ERRCODE = 'object_not_in_prerequisite_state',
+              HINT = 'only a waiting, ready, retrying or running run can be paused';
+END
+$$;
+COMMENT ON FUNCTION tide.pause_run(bigint) IS
+    'pause_run(run_id): pauses a run. One not started is paused at once (returns paused); a running one stops at its next batch (long task) or heartbeat, keeping its checkpoint (returns pausing). tide.resume_run continues it.';
+
+CREATE FUNCTION tide.resume_run(run_id bigint) RETURNS text
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    r tide.run;
+    rules jsonb;
+BEGIN
+    r := tide._control_target(resume_run.run_id, 'tide.resume_run');
+    IF r.state = 'running' AND r.control = 'pause' THEN
+        UPDATE tide.run x SET control = NULL, updated_at = now() WHERE x.run_id = r.run_id;
+        RETURN 'running';
+    ELSIF r.state = 'paused' THEN
+        SELECT v.rules INTO rules FROM tide.task_version v WHERE v.task_id = r.task_id AND v.version = r.version;
+        UPDATE tide.run x
+           SET state = CASE WHEN r.attempts > 0 THEN 'ready' ELSE tide._open_state(rules) END::tide.run_state,
+               run_after = NULL, updated_at = now(),
+               reason = format('resumed by %s%s', current_user,
+                               CASE WHEN r.checkpoint IS NOT NULL THEN ' (continues from its checkpoint)' ELSE '' END)
+         WHERE x.run_id = r.run_id;
+        RETURN (SELECT x.state::text FROM tide.run x WHERE x.run_id = r.run_id);
+    END IF;
+    RAISE EXCEPTION 'run % is %, not paused', r.run_id, r.state
+        USING ERRCODE = 'object_not_in_prerequisite_state',
+              HINT = 'tide.resume_run continues a run paused with tide.pause_run';
+END
+$$;
+COMMENT ON FUNCTION tide.resume_run(bigint) IS
+    'resume_run(run_id): puts a paused run back in line (it continues from its checkpoint), or withdraws a pause not yet taken up. Returns the run''s state.';
+
+CREATE FUNCTION tide.cancel_run(run_id bigint, reason text DEFAULT NULL) RETURNS text
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    r tide.run;
+BEGIN
+    r := tide._control_target(cancel_run.run_id, 'tide.cancel_run');
+    IF r.state = 'running' THEN
+        UPDATE tide.run x SET control = 'cancel', updated_at = now() WHERE x.run_id = r.run_id;
+        RETURN 'cancelling';
+    ELSIF r.state IN ('waiting', 'ready', 'retry', 'held', 'paused') THEN
+        UPDATE tide.run x SET state = 'cancelled', finished_at = now(), updated_at = now(), lease_expires_at = NULL,
+               reason = format('cancelled by %s%s', current_user, coalesce(': ' || cancel_run.reason, ''))
+         WHERE x.run_id = r.run_id;
+        RETURN 'cancelled';
+    ELSIF r.state = 'cancelled' THEN
+        RETURN 'cancelled';
+    END IF;
+    RAISE EXCEPTION 'run % already ended (%)', r.run_id, r.state
+        USING ERRCODE = 'object_not_in_prerequisite_state',
+              HINT = 'only an unfinished run can be cancelled';
+END
+$$;
+COMMENT ON FUNCTION tide.cancel_run(bigint, text) IS
+    'cancel_run(run_id, reason => NULL): cancels a run. One not running is cancelled at once (returns cancelled); a running one stops at its next batch (long task) or heartbeat (returns cancelling); its committed batches stay.';
