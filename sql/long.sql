@@ -113,12 +113,7 @@ BEGIN
     IF r.state = 'running' THEN
         UPDATE tide.run x SET control = 'cancel', updated_at = now() WHERE x.run_id = r.run_id;
         RETURN 'cancelling';
-    ELSIF r.state IN ('waiting', 'ready', 'retry', 'held', 'paused') THEN
-        UPDATE tide.run x SET state = 'cancelled', finished_at = now(), updated_at = now(), lease_expires_at = NULL,
-               reason = format('cancelled by %s%s', current_user, coalesce(': ' || cancel_run.reason, ''))
-         WHERE x.run_id = r.run_id;
-        RETURN 'cancelled';
-    ELSIF r.state = 'cancelled' THEN
+    ELSIF r.state = 'cancelled' OR tide.cancel(r.run_id, cancel_run.reason) THEN
         RETURN 'cancelled';
     END IF;
     RAISE EXCEPTION 'run % already ended (%)', r.run_id, r.state

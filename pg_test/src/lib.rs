@@ -376,6 +376,16 @@ impl Cluster {
     }
 }
 
+/// The state of a run, as text (for `wait_for` probes).
+pub fn run_state(c: &mut Client, run: i64) -> Result<String, String> {
+    c.query_one(
+        &format!("SELECT state::text FROM tide.run WHERE run_id = {run}"),
+        &[],
+    )
+    .map(|r| r.get(0))
+    .map_err(|e| describe(&e))
+}
+
 /// Polls `probe` until it returns `Some`, or fails after `within`.
 pub fn wait_for<T>(
     what: &str,

@@ -9,7 +9,8 @@
 use std::time::Duration;
 
 use pg_tide_pg_test::{
-    db_err, one, refused, run_tests, wait_for, Client, Cluster, Failed, TestFn, WORKERS_DB,
+    db_err, one, refused, run_state as state, run_tests, wait_for, Client, Cluster, Failed, TestFn,
+    WORKERS_DB,
 };
 
 fn exec(c: &mut Client, sql: &str) -> Result<(), Failed> {
@@ -30,15 +31,6 @@ fn claim(c: &mut Client, n: i32) -> Result<Vec<(i64, i64, Option<String>)>, Fail
 
 fn complete(c: &mut Client, run: i64, token: i64) -> Result<(), Failed> {
     exec(c, &format!("SELECT tide.complete({run}, {token})"))
-}
-
-fn state(c: &mut Client, run: i64) -> Result<String, String> {
-    c.query_one(
-        &format!("SELECT state::text FROM tide.run WHERE run_id = {run}"),
-        &[],
-    )
-    .map(|r| r.get(0))
-    .map_err(|e| e.to_string())
 }
 
 fn emit_creates_runs_in_the_callers_transaction(cluster: &Cluster) -> Result<(), Failed> {

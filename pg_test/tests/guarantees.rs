@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use postgres::fallible_iterator::FallibleIterator;
 
-use pg_tide_pg_test::{db_err, one, refused, run_tests, wait_for, Client, Cluster, Failed, TestFn};
+use pg_tide_pg_test::{
+    db_err, one, refused, run_state, run_tests, wait_for, Client, Cluster, Failed, TestFn,
+};
 
 fn exec(c: &mut Client, sql: &str) -> Result<(), Failed> {
     c.batch_execute(sql).map_err(db_err)
@@ -33,20 +35,12 @@ fn run_then_force_rerun(
     days_ago: i32,
     rerun_seen: &str,
 ) -> Result<i64, Failed> {
-    fn state(c: &mut Client, run: i64) -> Result<String, String> {
-        c.query_one(
-            &format!("SELECT state::text FROM tide.run WHERE run_id = {run}"),
-            &[],
-        )
-        .map(|r| r.get(0))
-        .map_err(|e| e.to_string())
-    }
     let run: i64 = one(
         c,
         &format!("SELECT tide.rerun('{task}', biz_date => current_date - {days_ago})"),
     )?;
     wait_for("the first run to succeed", Duration::from_secs(30), || {
-        Ok((state(c, run)? == "succeeded").then_some(()))
+        Ok((run_state(c, run)? == "succeeded").then_some(()))
     })?;
     exec(c, &format!("SELECT tide.replay({run}, force => true)"))?;
     wait_for(
@@ -57,7 +51,7 @@ fn run_then_force_rerun(
                 .query_one(rerun_seen, &[])
                 .map(|r| r.get(0))
                 .map_err(|e| e.to_string())?;
-            Ok((seen && state(c, run)? == "succeeded").then_some(()))
+            Ok((seen && run_state(c, run)? == "succeeded").then_some(()))
         },
     )?;
     Ok(run)
