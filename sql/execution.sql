@@ -113,6 +113,7 @@ DECLARE
     ids bigint[];
     owners name[];
     gated boolean;
+    candidates bigint[];
     token bigint;
     ignored text;
     why text := 'claimed by ' || coalesce(p_worker, 'a worker');
@@ -130,36 +131,47 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value', HINT = 'pass lease => ''5 minutes'', or omit it to use the task''s lease';
     END IF;
     -- The candidates are fixed in an array first: a LIMIT subquery under FOR UPDATE SKIP LOCKED
-    -- may be re-evaluated and claim more rows than asked.
-    IF p_queue IS NULL THEN
-        SELECT array_agg(c.run_id), array_agg(c.owner), bool_or(c.gated) INTO ids, owners, gated FROM (
-            SELECT p.run_id, p.owner, p.gated FROM tide.pending p
-             WHERE p.state = 'ready' AND NOT p.parked AND p.executor = p_executor
-               AND (p.due_at IS NULL OR p.due_at <= now())
-             ORDER BY p.priority DESC, p.run_id
-             LIMIT p_n FOR UPDATE SKIP LOCKED) c;
-    ELSE
-        SELECT array_agg(c.run_id), array_agg(c.owner), bool_or(c.gated) INTO ids, owners, gated FROM (
-            SELECT p.run_id, p.owner, p.gated FROM tide.pending p
-             WHERE p.state = 'ready' AND NOT p.parked AND p.executor = p_executor AND p.queue = p_queue
-               AND (p.due_at IS NULL OR p.due_at <= now())
-             ORDER BY p.priority DESC, p.run_id
-             LIMIT p_n FOR UPDATE SKIP LOCKED) c;
-    END IF;
-    IF ids IS NULL THEN
-        RETURN;
-    END IF;
-    -- One fencing token per claim: larger than any earlier claim's, so a run claimed again is
-    -- never completed with an older one.
-    token := nextval('tide.lease_token_seq');
-    IF gated THEN
-        -- Serial groups, overlap, concurrency and locks decide which may go (sql/locks.sql).
-        ids := tide._admit(ids, token, p_executor, p_lease);
-        IF cardinality(ids) = 0 THEN
+    -- may be re-evaluated and claim more rows than asked. When every candidate has to wait (it
+    -- is parked, out of the candidates, by tide._admit) the next ones are looked at, a few
+    -- rounds at most: a claimer must not come back empty while other runs are claimable.
+    FOR round IN 1..10 LOOP
+        IF p_queue IS NULL THEN
+            SELECT array_agg(c.run_id), array_agg(c.owner), bool_or(c.gated) INTO ids, owners, gated FROM (
+                SELECT p.run_id, p.owner, p.gated FROM tide.pending p
+                 WHERE p.state = 'ready' AND NOT p.parked AND p.executor = p_executor
+                   AND (p.due_at IS NULL OR p.due_at <= now())
+                 ORDER BY p.priority DESC, p.run_id
+                 LIMIT p_n FOR UPDATE SKIP LOCKED) c;
+        ELSE
+            SELECT array_agg(c.run_id), array_agg(c.owner), bool_or(c.gated) INTO ids, owners, gated FROM (
+                SELECT p.run_id, p.owner, p.gated FROM tide.pending p
+                 WHERE p.state = 'ready' AND NOT p.parked AND p.executor = p_executor AND p.queue = p_queue
+                   AND (p.due_at IS NULL OR p.due_at <= now())
+                 ORDER BY p.priority DESC, p.run_id
+                 LIMIT p_n FOR UPDATE SKIP LOCKED) c;
+        END IF;
+        IF ids IS NULL THEN
             RETURN;
         END IF;
-        SELECT array_agg(p.owner ORDER BY u.n) INTO owners
-          FROM unnest(ids) WITH ORDINALITY AS u(id, n) JOIN tide.pending p ON p.run_id = u.id;
+        -- One fencing token per claim: larger than any earlier claim's, so a run claimed again is
+        -- never completed with an older one.
+        token := coalesce(token, nextval('tide.lease_token_seq'));
+        EXIT WHEN NOT gated;
+        -- Serial groups, overlap, concurrency and locks decide which may go (sql/locks.sql).
+        candidates := ids;
+        ids := tide._admit(candidates, token, p_executor, p_lease);
+        IF cardinality(ids) > 0 THEN
+            SELECT array_agg(p.owner ORDER BY u.n) INTO owners
+              FROM unnest(ids) WITH ORDINALITY AS u(id, n) JOIN tide.pending p ON p.run_id = u.id;
+            EXIT;
+        END IF;
+        -- A candidate another claim is deciding about right now stays a candidate: looking again
+        -- would only find it again.
+        EXIT WHEN EXISTS (SELECT 1 FROM tide.pending p
+                           WHERE p.run_id = ANY (candidates) AND p.state = 'ready' AND NOT p.parked);
+    END LOOP;
+    IF cardinality(ids) = 0 THEN
+        RETURN;
     END IF;
     UPDATE tide.pending p SET state = 'running', due_at = NULL WHERE p.run_id = ANY (ids);
     -- This path writes its own history rows below, one statement for the batch.

@@ -221,6 +221,32 @@ fn runs_of_one_key_go_in_emit_order(cluster: &Cluster) -> Result<(), Failed> {
         ),
     )?;
     assert_eq!(ns, "1,2,4", "cust:1 in emit order");
+
+    // A claim of one run is not left empty by a backlog behind a busy key: the blocked runs are
+    // parked and the next claimable run is found.
+    exec(
+        &mut c,
+        "SELECT tide.emit('order', jsonb_build_object('n', g), key => 'busy') FROM generate_series(1, 5) g;
+         SELECT tide.emit('order', '{\"n\": 99}');",
+    )?;
+    let head = claim(&mut c, 1)?;
+    assert_eq!(head[0].2.as_deref(), Some("busy"));
+    let next = claim(&mut c, 1)?;
+    assert_eq!(
+        next.len(),
+        1,
+        "the keyless run behind the busy key's backlog"
+    );
+    let n: String = one(
+        &mut c,
+        &format!(
+            "SELECT payload->>'n' FROM tide.run WHERE run_id = {}",
+            next[0].0
+        ),
+    )?;
+    assert_eq!(n, "99");
+    let parked: i64 = one(&mut c, "SELECT count(*) FROM tide.pending WHERE parked")?;
+    assert_eq!(parked, 4, "the busy key's other runs wait, parked");
     Ok(())
 }
 
