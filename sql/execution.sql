@@ -751,6 +751,7 @@ BEGIN
            reason = format('%s by %s (from %s%s, version %s)', p_trigger, current_user, r.state,
                            CASE WHEN r.state = 'succeeded' THEN ', forced' ELSE '' END, use_version)
      WHERE run_id = r.run_id;
+    PERFORM tide._regate(ARRAY[r.run_id]);
     RETURN r.run_id;
 END
 $$;
@@ -843,21 +844,27 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     n integer;
+    ids bigint[];
     rules jsonb;
 BEGIN
     SELECT v.rules INTO rules FROM tide.task_version v WHERE v.task_id = p_task_id AND v.version = p_version;
     IF p_mode = 'keep' THEN
         RETURN 0;
     ELSIF p_mode = 'adopt' THEN
-        UPDATE tide.run r
-           SET version = p_version, args = rules->'args', queue = rules->>'queue',
-               priority = (rules->>'priority')::integer,
-               executor = tide._executor_of(rules->>'command'),
-               updated_at = now(),
-               reason = format('%s; adopted rule version %s', r.reason, p_version)
-         WHERE r.run_id IN (SELECT p.run_id FROM tide.pending p
-                             WHERE p.task_id = p_task_id AND p.state IN ('waiting', 'ready', 'retry', 'held', 'paused'))
-           AND r.version <> p_version;
+        WITH adopted AS (
+            UPDATE tide.run r
+               SET version = p_version, args = rules->'args', queue = rules->>'queue',
+                   priority = (rules->>'priority')::integer,
+                   executor = tide._executor_of(rules->>'command'),
+                   updated_at = now(),
+                   reason = format('%s; adopted rule version %s', r.reason, p_version)
+             WHERE r.run_id IN (SELECT p.run_id FROM tide.pending p
+                                 WHERE p.task_id = p_task_id AND p.state IN ('waiting', 'ready', 'retry', 'held', 'paused'))
+               AND r.version <> p_version
+            RETURNING r.run_id)
+        SELECT array_agg(a.run_id) INTO ids FROM adopted a;
+        PERFORM tide._regate(ids);
+        RETURN coalesce(cardinality(ids), 0);
     ELSE
         UPDATE tide.run r
            SET state = 'held', updated_at = now(),
@@ -879,7 +886,7 @@ AS $$
 DECLARE
     t tide.task;
     rules jsonb;
-    n integer;
+    ids bigint[];
 BEGIN
     SELECT * INTO t FROM tide.task x WHERE x.name = confirm.task;
     IF NOT FOUND THEN
@@ -892,16 +899,19 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = format('versions are 1 to %s; see tide.task_version', t.version);
     END IF;
-    UPDATE tide.run r
-       SET state = tide._open_state(rules), version = confirm.version,
-           args = CASE WHEN r.version = confirm.version THEN r.args ELSE rules->'args' END,
-           queue = rules->>'queue', priority = (rules->>'priority')::integer,
-           executor = tide._executor_of(rules->>'command'),
-           run_after = NULL, updated_at = now(),
-           reason = format('confirmed by %s under rule version %s', current_user, confirm.version)
-     WHERE r.run_id IN (SELECT p.run_id FROM tide.pending p WHERE p.task_id = t.task_id AND p.state = 'held');
-    GET DIAGNOSTICS n = ROW_COUNT;
-    RETURN n;
+    WITH confirmed AS (
+        UPDATE tide.run r
+           SET state = tide._open_state(rules), version = confirm.version,
+               args = CASE WHEN r.version = confirm.version THEN r.args ELSE rules->'args' END,
+               queue = rules->>'queue', priority = (rules->>'priority')::integer,
+               executor = tide._executor_of(rules->>'command'),
+               run_after = NULL, updated_at = now(),
+               reason = format('confirmed by %s under rule version %s', current_user, confirm.version)
+         WHERE r.run_id IN (SELECT p.run_id FROM tide.pending p WHERE p.task_id = t.task_id AND p.state = 'held')
+        RETURNING r.run_id)
+    SELECT array_agg(c.run_id) INTO ids FROM confirmed c;
+    PERFORM tide._regate(ids);
+    RETURN coalesce(cardinality(ids), 0);
 END
 $$;
 COMMENT ON FUNCTION tide.confirm(text, integer) IS

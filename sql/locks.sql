@@ -81,38 +81,63 @@ $$;
 COMMENT ON FUNCTION tide._gated(text, text, text, timestamptz, integer) IS
     'Internal: whether a claim must check a run (serial group, lock key, overlap skip or max_concurrency).';
 
--- A new run's serial group, lock key and whether a claim must check it; again when its rule
--- version or args change. Not when they are already set: tide.emit sets them itself, and
--- pg_dump restores runs with COPY.
+-- A run's serial group, lock key and whether a claim must check it, under a rule version.
+CREATE FUNCTION tide._gating_of(p_task_id bigint, p_version integer, p_args jsonb, p_payload jsonb,
+                                p_event_key text, p_biz_date date, p_window_start timestamptz)
+RETURNS TABLE (gate text, lock_key text, gated boolean)
+LANGUAGE sql STABLE
+AS $$
+    SELECT g.gate, k.lock_key,
+           tide._gated(g.gate, k.lock_key, v.rules->>'overlap', p_window_start, (v.rules->>'max_concurrency')::integer)
+      FROM tide.task_version v
+      JOIN tide.task t ON t.task_id = v.task_id
+     CROSS JOIN LATERAL (SELECT CASE WHEN v.rules->>'lock_key' IS NOT NULL
+                                     THEN tide._lock_key(v.rules->>'lock_key', t.name, p_args, p_payload, p_event_key,
+                                                         p_biz_date::text) END AS lock_key) k
+     CROSS JOIN LATERAL (SELECT tide._gate(p_task_id, v.rules->>'overlap', p_window_start, p_event_key) AS gate) g
+     WHERE v.task_id = p_task_id AND v.version = p_version
+$$;
+COMMENT ON FUNCTION tide._gating_of(bigint, integer, jsonb, jsonb, text, date, timestamptz) IS
+    'Internal: a run''s serial group, lock key and gated flag under a rule version.';
+
+-- A new run's gating. Not when it is already set: tide.emit sets it itself, and pg_dump
+-- restores runs with COPY. (No UPDATE trigger: a BEFORE UPDATE row trigger makes every update
+-- of a run fetch and lock the old row first, claims and completions included; the few paths
+-- that change a run's version or args call tide._regate.)
 CREATE FUNCTION tide.run_gating() RETURNS trigger
 LANGUAGE plpgsql
 AS $$
-DECLARE
-    rules jsonb;
-    task_name text;
 BEGIN
-    IF TG_OP = 'INSERT' AND NEW.gated IS NOT NULL THEN
-        RETURN NEW;
+    IF NEW.gated IS NULL THEN
+        SELECT g.gate, g.lock_key, g.gated INTO NEW.gate, NEW.lock_key, NEW.gated
+          FROM tide._gating_of(NEW.task_id, NEW.version, NEW.args, NEW.payload, NEW.event_key, NEW.biz_date,
+                               NEW.window_start) g;
     END IF;
-    SELECT v.rules, t.name INTO rules, task_name
-      FROM tide.task_version v JOIN tide.task t ON t.task_id = v.task_id
-     WHERE v.task_id = NEW.task_id AND v.version = NEW.version;
-    NEW.lock_key := CASE WHEN rules->>'lock_key' IS NOT NULL
-                         THEN tide._lock_key(rules->>'lock_key', task_name, NEW.args, NEW.payload, NEW.event_key,
-                                             NEW.biz_date::text) END;
-    NEW.gate := tide._gate(NEW.task_id, rules->>'overlap', NEW.window_start, NEW.event_key);
-    NEW.gated := tide._gated(NEW.gate, NEW.lock_key, rules->>'overlap', NEW.window_start,
-                             (rules->>'max_concurrency')::integer);
     RETURN NEW;
 END
 $$;
 COMMENT ON FUNCTION tide.run_gating() IS
-    'Trigger: computes a run''s serial group (gate), lock key and gated flag from its rule version, args and event.';
+    'Trigger: computes a new run''s serial group (gate), lock key and gated flag from its rule version, args and event.';
 CREATE TRIGGER run_gating_insert BEFORE INSERT ON tide.run
     FOR EACH ROW EXECUTE FUNCTION tide.run_gating();
-CREATE TRIGGER run_gating_update BEFORE UPDATE OF version, args ON tide.run
-    FOR EACH ROW WHEN (OLD.version IS DISTINCT FROM NEW.version OR OLD.args IS DISTINCT FROM NEW.args)
-    EXECUTE FUNCTION tide.run_gating();
+
+-- Runs whose rule version or args changed (reopened, adopted, confirmed) take the gating of
+-- their new rules.
+CREATE FUNCTION tide._regate(p_run_ids bigint[]) RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    UPDATE tide.run r SET gate = g.gate, lock_key = g.lock_key, gated = g.gated
+      FROM tide.run x
+     CROSS JOIN LATERAL tide._gating_of(x.task_id, x.version, x.args, x.payload, x.event_key, x.biz_date,
+                                        x.window_start) g
+     WHERE x.run_id = ANY (p_run_ids) AND r.run_id = x.run_id;
+    UPDATE tide.pending p SET gate = r.gate, lock_key = r.lock_key, gated = coalesce(r.gated, false)
+      FROM tide.run r WHERE r.run_id = ANY (p_run_ids) AND p.run_id = r.run_id;
+END
+$$;
+COMMENT ON FUNCTION tide._regate(bigint[]) IS
+    'Internal: recomputes the gating of runs whose rule version or args changed (in tide.run and tide.pending).';
 
 -- Parks a ready run that cannot go yet.
 CREATE FUNCTION tide._park(p_run_id bigint, p_until timestamptz) RETURNS void

@@ -136,6 +136,20 @@ fn busy_keys_defer_runs_across_tasks(cluster: &Cluster) -> Result<(), Failed> {
     )?;
     let next = claim(&mut c, 10, "")?;
     assert_eq!(ids(&next), vec![deferred[1].0], "the waiter of account:2");
+
+    // Unstarted runs that adopt new rules take their lock key (and a replayed run its rules').
+    exec(
+        &mut c,
+        "SELECT tide.schedule('sync', NULL, topics => ARRAY['sync']);
+         SELECT tide.emit('sync', '{\"account\": 5}');
+         SELECT tide.alter('sync', lock_key => 'account:{payload.account}', pending => 'adopt');",
+    )?;
+    let adopted: String = one(
+        &mut c,
+        "SELECT r.lock_key || '/' || p.gated FROM tide.run r JOIN tide.pending p USING (run_id)
+           JOIN tide.task t ON t.task_id = r.task_id WHERE t.name = 'sync'",
+    )?;
+    assert_eq!(adopted, "account:5/true");
     Ok(())
 }
 
