@@ -149,8 +149,13 @@ $$;
 COMMENT ON FUNCTION tide._park(bigint, timestamptz) IS 'Internal: takes a ready run out of the claim indexes until woken or until the time given.';
 
 -- The runs that may go now that these runs moved (ended, failed, paused, ...): the next of
--- each serial group, the oldest waiter of each lock key nobody holds, as many of a task's
--- waiters as it has free slots.
+-- each serial group, the oldest waiting run of each lock key nobody holds, as many of a task's
+-- waiting runs as it has free slots.
+--
+-- The targets are chosen without looking at `parked`: a claim that is parking one of them right
+-- now has not committed yet, so its park is not visible here. Updating the run instead waits
+-- for that claim's row lock and then sees its park (READ COMMITTED re-checks the updated row),
+-- so no wake-up is lost. Unparking a run that was not parked changes nothing.
 CREATE FUNCTION tide._wake(p_run_ids bigint[]) RETURNS integer
 LANGUAGE plpgsql
 AS $$
@@ -165,7 +170,7 @@ BEGIN
              WHERE p.run_id = (SELECT q.run_id FROM tide.pending q
                                 WHERE q.gate = rec.gate AND q.state IN ('ready', 'retry', 'running', 'paused')
                                 ORDER BY q.run_id LIMIT 1)
-               AND p.parked AND p.state = 'ready'
+               AND p.state = 'ready'
                AND NOT EXISTS (SELECT 1 FROM tide.pending q WHERE q.gate = rec.gate AND q.state = 'running')
             RETURNING p.run_id)
         SELECT array_agg(w.run_id) INTO more FROM w;
@@ -175,8 +180,9 @@ BEGIN
         WITH w AS (
             UPDATE tide.pending p SET parked = false, due_at = NULL
              WHERE p.run_id = (SELECT q.run_id FROM tide.pending q
-                                WHERE q.lock_key = rec.lock_key AND q.owner = rec.owner AND q.state = 'ready' AND q.parked
+                                WHERE q.lock_key = rec.lock_key AND q.owner = rec.owner AND q.state = 'ready'
                                 ORDER BY q.run_id LIMIT 1)
+               AND p.state = 'ready'
                AND NOT EXISTS (SELECT 1 FROM tide.lock l
                                 WHERE l.owner = rec.owner AND l.key = rec.lock_key AND l.expires_at > now())
             RETURNING p.run_id)
@@ -189,11 +195,12 @@ BEGIN
         WITH w AS (
             UPDATE tide.pending p SET parked = false, due_at = NULL
              WHERE p.run_id IN (SELECT q.run_id FROM tide.pending q
-                                 WHERE q.task_id = rec.task_id AND q.gated AND q.state = 'ready' AND q.parked
+                                 WHERE q.task_id = rec.task_id AND q.gated AND q.state = 'ready'
                                  ORDER BY q.run_id
                                  LIMIT greatest(0, rec.max_concurrency
                                                    - (SELECT count(*) FROM tide.pending x
                                                        WHERE x.task_id = rec.task_id AND x.gated AND x.state = 'running')))
+               AND p.state = 'ready'
             RETURNING p.run_id)
         SELECT array_agg(w.run_id) INTO more FROM w;
         woken := woken || coalesce(more, '{}');

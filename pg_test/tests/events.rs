@@ -250,6 +250,44 @@ fn runs_of_one_key_go_in_emit_order(cluster: &Cluster) -> Result<(), Failed> {
     Ok(())
 }
 
+/// SQL event runs of two keys, run by the two real executors: each run's end wakes the next
+/// of its key at once. (A lost wake-up would leave the next run parked for pg_tide's park
+/// time, a minute: longer than this test waits.)
+fn sql_event_runs_go_one_after_another_per_key(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "DROP TABLE IF EXISTS keyed_done;
+         CREATE TABLE keyed_done (seq bigint GENERATED ALWAYS AS IDENTITY, key text, n int);
+         SELECT tide.schedule('keyed_sql', NULL, topics => ARRAY['keyed'], lock_key => 'keyed:{key}',
+             command => $$INSERT INTO keyed_done (key, n) VALUES (tide.event_key(), (tide.payload()->>'n')::int)$$);
+         SELECT tide.emit('keyed', jsonb_build_object('n', g), key => 'k' || (g % 2)) FROM generate_series(1, 200) g;",
+    )?;
+    wait_for(
+        "200 keyed SQL runs to succeed",
+        Duration::from_secs(40),
+        || {
+            let n: i64 = c
+                .query_one(
+                    "SELECT count(*) FROM tide.run r JOIN tide.task t USING (task_id)
+                      WHERE t.name = 'keyed_sql' AND r.state = 'succeeded'",
+                    &[],
+                )
+                .map_err(|e| e.to_string())?
+                .get(0);
+            Ok((n == 200).then_some(()))
+        },
+    )?;
+    let out_of_order: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM (SELECT n < lag(n) OVER (PARTITION BY key ORDER BY seq) AS back FROM keyed_done) x WHERE back",
+    )?;
+    assert_eq!(out_of_order, 0, "each key's runs in emit order");
+    let rows: i64 = one(&mut c, "SELECT count(*) FROM keyed_done")?;
+    assert_eq!(rows, 200);
+    Ok(())
+}
+
 fn emit_on_change_emits_inserts_and_updates(cluster: &Cluster) -> Result<(), Failed> {
     let mut c = cluster.fresh_db("v_change")?;
     exec(
@@ -700,6 +738,10 @@ fn main() {
         (
             "runs_of_one_key_go_in_emit_order",
             runs_of_one_key_go_in_emit_order,
+        ),
+        (
+            "sql_event_runs_go_one_after_another_per_key",
+            sql_event_runs_go_one_after_another_per_key,
         ),
         (
             "emit_on_change_emits_inserts_and_updates",
