@@ -192,15 +192,20 @@ BEGIN
     FOR rec IN SELECT t.task_id, t.max_concurrency FROM tide.task t
                 WHERE t.task_id IN (SELECT r.task_id FROM tide.run r WHERE r.run_id = ANY (p_run_ids))
                   AND t.max_concurrency IS NOT NULL LOOP
-        WITH w AS (
+        -- Several rows: locked in run order, so two runs of the task ending at once wait for
+        -- each other instead of deadlocking.
+        WITH target AS (
+            SELECT q.run_id FROM tide.pending q
+             WHERE q.task_id = rec.task_id AND q.gated AND q.state = 'ready'
+             ORDER BY q.run_id
+             LIMIT greatest(0, rec.max_concurrency
+                               - (SELECT count(*) FROM tide.pending x
+                                   WHERE x.task_id = rec.task_id AND x.gated AND x.state = 'running'))
+               FOR UPDATE
+        ), w AS (
             UPDATE tide.pending p SET parked = false, due_at = NULL
-             WHERE p.run_id IN (SELECT q.run_id FROM tide.pending q
-                                 WHERE q.task_id = rec.task_id AND q.gated AND q.state = 'ready'
-                                 ORDER BY q.run_id
-                                 LIMIT greatest(0, rec.max_concurrency
-                                                   - (SELECT count(*) FROM tide.pending x
-                                                       WHERE x.task_id = rec.task_id AND x.gated AND x.state = 'running')))
-               AND p.state = 'ready'
+              FROM target t
+             WHERE p.run_id = t.run_id AND p.state = 'ready'
             RETURNING p.run_id)
         SELECT array_agg(w.run_id) INTO more FROM w;
         woken := woken || coalesce(more, '{}');
