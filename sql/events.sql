@@ -49,24 +49,19 @@ BEGIN
     -- One statement: the runs (with their gating, so the insert trigger has nothing to look up),
     -- their first history rows and their tide.pending rows, as tide._record_created would
     -- write them (measured: about half the cost of creating and then re-reading them).
-    WITH subscribed AS (
-        SELECT t.*, tide._gate(t.task_id, t.overlap::text, NULL, emit.key) AS gate,
-               CASE WHEN t.lock_key IS NOT NULL
-                    THEN tide._lock_key(t.lock_key, t.name, t.args, coalesce(emit.payload, '{}'), emit.key, NULL) END
-                   AS lock_key_of_run
-          FROM tide.task t
-         WHERE t.topics @> ARRAY[emit.topic]
-    ), created AS (
+    WITH created AS (
         INSERT INTO tide.run (task_id, trigger, dedupe_key, version, state, reason, executor, queue, priority,
                               args, owner, topic, event_key, payload, gate, lock_key, gated)
         SELECT t.task_id, 'event', coalesce(emit.dedupe, '#' || ev), t.version,
                tide._open_state(jsonb_build_object('ready_dataset', t.ready_dataset, 'ready_check', t.ready_check)),
                format('event %s on %s%s', ev, emit.topic, coalesce(' (key ' || emit.key || ')', '')),
                tide._executor_of(t.command), t.queue, t.priority, t.args, t.owner,
-               emit.topic, emit.key, coalesce(emit.payload, '{}'),
-               t.gate, t.lock_key_of_run, tide._gated(t.gate, t.lock_key_of_run, t.overlap::text, NULL, t.max_concurrency)
-          FROM subscribed t
-         ORDER BY t.task_id
+               emit.topic, emit.key, coalesce(emit.payload, '{}'), g.gate, g.lock_key, g.gated
+          FROM tide.task t
+         CROSS JOIN LATERAL tide._gating_of(t.task_id, t.version, t.args, coalesce(emit.payload, '{}'), emit.key,
+                                            NULL, NULL) g
+         WHERE t.topics @> ARRAY[emit.topic]
+        ORDER BY t.task_id
         ON CONFLICT (task_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
         RETURNING run_id, task_id, state, reason, owner, executor, queue, priority, gate, lock_key, gated
     ), history AS (

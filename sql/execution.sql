@@ -528,19 +528,16 @@ BEGIN
         END IF;
         IF (rules->>'long')::boolean THEN
             EXECUTE cmd INTO next_checkpoint;
+            UPDATE tide.run x SET batches = x.batches + 1 WHERE x.run_id = p_run_id;
             IF next_checkpoint IS NOT NULL THEN
-                -- One batch done: its checkpoint commits with its work, and renews the lease.
-                UPDATE tide.run x
-                   SET checkpoint = next_checkpoint, batches = x.batches + 1,
-                       lease_expires_at = now() + x.lease_length, updated_at = now()
-                 WHERE x.run_id = p_run_id AND x.lease_token = p_token AND x.state = 'running';
-                UPDATE tide.lock l SET expires_at = now() + r.lease_length
-                 WHERE l.run_id = p_run_id AND l.token = p_token;
+                -- One batch done: a heartbeat commits its checkpoint with its work and renews
+                -- the lease and lock; a pause or cancel asked for meanwhile stops the run here.
+                IF tide.heartbeat(p_run_id, p_token, next_checkpoint) IS NULL THEN
+                    RETURN (SELECT x.state::text FROM tide.run x WHERE x.run_id = p_run_id);
+                END IF;
                 RETURN 'more ' || coalesce(round(1000 / (rules->>'rate')::float8)::bigint,
                                            (extract(epoch FROM (rules->>'pause')::interval) * 1000)::bigint, 0);
             END IF;
-            UPDATE tide.run x SET batches = x.batches + 1 WHERE x.run_id = p_run_id;
-            n := NULL;
         ELSE
             EXECUTE cmd;
             GET DIAGNOSTICS n = ROW_COUNT;

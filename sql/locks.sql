@@ -220,14 +220,13 @@ $$;
 COMMENT ON FUNCTION tide._wake(bigint[]) IS
     'Internal: unparks the runs that may go now that these runs moved: the next of their serial groups, the oldest waiter of their freed lock keys, waiters for free slots of their tasks.';
 
--- A run that stopped running gives back its lock and wakes who waits.
+-- A run that stopped running gives back its lock and wakes who waits. (Called for runs that no
+-- longer run: completed, failed, or moved by tide.run_changed to a state other than running.)
 CREATE FUNCTION tide._release(p_run_ids bigint[]) RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
-    DELETE FROM tide.lock l WHERE l.run_id = ANY (p_run_ids)
-       AND NOT EXISTS (SELECT 1 FROM tide.run r WHERE r.run_id = l.run_id AND r.state = 'running'
-                                                 AND r.lease_token = l.token);
+    DELETE FROM tide.lock l WHERE l.run_id = ANY (p_run_ids);
     PERFORM tide._wake(p_run_ids);
 END
 $$;
@@ -242,21 +241,21 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     c record;
-    rules jsonb;
     running bigint;
     blocker bigint;
     l tide.lock;
     admitted bigint[] := '{}';
 BEGIN
-    FOR c IN SELECT p.run_id, p.task_id, p.gate, p.lock_key, p.gated, p.owner, r.window_start, r.version
-               FROM tide.pending p JOIN tide.run r ON r.run_id = p.run_id
+    FOR c IN SELECT p.run_id, p.task_id, p.gate, p.lock_key, p.gated, p.owner, r.window_start, v.rules
+               FROM tide.pending p
+               JOIN tide.run r ON r.run_id = p.run_id
+               JOIN tide.task_version v ON v.task_id = r.task_id AND v.version = r.version
               WHERE p.run_id = ANY (p_ids)
               ORDER BY p.priority DESC, p.run_id LOOP
         IF NOT c.gated THEN
             admitted := admitted || c.run_id;
             CONTINUE;
         END IF;
-        SELECT v.rules INTO rules FROM tide.task_version v WHERE v.task_id = c.task_id AND v.version = c.version;
         -- One at a time per serial group, in run order. Each check holds an advisory lock until
         -- this claim commits and then reads afresh, so a concurrent claim's decision is seen.
         IF c.gate IS NOT NULL THEN
@@ -271,17 +270,17 @@ BEGIN
             END IF;
         END IF;
         -- Overlap skip and max_concurrency count the task's running runs.
-        IF (c.window_start IS NOT NULL AND rules->>'overlap' = 'skip') OR rules->>'max_concurrency' IS NOT NULL THEN
+        IF (c.window_start IS NOT NULL AND c.rules->>'overlap' = 'skip') OR c.rules->>'max_concurrency' IS NOT NULL THEN
             CONTINUE WHEN NOT pg_try_advisory_xact_lock(tide._lock_class(), hashtext('task:' || c.task_id));
             SELECT count(*) INTO running FROM tide.pending q
              WHERE q.task_id = c.task_id AND q.gated AND q.state = 'running';
-            IF c.window_start IS NOT NULL AND rules->>'overlap' = 'skip' AND running > 0 THEN
+            IF c.window_start IS NOT NULL AND c.rules->>'overlap' = 'skip' AND running > 0 THEN
                 UPDATE tide.run SET state = 'skipped', skip_reason = 'overlap', finished_at = now(), updated_at = now(),
                                     reason = 'skipped: another run of the task was still running (overlap skip)'
                  WHERE run_id = c.run_id;
                 CONTINUE;
             END IF;
-            IF running >= (rules->>'max_concurrency')::integer THEN
+            IF running >= (c.rules->>'max_concurrency')::integer THEN
                 PERFORM tide._park(c.run_id, now() + tide._park_time());
                 CONTINUE;
             END IF;
@@ -309,7 +308,7 @@ BEGIN
                 END IF;
             END IF;
             INSERT INTO tide.lock AS x (owner, key, run_id, task_id, token, acquired_at, expires_at)
-            VALUES (c.owner, c.lock_key, c.run_id, c.task_id, p_token, now(), now() + tide._lease_length(p_executor, rules, p_lease))
+            VALUES (c.owner, c.lock_key, c.run_id, c.task_id, p_token, now(), now() + tide._lease_length(p_executor, c.rules, p_lease))
             ON CONFLICT ON CONSTRAINT lock_pkey DO UPDATE
                SET run_id = EXCLUDED.run_id, task_id = EXCLUDED.task_id, token = EXCLUDED.token,
                    acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at;

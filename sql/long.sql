@@ -9,21 +9,16 @@ COMMENT ON FUNCTION tide.checkpoint() IS 'Inside a task''s command: the run''s l
 
 -- Ends a running run that was asked to pause or cancel (between batches, or at a heartbeat).
 CREATE FUNCTION tide._stop_run(p_run_id bigint, p_progress jsonb) RETURNS tide.run_state
-LANGUAGE plpgsql
+LANGUAGE sql
 AS $$
-DECLARE
-    r tide.run;
-BEGIN
-    SELECT * INTO r FROM tide.run WHERE run_id = p_run_id AND state = 'running' FOR UPDATE;
-    UPDATE tide.run
-       SET state = CASE WHEN r.control = 'cancel' THEN 'cancelled' ELSE 'paused' END::tide.run_state,
-           checkpoint = coalesce(p_progress, checkpoint), control = NULL, lease_expires_at = NULL,
-           finished_at = CASE WHEN r.control = 'cancel' THEN now() END, updated_at = now(),
+    UPDATE tide.run x
+       SET state = CASE WHEN x.control = 'cancel' THEN 'cancelled' ELSE 'paused' END::tide.run_state,
+           checkpoint = coalesce(p_progress, x.checkpoint), control = NULL, lease_expires_at = NULL,
+           finished_at = CASE WHEN x.control = 'cancel' THEN now() END, updated_at = now(),
            reason = format('%s after %s batches (asked by tide.%s_run)',
-                           CASE WHEN r.control = 'cancel' THEN 'cancelled' ELSE 'paused' END, r.batches, r.control)
-     WHERE run_id = p_run_id;
-    RETURN (SELECT x.state FROM tide.run x WHERE x.run_id = p_run_id);
-END
+                           CASE WHEN x.control = 'cancel' THEN 'cancelled' ELSE 'paused' END, x.batches, x.control)
+     WHERE x.run_id = p_run_id AND x.state = 'running'
+    RETURNING x.state
 $$;
 COMMENT ON FUNCTION tide._stop_run(bigint, jsonb) IS
     'Internal: pauses or cancels a running run whose pause or cancel was asked for, keeping its checkpoint.';
