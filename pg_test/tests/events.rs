@@ -72,6 +72,11 @@ fn emit_creates_runs_in_the_callers_transaction(cluster: &Cluster) -> Result<(),
         explained.contains("event run on user.created, dedupe key user:1, payload {\"id\": 1}"),
         "{explained}"
     );
+    let outside: bool = one(
+        &mut c,
+        "SELECT tide.payload() IS NULL AND tide.event_key() IS NULL AND tide.checkpoint() IS NULL",
+    )?;
+    assert!(outside, "the run context is empty outside a command");
     let none: i32 = one(&mut c, "SELECT tide.emit('nobody.listens')")?;
     assert_eq!(none, 0);
     // Without a dedupe key every emit is its own event; the scheduled task's windows coexist.
@@ -351,6 +356,11 @@ fn emit_on_change_emits_inserts_and_updates(cluster: &Cluster) -> Result<(), Fai
             "SELECT tide.emit_on_change('missing', 'x')",
             "42P01",
             "missing",
+        ),
+        (
+            "SELECT tide.drop_emit_on_change('orders', 'bad topic')",
+            "22023",
+            "topic 'bad topic' is not valid",
         ),
     ] {
         let (got, message, _) = refused(&mut c, sql)?;
