@@ -6,7 +6,11 @@ set -euo pipefail
 PGRX_VERSION=0.18.1
 PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
 # python3-prometheus-client: the monitoring tests check tide.metrics() with the reference parser.
-APT_PACKAGES=(postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo make python3-prometheus-client)
+# python3-venv: pgspot (the security linter of extension scripts) is installed in a venv from PyPI.
+APT_PACKAGES=(postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo make python3-prometheus-client
+              python3-venv)
+PGSPOT_VERSION=0.9.4
+PGSPOT_VENV=${PG_TIDE_PGSPOT_VENV:-$HOME/.cache/pg_tide/pgspot-venv}
 
 say() { printf '==> %s\n' "$*"; }
 
@@ -40,4 +44,12 @@ if ! grep -qs "^pg15 = \"$PG_CONFIG\"" "$pgrx_config"; then
     cargo pgrx init --pg15 "$PG_CONFIG"
 fi
 
-say "setup complete: $(cargo pgrx --version), PostgreSQL $($PG_CONFIG --version | awk '{print $2}')"
+if ! "$PGSPOT_VENV/bin/pgspot" --version 2>/dev/null | grep -q " $PGSPOT_VERSION\$"; then
+    say "installing pgspot $PGSPOT_VERSION into $PGSPOT_VENV"
+    rm -rf "$PGSPOT_VENV"
+    mkdir -p "$(dirname "$PGSPOT_VENV")"
+    /usr/bin/python3 -m venv "$PGSPOT_VENV"
+    "$PGSPOT_VENV/bin/pip" install -q "pgspot==$PGSPOT_VERSION"
+fi
+
+say "setup complete: $(cargo pgrx --version), PostgreSQL $($PG_CONFIG --version | awk '{print $2}'), $("$PGSPOT_VENV/bin/pgspot" --version)"

@@ -31,12 +31,17 @@ run_tier unit cargo test --lib -- --skip sql_tests
 run_tier pg_test cargo pgrx test pg15 sql_tests --runas postgres --pgdata "$PGDATA_TEST"
 # 3. A real cluster with pg_tide preloaded, real connections (the extension as users get it).
 run_tier install cargo pgrx install --pg-config /usr/lib/postgresql/15/bin/pg_config
+# The installed extension script, as pgspot (the security linter) reads it: no findings.
+run_tier pgspot bash scripts/pgspot.sh
 run_tier cluster cargo test -p pg_tide_pg_test --test cluster
 run_tier engine cargo test -p pg_tide_pg_test --test engine
 run_tier monitor cargo test -p pg_tide_pg_test --test monitor
 run_tier guarantees cargo test -p pg_tide_pg_test --test guarantees
 run_tier locks cargo test -p pg_tide_pg_test --test locks
 run_tier events cargo test -p pg_tide_pg_test --test events
+# Three hostile roles and the superuser on one cluster; generated hostile calls of every function.
+run_tier security cargo test -p pg_tide_pg_test --test security
+run_tier fuzz cargo test -p pg_tide_pg_test --test fuzz
 
 # Runners that ran nothing (empty doc-test binaries) are left out of the summary.
 printf '\n==> summary\n'

@@ -24,9 +24,48 @@ COMMENT ON FUNCTION tide.error_kind_of(text) IS
 COMMENT ON FUNCTION tide.error_kind_from(text) IS
     'error_kind_from(kind): checks an error kind given to tide.fail; returns its canonical spelling.';
 
--- tide.tick moves time for every task it can see: only the scheduler (and superusers, such as
--- tests driving time with explicit instants) may call it.
-REVOKE EXECUTE ON FUNCTION tide.tick(timestamptz) FROM PUBLIC;
+COMMENT ON FUNCTION tide.run_id() IS
+    'Inside a task''s command or readiness check: the id of the run being executed (set by pg_tide''s executor, not by any setting); NULL elsewhere.';
+COMMENT ON FUNCTION tide.report(bigint, bigint) IS
+    'report(expected, actual): inside a task''s command, the counts its completion is checked against; actual < expected ends the run in need_check.';
+COMMENT ON FUNCTION tide._seal_begin(bigint, text, integer) IS
+    'Internal: starts running a run''s command or readiness check sealed as its owner (a security-restricted operation in a GUC nest level reset to the session''s defaults); returns the key tide._seal_end needs. Only pg_tide''s executors (a superuser) call it.';
+COMMENT ON FUNCTION tide._seal_end(bigint) IS
+    'Internal: ends a sealed run (its settings undone, the user switched back, session state it left dropped) given the key tide._seal_begin returned; returns what the command passed to tide.report.';
+COMMENT ON FUNCTION tide._seal_abort(bigint) IS
+    'Internal: ends a sealed run whose code failed, after its subtransaction''s abort.';
+COMMENT ON FUNCTION tide._caller() IS
+    'Internal: the role pg_tide acts for: the caller of the public function running (public functions run as the extension''s owner), else the current user.';
+COMMENT ON FUNCTION tide._may_act(text) IS
+    'Internal: whether the caller may act on what a role owns: it is that role, a member of it, or a superuser.';
+COMMENT ON FUNCTION tide._caller_is_superuser() IS
+    'Internal: whether the caller is a superuser (who sees and claims every role''s runs).';
+COMMENT ON FUNCTION tide._bounded(text, interval, boolean) IS
+    'Internal: an interval argument checked with tide.schedule''s rules (one sign, within the documented maximum), else 22023.';
+COMMENT ON FUNCTION tide._backend_start() IS
+    'Internal: when this backend process started (pg_stat_activity.backend_start): with its pid, how a run names the executor running it.';
+
+-- Privileges. Internal functions that change anything are pg_tide's own: the public functions
+-- (running as the extension's owner) and pg_tide's workers call them; roles may not. Internal
+-- functions that only read stay callable, as the views that run as their caller use them. tide.tick
+-- moves time for every task: only the scheduler (and superusers, such as tests driving time
+-- with explicit instants) may call it.
+DO $$
+DECLARE
+    f regprocedure;
+BEGIN
+    FOR f IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
+              WHERE p.pronamespace = 'tide'::regnamespace AND p.provolatile = 'v'
+                AND p.prorettype <> 'trigger'::regtype
+                AND (p.proname LIKE '\_%' OR p.proname = 'tick')
+              ORDER BY 1 LOOP
+        EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
+    END LOOP;
+END
+$$;
+-- Called while a command runs as its owner, to switch back: useless without the key that only
+-- the executor's frame holds.
+GRANT EXECUTE ON FUNCTION tide._seal_end(bigint) TO PUBLIC;
 COMMENT ON FUNCTION tide._fire_gap(text, text, text, text) IS
     'Internal: the longest gap between two consecutive fires of a schedule, a year ahead (the base of a task''s derived max_silence).';
 COMMENT ON FUNCTION tide._next_fire(text, text, timestamptz) IS

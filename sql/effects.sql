@@ -18,6 +18,7 @@ COMMENT ON DOMAIN tide.channel IS 'A side-effect channel: 1 to 63 letters, digit
 
 CREATE FUNCTION tide._channel(value text) RETURNS tide.channel
 LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF value IS NOT NULL THEN
@@ -25,7 +26,7 @@ BEGIN
     END IF;
     RAISE check_violation;
 EXCEPTION WHEN check_violation THEN
-    RAISE EXCEPTION 'invalid channel %', coalesce(quote_literal(value), 'NULL')
+    RAISE EXCEPTION 'invalid channel %', coalesce(quote_literal(left(value, 100)), 'NULL')
         USING ERRCODE = 'invalid_parameter_value',
               HINT = 'a channel is 1 to 63 letters, digits, _ . : -, such as ''sms'' or ''chat:ops''';
 END
@@ -48,7 +49,7 @@ CREATE TABLE tide.effect (
     last_error       text,
     created_at       timestamptz NOT NULL DEFAULT now(),
     delivered_at     timestamptz,
-    owner            name NOT NULL DEFAULT current_user,
+    owner            name NOT NULL,
     UNIQUE (owner, dedupe_key)
 );
 COMMENT ON TABLE tide.effect IS
@@ -61,23 +62,27 @@ CREATE INDEX effect_sending_idx ON tide.effect (lease_expires_at) WHERE state = 
 CREATE FUNCTION tide.send(channel text, dedupe_key text, payload jsonb DEFAULT '{}', max_attempts integer DEFAULT 10)
 RETURNS boolean
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     recorded boolean;
 BEGIN
     PERFORM tide._channel(send.channel);
     IF send.dedupe_key IS NULL OR btrim(send.dedupe_key) = '' THEN
-        RAISE EXCEPTION 'dedupe_key must not be empty, got %', coalesce(quote_literal(send.dedupe_key), 'NULL')
+        RAISE EXCEPTION 'dedupe_key must not be empty, got %', coalesce(quote_literal(left(send.dedupe_key, 20)), 'NULL')
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'derive it from what the message is about, such as ''invoice:'' || invoice_id || '':reminder''';
     END IF;
+    PERFORM tide._text_arg('dedupe_key', send.dedupe_key, 1000,
+                           'derive it from what the message is about, such as ''invoice:'' || invoice_id || '':reminder''');
+    PERFORM tide._jsonb_arg('payload', send.payload, 1048576);
     IF send.payload IS NULL OR send.max_attempts IS NULL OR send.max_attempts NOT BETWEEN 1 AND 100 THEN
         RAISE EXCEPTION 'payload must not be NULL and max_attempts must be between 1 and 100, got %',
             coalesce(send.max_attempts::text, 'NULL')
             USING ERRCODE = 'invalid_parameter_value', HINT = 'pass payload => ''{}'' and max_attempts => 10';
     END IF;
-    INSERT INTO tide.effect (channel, dedupe_key, payload, run_id, max_attempts)
-    VALUES (send.channel, send.dedupe_key, send.payload, tide.run_id(), send.max_attempts)
+    INSERT INTO tide.effect (channel, dedupe_key, payload, run_id, max_attempts, owner)
+    VALUES (send.channel, send.dedupe_key, send.payload, tide.run_id(), send.max_attempts, tide._caller())
     ON CONFLICT ON CONSTRAINT effect_owner_dedupe_key_key DO NOTHING;
     recorded := FOUND;
     IF recorded THEN
@@ -88,31 +93,37 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide.send(text, text, jsonb, integer) IS
-    'send(channel, dedupe_key, payload => ''{}'', max_attempts => 10): records a side effect in the caller''s transaction, once per dedupe key: returns true when recorded, false when the key was already recorded (a rerun). Delivery workers take it with tide.claim_effects.';
+    'send(channel, dedupe_key, payload => ''{}'', max_attempts => 10): records a side effect in the caller''s transaction, once per dedupe key (per role): returns true when recorded, false when the key was already recorded (a rerun). Delivery workers take it with tide.claim_effects.';
 
 CREATE FUNCTION tide.claim_effects(channel text, worker text DEFAULT NULL, n integer DEFAULT 10,
                                    lease interval DEFAULT '1 minute')
 RETURNS TABLE (effect_id bigint, dedupe_key text, payload jsonb, attempt integer, lease_token bigint,
                lease_expires_at timestamptz, run_id bigint)
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     ids bigint[];
     token bigint;
+    only_owner name := CASE WHEN tide._caller_is_superuser() THEN NULL ELSE tide._caller() END;
 BEGIN
     PERFORM tide._channel(claim_effects.channel);
+    IF claim_effects.worker IS NOT NULL THEN
+        PERFORM tide._text_arg('worker', claim_effects.worker, 200, 'name the worker, such as its host and pid');
+    END IF;
     IF claim_effects.n IS NULL OR claim_effects.n NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION 'n must be between 1 and 1000, got %', coalesce(claim_effects.n::text, 'NULL')
             USING ERRCODE = 'invalid_parameter_value', HINT = 'claim_effects(''sms'', worker => ''sender-1'', n => 10)';
     END IF;
-    IF claim_effects.lease IS NULL OR claim_effects.lease <= interval '0' THEN
-        RAISE EXCEPTION 'lease must be a positive interval, got %', coalesce(claim_effects.lease::text, 'NULL')
-            USING ERRCODE = 'invalid_parameter_value', HINT = 'pass lease => ''1 minute''';
+    IF claim_effects.lease IS NULL THEN
+        RAISE EXCEPTION 'lease must not be NULL' USING ERRCODE = 'null_value_not_allowed', HINT = 'pass lease => ''1 minute''';
     END IF;
+    PERFORM tide._bounded('lease', claim_effects.lease, false);
     -- Candidates fixed first (a LIMIT subquery under SKIP LOCKED may be re-evaluated).
     SELECT array_agg(c.effect_id) INTO ids FROM (
         SELECT e.effect_id FROM tide.effect e
          WHERE e.state = 'pending' AND e.channel = claim_effects.channel AND e.available_at <= now()
+           AND (only_owner IS NULL OR e.owner = only_owner)
          ORDER BY e.available_at, e.effect_id
          LIMIT claim_effects.n FOR UPDATE SKIP LOCKED) c;
     IF ids IS NULL THEN
@@ -128,16 +139,17 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide.claim_effects(text, text, integer, interval) IS
-    'claim_effects(channel, worker => NULL, n => 10, lease => ''1 minute''): hands up to n pending side effects of a channel to a delivery worker (FOR UPDATE SKIP LOCKED, oldest first) with a fencing lease_token. Pass dedupe_key to the provider as its idempotency key.';
+    'claim_effects(channel, worker => NULL, n => 10, lease => ''1 minute''): hands up to n pending side effects of a channel (the caller''s; a superuser''s: any role''s) to a delivery worker (FOR UPDATE SKIP LOCKED, oldest first) with a fencing lease_token. Pass dedupe_key to the provider as its idempotency key.';
 
 -- A token that no longer holds the effect is refused, and nothing changes.
 CREATE FUNCTION tide._effect_held(p_effect_id bigint, p_token bigint, p_function text) RETURNS tide.effect
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     e tide.effect;
 BEGIN
-    SELECT * INTO e FROM tide.effect x WHERE x.effect_id = p_effect_id FOR UPDATE;
+    SELECT * INTO e FROM tide.effect x WHERE x.effect_id = p_effect_id AND tide._may_act(x.owner) FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'no side effect %', coalesce(p_effect_id::text, 'NULL') USING ERRCODE = 'undefined_object',
             HINT = 'pass the effect_id tide.claim_effects returned';
@@ -155,6 +167,7 @@ COMMENT ON FUNCTION tide._effect_held(bigint, bigint, text) IS 'Internal: the si
 
 CREATE FUNCTION tide.delivered(effect_id bigint, token bigint) RETURNS void
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM tide._effect_held(delivered.effect_id, delivered.token, 'tide.delivered');
@@ -168,6 +181,7 @@ COMMENT ON FUNCTION tide.delivered(bigint, bigint) IS
 CREATE FUNCTION tide.undelivered(effect_id bigint, token bigint, error text, permanent boolean DEFAULT false)
 RETURNS tide.effect_state
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     e tide.effect;
@@ -182,7 +196,7 @@ BEGIN
                        THEN 'dead' ELSE 'pending' END;
     -- Retries back off: 10 s, 20 s, 40 s ... at most an hour, fully jittered.
     UPDATE tide.effect x
-       SET state = next_state, last_error = undelivered.error, lease_expires_at = NULL,
+       SET state = next_state, last_error = tide._clip(undelivered.error, 10000), lease_expires_at = NULL,
            available_at = now() + tide.backoff_delay(e.attempts, interval '10 seconds', 2, interval '1 hour', 'full', random())
      WHERE x.effect_id = undelivered.effect_id;
     RETURN next_state;
@@ -193,10 +207,11 @@ COMMENT ON FUNCTION tide.undelivered(bigint, bigint, text, boolean) IS
 
 CREATE FUNCTION tide.redeliver(effect_id bigint) RETURNS void
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     UPDATE tide.effect e SET state = 'pending', available_at = now(), attempts = 0, last_error = NULL
-     WHERE e.effect_id = redeliver.effect_id AND e.state = 'dead';
+     WHERE e.effect_id = redeliver.effect_id AND e.state = 'dead' AND tide._may_act(e.owner);
     IF NOT FOUND THEN
         RAISE EXCEPTION 'side effect % is not dead', coalesce(redeliver.effect_id::text, 'NULL')
             USING ERRCODE = 'object_not_in_prerequisite_state',
@@ -210,6 +225,7 @@ COMMENT ON FUNCTION tide.redeliver(bigint) IS
 -- The tick takes back side effects whose delivery worker's lease expired.
 CREATE FUNCTION tide._tick_effects(p_now timestamptz) RETURNS integer
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     n integer;
@@ -229,8 +245,7 @@ COMMENT ON FUNCTION tide._tick_effects(timestamptz) IS
     'Internal: the tick takes back side effects whose delivery lease expired (they are handed out again, with the same dedupe key).';
 
 ALTER TABLE tide.effect ENABLE ROW LEVEL SECURITY;
-CREATE POLICY effect_owner ON tide.effect USING (owner = current_user) WITH CHECK (owner = current_user);
-GRANT SELECT, INSERT, UPDATE ON tide.effect TO PUBLIC;
-GRANT USAGE ON SEQUENCE tide.effect_effect_id_seq TO PUBLIC;
+CREATE POLICY effect_owner ON tide.effect FOR SELECT USING (owner = current_user);
+GRANT SELECT ON tide.effect TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('tide.effect', '');
 SELECT pg_catalog.pg_extension_config_dump('tide.effect_effect_id_seq', '');

@@ -4,16 +4,16 @@
 
 CREATE SEQUENCE tide.event_seq;
 COMMENT ON SEQUENCE tide.event_seq IS 'Ids of emitted events (the idempotency key of an event run emitted without a dedupe key: #id).';
-GRANT USAGE ON SEQUENCE tide.event_seq TO PUBLIC;
 -- Restored with the runs: ids of a restored database must not start over (#1 would be taken).
 SELECT pg_catalog.pg_extension_config_dump('tide.event_seq', '');
 
 CREATE FUNCTION tide._check_topic(p_topic text, p_function text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF p_topic IS NULL OR p_topic !~ '^[A-Za-z0-9_.:-]{1,100}$' THEN
-        RAISE EXCEPTION '%: topic % is not valid', p_function, coalesce(quote_literal(p_topic), 'NULL')
+        RAISE EXCEPTION '%: topic % is not valid', p_function, coalesce(quote_literal(left(p_topic, 100)), 'NULL')
             USING ERRCODE = CASE WHEN p_topic IS NULL THEN 'null_value_not_allowed' ELSE 'invalid_parameter_value' END,
                   HINT = 'a topic is 1 to 100 characters: letters, digits, ''_'', ''-'', ''.'' or '':'', such as ''order.created''';
     END IF;
@@ -26,26 +26,31 @@ COMMENT ON FUNCTION tide._check_topic(text, text) IS 'Internal: refuses a malfor
 CREATE FUNCTION tide.emit(topic text, payload jsonb DEFAULT '{}', key text DEFAULT NULL, dedupe text DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     ids bigint[];
     queues text[];
     ev bigint;
+    -- A role's emit reaches its own tasks; a superuser's, every role's.
+    only_owner name := CASE WHEN tide._caller_is_superuser() THEN NULL ELSE tide._caller() END;
 BEGIN
     PERFORM tide._check_topic(emit.topic, 'tide.emit');
+    IF length(emit.key) > 1000 OR length(emit.dedupe) > 1000 THEN
+        RAISE EXCEPTION 'tide.emit: % is too long (% characters, at most 1000)',
+            CASE WHEN length(emit.key) > 1000 THEN 'key' ELSE 'dedupe' END,
+            greatest(length(emit.key), length(emit.dedupe))
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'derive keys from ids, such as ''customer:'' || id';
+    END IF;
     IF emit.key = '' OR emit.dedupe = '' OR emit.dedupe LIKE '#%' THEN
         RAISE EXCEPTION 'tide.emit: % % is not valid', CASE WHEN emit.key = '' THEN 'key' ELSE 'dedupe' END,
-            quote_literal(CASE WHEN emit.key = '' THEN emit.key ELSE emit.dedupe END)
+            quote_literal(left(CASE WHEN emit.key = '' THEN emit.key ELSE emit.dedupe END, 100))
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'pass NULL or a non-empty text; dedupe keys starting with # are pg_tide''s own';
     END IF;
+    PERFORM tide._jsonb_arg('payload', emit.payload, 1048576);
     ev := nextval('tide.event_seq');
-    IF emit.key IS NOT NULL THEN
-        -- Emits of one key wait for each other, so their runs are created in commit order: the
-        -- order the key's runs are claimed in.
-        PERFORM pg_advisory_xact_lock(tide._lock_class(), hashtext('emit:' || emit.key));
-    END IF;
     -- One statement: the runs (with their gating, so the insert trigger has nothing to look up),
     -- their first history rows and their tide.pending rows, as tide._record_created would
     -- write them (measured: about half the cost of creating and then re-reading them).
@@ -60,7 +65,7 @@ BEGIN
           FROM tide.task t
          CROSS JOIN LATERAL tide._gating_of(t.task_id, t.version, t.args, coalesce(emit.payload, '{}'), emit.key,
                                             NULL, NULL) g
-         WHERE t.topics @> ARRAY[emit.topic]
+         WHERE t.topics @> ARRAY[emit.topic] AND (only_owner IS NULL OR t.owner = only_owner)
         ORDER BY t.task_id
         ON CONFLICT (task_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
         RETURNING run_id, task_id, state, reason, owner, executor, queue, priority, gate, lock_key, gated
@@ -82,10 +87,11 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide.emit(text, jsonb, text, text) IS
-    'emit(topic, payload => ''{}'', key => NULL, dedupe => NULL): in the caller''s transaction, creates one run of every task subscribed to the topic (that the caller may see). Runs of one task and key are claimed one at a time in emit order. A dedupe key already used by a task''s run makes the emit a no-op for that task. Returns how many runs it created.';
+    'emit(topic, payload => ''{}'', key => NULL, dedupe => NULL): in the caller''s transaction, creates one run of every task of the caller''s subscribed to the topic (a superuser''s emit: every role''s). Runs of one task and key go one at a time, in the order of their runs. A dedupe key already used by a task''s run makes the emit a no-op for that task. Returns how many runs it created.';
 
 CREATE FUNCTION tide._emit_row() RETURNS trigger
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     row_json jsonb := to_jsonb(NEW);
@@ -103,13 +109,34 @@ $$;
 COMMENT ON FUNCTION tide._emit_row() IS
     'Trigger (installed by tide.emit_on_change): emits the changed row as {op, table, row} on the topic, keyed by the key column.';
 
+-- emit_on_change runs as the extension's owner: it changes a table's triggers only for a
+-- caller who may (the table's owner, a member of that role, or a superuser), as CREATE TRIGGER
+-- would check for the caller.
+CREATE FUNCTION tide._own_table(p_table regclass, p_function text) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_class c
+                    WHERE c.oid = p_table AND c.relkind IN ('r', 'p')
+                      AND tide._may_act(pg_get_userbyid(c.relowner))) THEN
+        RAISE EXCEPTION '%: must be the owner of table %', p_function, p_table
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'the table''s owner (or a member of its role) installs the trigger; pass an ordinary or partitioned table';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION tide._own_table(regclass, text) IS 'Internal: refuses a table the caller does not own (42501).';
+
 CREATE FUNCTION tide._emit_trigger_name(p_topic text) RETURNS name
 LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
 AS $$ SELECT ('tide_emit_' || regexp_replace(p_topic, '[^A-Za-z0-9_]', '_', 'g'))::name $$;
 COMMENT ON FUNCTION tide._emit_trigger_name(text) IS 'Internal: the name of the trigger emit_on_change installs for a topic.';
 
 CREATE FUNCTION tide.emit_on_change("table" regclass, topic text, key_column text DEFAULT NULL) RETURNS name
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     trigger_name name;
@@ -119,6 +146,11 @@ BEGIN
             HINT = 'for example: SELECT tide.emit_on_change(''orders'', ''order.changed'', ''customer_id'')';
     END IF;
     PERFORM tide._check_topic(emit_on_change.topic, 'tide.emit_on_change');
+    PERFORM tide._own_table(emit_on_change."table", 'tide.emit_on_change');
+    IF emit_on_change.key_column IS NOT NULL THEN
+        PERFORM tide._text_arg('key_column', emit_on_change.key_column, 63,
+                               'pass the column whose value orders the events (runs of one key go one at a time), or NULL');
+    END IF;
     IF emit_on_change.key_column IS NOT NULL AND NOT EXISTS (
            SELECT 1 FROM pg_attribute a
             WHERE a.attrelid = emit_on_change."table" AND a.attname = emit_on_change.key_column
@@ -138,11 +170,17 @@ COMMENT ON FUNCTION tide.emit_on_change(regclass, text, text) IS
 
 CREATE FUNCTION tide.drop_emit_on_change("table" regclass, topic text) RETURNS boolean
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     trigger_name name;
 BEGIN
+    IF drop_emit_on_change."table" IS NULL THEN
+        RAISE EXCEPTION 'tide.drop_emit_on_change: table must not be NULL' USING ERRCODE = 'null_value_not_allowed',
+            HINT = 'for example: SELECT tide.drop_emit_on_change(''orders'', ''order.changed'')';
+    END IF;
     PERFORM tide._check_topic(drop_emit_on_change.topic, 'tide.drop_emit_on_change');
+    PERFORM tide._own_table(drop_emit_on_change."table", 'tide.drop_emit_on_change');
     trigger_name := tide._emit_trigger_name(drop_emit_on_change.topic);
     IF NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = drop_emit_on_change."table" AND g.tgname = trigger_name) THEN
         RETURN false;
@@ -157,10 +195,12 @@ COMMENT ON FUNCTION tide.drop_emit_on_change(regclass, text) IS
 -- Run context of event runs.
 CREATE FUNCTION tide.payload() RETURNS jsonb
 LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
 AS $$ SELECT r.payload FROM tide.run r WHERE r.run_id = tide.run_id() $$;
 COMMENT ON FUNCTION tide.payload() IS 'Inside a task''s command: the payload of the event the run was emitted for; NULL for a scheduled run.';
 
 CREATE FUNCTION tide.event_key() RETURNS text
 LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
 AS $$ SELECT r.event_key FROM tide.run r WHERE r.run_id = tide.run_id() $$;
 COMMENT ON FUNCTION tide.event_key() IS 'Inside a task''s command: the key of the event the run was emitted for.';

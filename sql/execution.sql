@@ -1,59 +1,49 @@
 -- pg_tide execution: claiming, leases and fencing, completion, failure and retry, the SQL
 -- command executor's per-run wrapper, readiness, replay and rerun, rule-version confirmation.
 -- Every state change below is an UPDATE of tide.run, checked and recorded by tide.run_changed.
+--
+-- The public functions here run as the extension's owner (src/caller.rs): each acts only on
+-- runs the caller may act on (tide._may_act: its own, a role it is a member of, or any for a
+-- superuser), and reports another role's run exactly as a run that does not exist.
 
--- Run context, for a task's command and readiness check (set by pg_tide's executors).
-CREATE FUNCTION tide.run_id() RETURNS bigint
-LANGUAGE sql STABLE PARALLEL SAFE
-AS $$ SELECT nullif(current_setting('tide.run_id', true), '')::bigint $$;
-COMMENT ON FUNCTION tide.run_id() IS
-    'Inside a task''s command or readiness check: the id of the run being executed; NULL elsewhere.';
+-- Run context, for a task's command and readiness check: tide.run_id() (src/sealed.rs) is set
+-- by pg_tide's executor while the run's code runs. These read the run as their caller, under
+-- row-level security.
 
 CREATE FUNCTION tide.biz_date() RETURNS date
 LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
 AS $$ SELECT r.biz_date FROM tide.run r WHERE r.run_id = tide.run_id() $$;
 COMMENT ON FUNCTION tide.biz_date() IS
     'Inside a task''s command or readiness check: the business date of the run (never "today minus one").';
 
 CREATE FUNCTION tide.window_start() RETURNS timestamptz
 LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
 AS $$ SELECT r.window_start FROM tide.run r WHERE r.run_id = tide.run_id() $$;
 COMMENT ON FUNCTION tide.window_start() IS
     'Inside a task''s command or readiness check: start of the run''s business window (inclusive).';
 
 CREATE FUNCTION tide.window_end() RETURNS timestamptz
 LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
 AS $$ SELECT r.window_end FROM tide.run r WHERE r.run_id = tide.run_id() $$;
 COMMENT ON FUNCTION tide.window_end() IS
     'Inside a task''s command or readiness check: end of the run''s business window (exclusive).';
 
 CREATE FUNCTION tide.args() RETURNS jsonb
 LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
 AS $$ SELECT r.args FROM tide.run r WHERE r.run_id = tide.run_id() $$;
 COMMENT ON FUNCTION tide.args() IS
     'Inside a task''s command or readiness check: the run''s args (a JSON object).';
 
-CREATE FUNCTION tide.report(expected bigint, actual bigint) RETURNS void
-LANGUAGE plpgsql
-AS $$
-BEGIN
-    IF tide.run_id() IS NULL THEN
-        RAISE EXCEPTION 'tide.report is only meaningful inside a task''s command'
-            USING ERRCODE = 'object_not_in_prerequisite_state',
-                  HINT = 'external workers pass expected and actual to tide.complete(run_id, token, ...)';
-    END IF;
-    PERFORM set_config('tide.expected', coalesce(expected::text, ''), true);
-    PERFORM set_config('tide.actual', coalesce(actual::text, ''), true);
-END
-$$;
-COMMENT ON FUNCTION tide.report(bigint, bigint) IS
-    'report(expected, actual): inside a task''s command, the counts its completion is checked against; actual < expected ends the run in need_check.';
-
 CREATE FUNCTION tide.not_ready(message text DEFAULT 'input not ready') RETURNS void
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    RAISE EXCEPTION '%', message USING ERRCODE = 'TDNR0',
+    RAISE EXCEPTION '%', tide._clip(coalesce(message, 'input not ready'), 1000) USING ERRCODE = 'TDNR0',
         HINT = 'pg_tide re-checks this run at its next window; it is not retried at once';
 END
 $$;
@@ -62,9 +52,10 @@ COMMENT ON FUNCTION tide.not_ready(text) IS
 
 CREATE FUNCTION tide.business_error(message text) RETURNS void
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    RAISE EXCEPTION '%', message USING ERRCODE = 'TDBE0',
+    RAISE EXCEPTION '%', tide._clip(coalesce(message, 'business error'), 1000) USING ERRCODE = 'TDBE0',
         HINT = 'retrying cannot fix this: the run goes to the dead letters (tide.dead_letter) for a human';
 END
 $$;
@@ -74,6 +65,7 @@ COMMENT ON FUNCTION tide.business_error(text) IS
 -- A stale lease token: explain who has the run now, change nothing.
 CREATE FUNCTION tide._refuse_stale(p_run_id bigint, p_token bigint, p_function text) RETURNS void
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     r tide.run;
@@ -83,7 +75,7 @@ BEGIN
             USING ERRCODE = 'null_value_not_allowed',
                   HINT = 'pass the run_id and lease_token that tide.claim returned';
     END IF;
-    SELECT * INTO r FROM tide.run WHERE run_id = p_run_id;
+    SELECT * INTO r FROM tide.run x WHERE x.run_id = p_run_id AND tide._may_act(x.owner);
     IF NOT FOUND THEN
         RAISE EXCEPTION 'run % does not exist', p_run_id
             USING ERRCODE = 'undefined_object',
@@ -105,9 +97,13 @@ RETURNS TABLE (run_id bigint, lease_token bigint, lease_expires_at timestamptz, 
                version integer, checkpoint jsonb, trigger tide.run_trigger, dedupe_key text,
                priority integer, owner name, timeout interval, topic text, event_key text, payload jsonb)
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 -- Generic plans always: re-planning the claim statements for each call cost more than running
 -- them (measured: batch 1 went from 43% to 62% of the baseline).
 SET plan_cache_mode = force_generic_plan
+-- Candidates are taken with SKIP LOCKED; this bounds any other wait (on a row a role's open
+-- transaction holds), so that one role's lock never stalls everyone's claims.
+SET lock_timeout = '1s'
 AS $$
 DECLARE
     ids bigint[];
@@ -116,20 +112,27 @@ DECLARE
     candidates bigint[];
     token bigint;
     ignored text;
-    why text := 'claimed by ' || coalesce(p_worker, 'a worker');
+    why text;
+    -- A role claims only its own runs; a superuser (and pg_tide's executors) any role's.
+    only_owner name := CASE WHEN tide._caller_is_superuser() THEN NULL ELSE tide._caller() END;
+    is_sql boolean := p_executor = 'sql';
 BEGIN
     IF p_queue IS NULL AND p_executor = 'external' THEN
         RAISE EXCEPTION 'queue must not be NULL' USING ERRCODE = 'null_value_not_allowed',
             HINT = 'pass the queue your tasks use, such as ''default''';
     END IF;
+    IF p_queue IS NOT NULL THEN
+        PERFORM tide._text_arg('queue', p_queue, 63, 'pass the queue your tasks use, such as ''default''');
+    END IF;
+    IF p_worker IS NOT NULL THEN
+        PERFORM tide._text_arg('worker', p_worker, 200, 'name the worker, such as its host and pid');
+    END IF;
+    why := 'claimed by ' || coalesce(p_worker, 'a worker');
     IF p_n IS NULL OR p_n < 1 OR p_n > 1000 THEN
         RAISE EXCEPTION 'n must be between 1 and 1000, got %', coalesce(p_n::text, 'NULL')
             USING ERRCODE = 'invalid_parameter_value', HINT = 'claim at most 1000 runs at a time; batches of 10 to 100 work well';
     END IF;
-    IF p_lease IS NOT NULL AND p_lease <= interval '0' THEN
-        RAISE EXCEPTION 'lease must be a positive interval, got %', p_lease
-            USING ERRCODE = 'invalid_parameter_value', HINT = 'pass lease => ''5 minutes'', or omit it to use the task''s lease';
-    END IF;
+    PERFORM tide._bounded('lease', p_lease, false);
     -- The candidates are fixed in an array first: a LIMIT subquery under FOR UPDATE SKIP LOCKED
     -- may be re-evaluated and claim more rows than asked. When every candidate has to wait (it
     -- is parked, out of the candidates, by tide._admit) the next ones are looked at, a few
@@ -140,6 +143,7 @@ BEGIN
                 SELECT p.run_id, p.owner, p.gated FROM tide.pending p
                  WHERE p.state = 'ready' AND NOT p.parked AND p.executor = p_executor
                    AND (p.due_at IS NULL OR p.due_at <= now())
+                   AND (only_owner IS NULL OR p.owner = only_owner)
                  ORDER BY p.priority DESC, p.run_id
                  LIMIT p_n FOR UPDATE SKIP LOCKED) c;
         ELSE
@@ -147,6 +151,7 @@ BEGIN
                 SELECT p.run_id, p.owner, p.gated FROM tide.pending p
                  WHERE p.state = 'ready' AND NOT p.parked AND p.executor = p_executor AND p.queue = p_queue
                    AND (p.due_at IS NULL OR p.due_at <= now())
+                   AND (only_owner IS NULL OR p.owner = only_owner)
                  ORDER BY p.priority DESC, p.run_id
                  LIMIT p_n FOR UPDATE SKIP LOCKED) c;
         END IF;
@@ -185,6 +190,8 @@ BEGIN
                lease_token = token,
                lease_length = l.length,
                lease_expires_at = now() + l.length,
+               executor_pid = CASE WHEN is_sql THEN pg_backend_pid() END,
+               executor_start = CASE WHEN is_sql THEN tide._backend_start() END,
                started_at = coalesce(r.started_at, now()),
                claimed_at = now(),
                finished_at = NULL,
@@ -213,6 +220,7 @@ RETURNS TABLE (run_id bigint, lease_token bigint, lease_expires_at timestamptz, 
                version integer, checkpoint jsonb, trigger tide.run_trigger, dedupe_key text,
                topic text, event_key text, payload jsonb)
 LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
 -- A plain SQL wrapper (tide._claim checks the arguments): cheaper than a second PL/pgSQL layer
 -- on the hot path.
 AS $$
@@ -222,25 +230,28 @@ AS $$
      ORDER BY c.priority DESC, c.run_id
 $$;
 COMMENT ON FUNCTION tide.claim(text, text, integer, interval) IS
-    'claim(queue => ''default'', worker => NULL, n => 1, lease => task''s lease): claims up to n ready runs of external tasks (FOR UPDATE SKIP LOCKED, priority then oldest) and returns their context with a fencing lease_token (and, for event runs, the topic, event key and payload). Runs of a serial group (overlap queue, one event key), of a task at its max_concurrency or whose lock is busy are not returned (see tide.lock).';
+    'claim(queue => ''default'', worker => NULL, n => 1, lease => task''s lease): claims up to n ready runs of the caller''s external tasks (a superuser: any role''s) (FOR UPDATE SKIP LOCKED, priority then oldest) and returns their context with a fencing lease_token (and, for event runs, the topic, event key and payload). Runs of a serial group (overlap queue, one event key), of a task at its max_concurrency or whose lock is busy are not returned (see tide.lock).';
 
 CREATE FUNCTION tide.heartbeat(run_id bigint, token bigint, progress jsonb DEFAULT NULL) RETURNS timestamptz
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     expires timestamptz;
     held_lock text;
 BEGIN
+    PERFORM tide._jsonb_arg('progress', heartbeat.progress, 1048576);
     UPDATE tide.run r
        SET lease_expires_at = now() + r.lease_length,
            checkpoint = coalesce(heartbeat.progress, r.checkpoint),
            updated_at = now()
      WHERE r.run_id = heartbeat.run_id AND r.lease_token = heartbeat.token AND r.state = 'running'
-       AND r.control IS NULL
+       AND r.control IS NULL AND tide._may_act(r.owner)
     RETURNING r.lease_expires_at, r.lock_key INTO expires, held_lock;
     IF NOT FOUND THEN
         PERFORM 1 FROM tide.run r
-         WHERE r.run_id = heartbeat.run_id AND r.lease_token = heartbeat.token AND r.state = 'running';
+         WHERE r.run_id = heartbeat.run_id AND r.lease_token = heartbeat.token AND r.state = 'running'
+           AND tide._may_act(r.owner);
         IF FOUND THEN
             -- tide.pause_run / tide.cancel_run asked it to stop: it stops here, keeping progress.
             PERFORM tide._stop_run(heartbeat.run_id, heartbeat.progress);
@@ -261,6 +272,7 @@ CREATE FUNCTION tide.complete(run_id bigint, token bigint, result jsonb DEFAULT 
                               expected bigint DEFAULT NULL, actual bigint DEFAULT NULL)
 RETURNS tide.run_state
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
@@ -279,6 +291,7 @@ BEGIN
             complete.expected, complete.actual
             USING ERRCODE = 'invalid_parameter_value', HINT = 'pass the number of records the run should have and did process';
     END IF;
+    PERFORM tide._jsonb_arg('result', complete.result, 1048576);
     -- The hot path of every worker: plain statements (cheaper here than data-modifying CTEs),
     -- and the history row written here rather than by the trigger.
     ignored := set_config('tide.history', 'written', true);
@@ -294,6 +307,7 @@ BEGIN
                          THEN format('completed short: expected %s, actual %s', complete.expected, complete.actual)
                          ELSE format('completed by %s', coalesce(r.lease_owner, 'a worker')) END
      WHERE r.run_id = complete.run_id AND r.lease_token = complete.token AND r.state = 'running'
+       AND tide._may_act(r.owner)
     RETURNING r.state, r.attempts, r.reason, r.owner, r.lease_owner, r.claimed_at
          INTO done, attempt_no, why, who, worker, claimed;
     ignored := set_config('tide.history', '', true);
@@ -323,6 +337,7 @@ COMMENT ON FUNCTION tide.complete(bigint, bigint, jsonb, bigint, bigint) IS
 CREATE FUNCTION tide.complete_many(run_ids bigint[], tokens bigint[], results jsonb[] DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
@@ -344,6 +359,10 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'pass the run_id and lease_token columns of tide.claim as arrays, in the same order';
     END IF;
+    IF cardinality(complete_many.run_ids) > 1000 THEN
+        RAISE EXCEPTION 'complete at most 1000 runs at a time, got %', cardinality(complete_many.run_ids)
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'tide.claim hands out at most 1000 runs at a time';
+    END IF;
     -- All runs and their history (with the attempts they end) in one statement: the batch path
     -- of a busy worker.
     ignored := set_config('tide.history', 'written', true);
@@ -357,6 +376,7 @@ BEGIN
                reason = format('completed by %s', coalesce(r.lease_owner, 'a worker'))
           FROM input i
          WHERE r.run_id = i.run_id AND r.lease_token = i.token AND r.state = 'running'
+           AND tide._may_act(r.owner)
         RETURNING r.run_id, r.attempts, r.reason, r.owner, r.lease_owner, r.lease_token, r.claimed_at, r.gated
     ), done_pending AS (
         DELETE FROM tide.pending p USING done_run d WHERE p.run_id = d.run_id
@@ -396,6 +416,7 @@ CREATE FUNCTION tide._fail(p_run_id bigint, p_error text, p_kind tide.error_kind
                            p_outcome tide.attempt_outcome, p_now timestamptz)
 RETURNS tide.run_state
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     r tide.run;
@@ -406,16 +427,19 @@ DECLARE
     new_state tide.run_state;
     wait_until timestamptz;
     why text;
+    error_text text;
 BEGIN
     SELECT * INTO r FROM tide.run WHERE run_id = p_run_id FOR UPDATE;
     SELECT v.rules INTO rules FROM tide.task_version v WHERE v.task_id = r.task_id AND v.version = r.version;
     max_attempts := (rules->>'max_attempts')::integer;
+    -- Errors come from workers and commands: kept bounded.
+    error_text := tide._clip(p_error, 10000);
     IF p_kind = 'business' THEN
         new_state := 'dead';
-        why := format('business error: %s', p_error);
+        why := format('business error: %s', error_text);
     ELSIF r.tries >= max_attempts THEN
         new_state := 'dead';
-        why := format('gave up after %s of %s attempts: %s', r.tries, max_attempts, p_error);
+        why := format('gave up after %s of %s attempts: %s', r.tries, max_attempts, error_text);
     ELSIF p_kind = 'transient' THEN
         new_state := 'retry';
         wait_until := p_now + tide.backoff_delay(r.tries, (rules->>'backoff_base')::interval,
@@ -423,7 +447,7 @@ BEGIN
                                                  (rules->>'backoff_cap')::interval,
                                                  rules->>'jitter', random());
         why := format('attempt %s of %s failed, retry after %s: %s', r.tries, max_attempts,
-                      to_char(wait_until AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS" UTC"'), p_error);
+                      to_char(wait_until AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS" UTC"'), error_text);
     ELSE
         -- Not ready: wait for the next window, never a tight loop.
         SELECT t.next_fire_at INTO next_fire FROM tide.task t WHERE t.task_id = r.task_id;
@@ -431,7 +455,7 @@ BEGIN
                            ELSE p_now + (rules->>'recheck_interval')::interval END;
         new_state := 'waiting';
         why := format('not ready (attempt %s of %s), waits until %s: %s', r.tries, max_attempts,
-                      to_char(wait_until AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS" UTC"'), p_error);
+                      to_char(wait_until AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS" UTC"'), error_text);
     END IF;
     -- Running to retry, dead or waiting: legal by construction; the history row, written here,
     -- carries the attempt this ends.
@@ -440,7 +464,7 @@ BEGIN
        SET state = new_state,
            run_after = wait_until,
            ready_deadline = NULL,
-           last_error = p_error,
+           last_error = error_text,
            last_error_kind = p_kind,
            lease_expires_at = NULL,
            finished_at = CASE WHEN new_state = 'dead' THEN p_now END,
@@ -457,8 +481,8 @@ BEGIN
     INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner, at, attempt, worker, lease_token,
                                 claimed_at, outcome, error_kind, sqlstate, error)
     VALUES (p_run_id, 'running', new_state, why, r.owner, p_now, r.attempts, r.lease_owner, r.lease_token,
-            coalesce(r.claimed_at, p_now), p_outcome, p_kind, p_sqlstate, p_error);
-    PERFORM tide._log_runs('failure', ARRAY[p_run_id], p_error);
+            coalesce(r.claimed_at, p_now), p_outcome, p_kind, p_sqlstate, error_text);
+    PERFORM tide._log_runs('failure', ARRAY[p_run_id], error_text);
     RETURN new_state;
 END
 $$;
@@ -468,17 +492,21 @@ COMMENT ON FUNCTION tide._fail(bigint, text, tide.error_kind, text, tide.attempt
 CREATE FUNCTION tide.fail(run_id bigint, token bigint, error text, kind text DEFAULT 'transient')
 RETURNS tide.run_state
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     k tide.error_kind;
 BEGIN
-    IF fail.error IS NULL OR fail.kind IS NULL THEN
-        RAISE EXCEPTION '% must not be NULL', CASE WHEN fail.error IS NULL THEN 'error' ELSE 'kind' END
+    IF fail.run_id IS NULL OR fail.token IS NULL OR fail.error IS NULL OR fail.kind IS NULL THEN
+        RAISE EXCEPTION '% must not be NULL',
+            CASE WHEN fail.run_id IS NULL THEN 'run_id' WHEN fail.token IS NULL THEN 'token'
+                 WHEN fail.error IS NULL THEN 'error' ELSE 'kind' END
             USING ERRCODE = 'null_value_not_allowed', HINT = 'say what went wrong: tide.fail(run_id, token, ''timeout calling the bank'')';
     END IF;
-    k := tide.error_kind_from(fail.kind)::tide.error_kind;
+    k := tide.error_kind_from(tide._text_arg('kind', fail.kind, 20, 'use ''transient'', ''business'' or ''not_ready'''))::tide.error_kind;
     PERFORM 1 FROM tide.run r
      WHERE r.run_id = fail.run_id AND r.lease_token = fail.token AND r.state = 'running'
+       AND tide._may_act(r.owner)
        FOR UPDATE;
     IF NOT FOUND THEN
         PERFORM tide._refuse_stale(fail.run_id, fail.token, 'tide.fail');
@@ -489,9 +517,11 @@ $$;
 COMMENT ON FUNCTION tide.fail(bigint, bigint, text, text) IS
     'fail(run_id, token, error, kind => ''transient''): records a failed attempt. transient = retry with backoff up to max_attempts; business = dead letter at once; not_ready = wait for the next window. Returns the run''s new state.';
 
--- The SQL executor's body for one claimed run, called as the task's owner. The command runs in
--- a subtransaction together with its completion: a run whose completion is refused (its lease
--- was lost meanwhile) leaves no effects, and an error is recorded as a failed attempt.
+-- The SQL executor's body for one claimed run, called by a pg_tide executor (a superuser).
+-- The command runs sealed as the task's owner (between tide._seal_begin and tide._seal_end,
+-- src/sealed.rs), in a subtransaction together with its completion: a run whose completion is
+-- refused (its lease was lost meanwhile) leaves no effects, and an error is recorded as a
+-- failed attempt.
 --
 -- A long task's command does one batch: it returns the next checkpoint (jsonb), committed with
 -- the batch's work, or NULL when done. Each call is one batch in its own transaction; the
@@ -499,12 +529,16 @@ COMMENT ON FUNCTION tide.fail(bigint, bigint, text, text) IS
 -- pause). A pause or cancel asked for is taken up before the next batch.
 CREATE FUNCTION tide._execute(p_run_id bigint, p_token bigint) RETURNS text
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     cmd text;
     rules jsonb;
+    long boolean;
     r tide.run;
+    seal bigint;
     n bigint;
+    reported record;
     next_checkpoint jsonb;
     st text;
     msg text;
@@ -519,15 +553,23 @@ BEGIN
     END IF;
     SELECT v.rules INTO rules FROM tide.task_version v WHERE v.task_id = r.task_id AND v.version = r.version;
     cmd := rules->>'command';
-    PERFORM set_config('tide.run_id', p_run_id::text, true);
-    PERFORM set_config('tide.expected', '', true);
-    PERFORM set_config('tide.actual', '', true);
+    long := coalesce((rules->>'long')::boolean, false);
     BEGIN
         IF cmd IS NULL THEN
             PERFORM tide.business_error('the task has no command in this rule version');
         END IF;
-        IF (rules->>'long')::boolean THEN
+        seal := tide._seal_begin(p_run_id, r.owner, tide._timeout_ms(rules->>'timeout'));
+        IF long THEN
             EXECUTE cmd INTO next_checkpoint;
+        ELSE
+            EXECUTE cmd;
+            GET DIAGNOSTICS n = ROW_COUNT;
+        END IF;
+        SELECT * INTO reported FROM tide._seal_end(seal);
+        -- Back to pg_tide's bookkeeping: a row a role's open transaction holds may delay it a
+        -- little, never stall the executor (the setting ends with this transaction).
+        PERFORM set_config('lock_timeout', '5s', true);
+        IF long THEN
             UPDATE tide.run x SET batches = x.batches + 1 WHERE x.run_id = p_run_id;
             IF next_checkpoint IS NOT NULL THEN
                 -- One batch done: a heartbeat commits its checkpoint with its work and renews
@@ -538,21 +580,17 @@ BEGIN
                 RETURN 'more ' || coalesce(round(1000 / (rules->>'rate')::float8)::bigint,
                                            (extract(epoch FROM (rules->>'pause')::interval) * 1000)::bigint, 0);
             END IF;
-        ELSE
-            EXECUTE cmd;
-            GET DIAGNOSTICS n = ROW_COUNT;
         END IF;
         final := tide.complete(p_run_id, p_token,
-                               CASE WHEN (rules->>'long')::boolean
-                                    THEN jsonb_build_object('batches', r.batches + 1)
+                               CASE WHEN long THEN jsonb_build_object('batches', r.batches + 1)
                                     ELSE jsonb_build_object('row_count', n) END,
-                               nullif(current_setting('tide.expected', true), '')::bigint,
-                               nullif(current_setting('tide.actual', true), '')::bigint);
+                               reported.expected, reported.actual);
         RETURN final::text;
     EXCEPTION WHEN query_canceled OR others THEN
         GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
+        PERFORM tide._seal_abort(seal);
     END;
-    PERFORM set_config('tide.run_id', '', true);
+    PERFORM set_config('lock_timeout', '5s', true);
     PERFORM 1 FROM tide.run x
      WHERE x.run_id = p_run_id AND x.lease_token = p_token AND x.state = 'running' FOR UPDATE;
     IF NOT FOUND THEN
@@ -564,16 +602,46 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide._execute(bigint, bigint) IS
-    'Internal: runs a claimed run''s command (one batch of a long task) and completes or fails it in the same transaction (called by pg_tide executors as the task owner). Returns the run''s state, fenced, or ''more <ms>'' when a long task has more batches.';
+    'Internal: runs a claimed run''s command sealed as the task''s owner (one batch of a long task) and completes or fails it in the same transaction (called by pg_tide executors). Returns the run''s state, fenced, or ''more <ms>'' when a long task has more batches.';
 
--- Readiness of one waiting run whose task declares a check, called by an executor as the owner.
+-- A task's timeout as the milliseconds of a statement timeout (at most 7 days: the bound
+-- tide.schedule enforces keeps it inside an int).
+CREATE FUNCTION tide._timeout_ms(p_timeout text) RETURNS integer
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT least(extract(epoch FROM p_timeout::interval) * 1000, 2147483647)::integer $$;
+COMMENT ON FUNCTION tide._timeout_ms(text) IS 'Internal: a timeout from a rule snapshot, in milliseconds.';
+
+-- The executor could not finish a run's transaction (its bookkeeping failed): the attempt ends
+-- now, as lost, instead of when its lease expires.
+CREATE FUNCTION tide._abandon(p_run_id bigint, p_token bigint, p_error text) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '5s'
+AS $$
+BEGIN
+    PERFORM 1 FROM tide.run x
+     WHERE x.run_id = p_run_id AND x.lease_token = p_token AND x.state = 'running' FOR UPDATE;
+    IF FOUND THEN
+        PERFORM tide._fail(p_run_id, format('the executor could not finish the run: %s', p_error),
+                           'transient', NULL, 'lost', now());
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION tide._abandon(bigint, bigint, text) IS
+    'Internal: ends an attempt whose executor could not finish its transaction, as lost.';
+
+-- Readiness of one waiting run whose task declares a check, called by an executor (a
+-- superuser); the check runs sealed as the task's owner.
 CREATE FUNCTION tide._check_ready(p_run_id bigint) RETURNS boolean
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     r tide.run;
     rules jsonb;
     ok boolean;
+    seal bigint;
     st text;
     msg text;
 BEGIN
@@ -582,23 +650,25 @@ BEGIN
         RETURN false;
     END IF;
     SELECT v.rules INTO rules FROM tide.task_version v WHERE v.task_id = r.task_id AND v.version = r.version;
-    PERFORM set_config('tide.run_id', p_run_id::text, true);
     BEGIN
         IF rules->>'ready_dataset' IS NOT NULL AND NOT EXISTS (
                SELECT 1 FROM tide.ready_marker m
-                WHERE m.dataset = rules->>'ready_dataset' AND m.biz_date = r.biz_date) THEN
+                WHERE m.owner = r.owner AND m.dataset = rules->>'ready_dataset' AND m.biz_date = r.biz_date) THEN
             ok := false;
             msg := format('dataset %s is not marked ready for %s', rules->>'ready_dataset', r.biz_date);
         ELSE
+            seal := tide._seal_begin(p_run_id, r.owner, least(tide._timeout_ms(rules->>'timeout'), 60000));
             EXECUTE format('SELECT (%s)::boolean', rules->>'ready_check') INTO ok;
+            PERFORM tide._seal_end(seal);
             msg := 'readiness check returned ' || coalesce(ok::text, 'NULL');
         END IF;
     EXCEPTION WHEN query_canceled OR others THEN
         GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
+        PERFORM tide._seal_abort(seal);
         ok := false;
-        msg := format('readiness check failed (%s): %s', st, msg);
+        msg := format('readiness check failed (%s): %s', st, tide._clip(msg, 2000));
     END;
-    PERFORM set_config('tide.run_id', '', true);
+    PERFORM set_config('lock_timeout', '5s', true);
     IF ok THEN
         UPDATE tide.run SET state = 'ready', run_after = NULL, updated_at = now(),
                             reason = 'ready: readiness check passed'
@@ -613,14 +683,15 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide._check_ready(bigint) IS
-    'Internal: evaluates a waiting run''s readiness check as the task owner (called by pg_tide executors).';
+    'Internal: evaluates a waiting run''s readiness check, sealed as the task owner (called by pg_tide executors).';
 
 -- The next waiting run whose readiness check is due; locked until the caller's transaction ends.
 CREATE FUNCTION tide._claim_check()
-RETURNS TABLE (run_id bigint, owner name, timeout interval)
+RETURNS TABLE (run_id bigint)
 LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT r.run_id, r.owner, least((v.rules->>'timeout')::interval, interval '1 minute')
+    SELECT r.run_id
       FROM tide.run r JOIN tide.task_version v ON v.task_id = r.task_id AND v.version = r.version
      WHERE r.run_id IN (SELECT p.run_id FROM tide.pending p
                          WHERE p.state = 'waiting' AND (p.due_at IS NULL OR p.due_at <= now()))
@@ -634,26 +705,26 @@ COMMENT ON FUNCTION tide._claim_check() IS
 
 CREATE FUNCTION tide.mark_ready(dataset text, biz_date date, details jsonb DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     released integer;
+    caller name := tide._caller();
 BEGIN
-    IF mark_ready.dataset IS NULL OR btrim(mark_ready.dataset) = '' OR mark_ready.biz_date IS NULL THEN
-        RAISE EXCEPTION 'dataset and biz_date must be given, got dataset %, biz_date %',
-            coalesce(quote_literal(mark_ready.dataset), 'NULL'), coalesce(mark_ready.biz_date::text, 'NULL')
-            USING ERRCODE = 'null_value_not_allowed',
-                  HINT = 'for example: SELECT tide.mark_ready(''orders'', DATE ''2026-11-28'')';
-    END IF;
-    INSERT INTO tide.ready_marker AS m (dataset, biz_date, details)
-    VALUES (mark_ready.dataset, mark_ready.biz_date, mark_ready.details)
+    PERFORM tide._text_arg('dataset', mark_ready.dataset, 200,
+                           'for example: SELECT tide.mark_ready(''orders'', DATE ''2026-11-28'')');
+    PERFORM tide._date_arg('biz_date', mark_ready.biz_date);
+    PERFORM tide._jsonb_arg('details', mark_ready.details, 65536);
+    INSERT INTO tide.ready_marker AS m (owner, dataset, biz_date, details, marked_by)
+    VALUES (caller, mark_ready.dataset, mark_ready.biz_date, mark_ready.details, caller)
     ON CONFLICT ON CONSTRAINT ready_marker_pkey DO UPDATE
-       SET marked_at = now(), marked_by = current_user, details = coalesce(EXCLUDED.details, m.details);
+       SET marked_at = now(), marked_by = EXCLUDED.marked_by, details = coalesce(EXCLUDED.details, m.details);
     -- Runs that only wait for this marker are ready now; runs with a check are re-checked now.
     WITH waiting AS (
         SELECT r.run_id, v.rules->>'ready_check' IS NULL AS marker_only
           FROM tide.run r JOIN tide.task_version v ON v.task_id = r.task_id AND v.version = r.version
-         WHERE r.run_id IN (SELECT p.run_id FROM tide.pending p WHERE p.state = 'waiting')
-           AND r.state = 'waiting' AND r.biz_date = mark_ready.biz_date
+         WHERE r.run_id IN (SELECT p.run_id FROM tide.pending p WHERE p.state = 'waiting' AND p.owner = caller)
+           AND r.state = 'waiting' AND r.biz_date = mark_ready.biz_date AND r.owner = caller
            AND v.rules->>'ready_dataset' = mark_ready.dataset
            FOR UPDATE OF r
     )
@@ -668,18 +739,20 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide.mark_ready(text, date, jsonb) IS
-    'mark_ready(dataset, biz_date, details => NULL): records that a dataset is complete for a business date; runs waiting for it become ready. Returns how many runs it released.';
+    'mark_ready(dataset, biz_date, details => NULL): records that one of the caller''s datasets is complete for a business date; runs of the caller''s tasks waiting for it become ready. Returns how many runs it released.';
 
 -- Who runs a run of a task with this command: pg_tide's SQL executors, or external workers.
 -- (STABLE, as the enum cast in it is: so it is inlined where runs are created.)
 CREATE FUNCTION tide._executor_of(command text) RETURNS tide.executor
 LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$ SELECT CASE WHEN command IS NULL THEN 'external' ELSE 'sql' END::tide.executor $$;
 COMMENT ON FUNCTION tide._executor_of(text) IS 'Internal: sql when the rules have a command, else external.';
 
 -- The state a (re)opened run starts in: waiting when its rules declare readiness.
 CREATE FUNCTION tide._open_state(rules jsonb) RETURNS tide.run_state
 LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT CASE WHEN rules->>'ready_dataset' IS NOT NULL OR rules->>'ready_check' IS NOT NULL
                 THEN 'waiting' ELSE 'ready' END::tide.run_state
@@ -691,6 +764,7 @@ CREATE FUNCTION tide._reopen(p_run_id bigint, p_trigger tide.run_trigger, p_vers
                              p_function text)
 RETURNS bigint
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     r tide.run;
@@ -698,7 +772,7 @@ DECLARE
     use_version integer;
     rules jsonb;
 BEGIN
-    SELECT * INTO r FROM tide.run WHERE run_id = p_run_id FOR UPDATE;
+    SELECT * INTO r FROM tide.run x WHERE x.run_id = p_run_id AND tide._may_act(x.owner) FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'run % does not exist', p_run_id USING ERRCODE = 'undefined_object',
             HINT = 'find runs with: SELECT run_id, state, biz_date FROM tide.run WHERE task_id = ...';
@@ -720,6 +794,9 @@ BEGIN
                       HINT = format('choose explicitly: %s(..., version => ''original'') or version => ''current''', p_function);
         END IF;
         use_version := r.version;
+    ELSIF length(p_version) > 20 THEN
+        RAISE EXCEPTION 'unknown version "%"', left(p_version, 20) USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'use version => ''original'' (the rules the run was created under) or ''current''';
     ELSIF lower(p_version) = 'original' THEN
         use_version := r.version;
     ELSIF lower(p_version) = 'current' THEN
@@ -757,6 +834,7 @@ COMMENT ON FUNCTION tide._reopen(bigint, tide.run_trigger, text, boolean, text) 
 
 CREATE FUNCTION tide.replay(run_id bigint, version text DEFAULT NULL, force boolean DEFAULT false) RETURNS bigint
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF replay.run_id IS NULL THEN
@@ -773,6 +851,7 @@ CREATE FUNCTION tide._rerun(p_task_id bigint, p_fire timestamptz, p_start timest
                             p_biz_date date, p_version text, p_force boolean)
 RETURNS bigint
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     t tide.task;
@@ -787,7 +866,7 @@ BEGIN
     INSERT INTO tide.run (task_id, trigger, fire_at, window_start, window_end, biz_date, version, state, reason,
                           executor, queue, priority, args, owner)
     SELECT t.task_id, 'manual', p_fire, p_start, p_end, p_biz_date, t.version, tide._open_state(tide.task_rules(t)),
-           format('manual rerun by %s', current_user),
+           format('manual rerun by %s', tide._caller()),
            tide._executor_of(t.command),
            t.queue, t.priority, t.args, t.owner
     ON CONFLICT (task_id, window_start) DO NOTHING
@@ -805,11 +884,12 @@ COMMENT ON FUNCTION tide._rerun(bigint, timestamptz, timestamptz, timestamptz, d
 
 CREATE FUNCTION tide.resolve(run_id bigint, decision text) RETURNS tide.run_state
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     r tide.run;
 BEGIN
-    SELECT * INTO r FROM tide.run x WHERE x.run_id = resolve.run_id FOR UPDATE;
+    SELECT * INTO r FROM tide.run x WHERE x.run_id = resolve.run_id AND tide._may_act(x.owner) FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'run % does not exist', resolve.run_id USING ERRCODE = 'undefined_object',
             HINT = 'runs waiting for a decision: SELECT run_id FROM tide.run WHERE state = ''need_check''';
@@ -821,12 +901,12 @@ BEGIN
     CASE lower(coalesce(resolve.decision, ''))
     WHEN 'accept' THEN
         UPDATE tide.run x SET state = 'succeeded', updated_at = now(),
-               reason = format('accepted by %s: expected %s, actual %s', current_user, x.expected, x.actual)
+               reason = format('accepted by %s: expected %s, actual %s', tide._caller(), x.expected, x.actual)
          WHERE x.run_id = r.run_id;
     WHEN 'replay' THEN
         PERFORM tide._reopen(r.run_id, 'replay', 'original', false, 'tide.resolve');
     ELSE
-        RAISE EXCEPTION 'unknown decision "%"', resolve.decision USING ERRCODE = 'invalid_parameter_value',
+        RAISE EXCEPTION 'unknown decision "%"', left(resolve.decision, 20) USING ERRCODE = 'invalid_parameter_value',
             HINT = 'use ''accept'' (the short count is right) or ''replay'' (run it again)';
     END CASE;
     RETURN (SELECT x.state FROM tide.run x WHERE x.run_id = r.run_id);
@@ -838,6 +918,7 @@ COMMENT ON FUNCTION tide.resolve(bigint, text) IS
 -- Unstarted runs of a task whose rules just changed (called by tide.alter).
 CREATE FUNCTION tide._apply_pending(p_task_id bigint, p_version integer, p_mode text) RETURNS integer
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     n integer;
@@ -879,13 +960,15 @@ COMMENT ON FUNCTION tide._apply_pending(bigint, integer, text) IS
 
 CREATE FUNCTION tide.confirm(task text, version integer) RETURNS integer
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     t tide.task;
     rules jsonb;
     ids bigint[];
 BEGIN
-    SELECT * INTO t FROM tide.task x WHERE x.name = confirm.task;
+    PERFORM tide._text_arg('task', confirm.task, 200, 'pass the name of one of your tasks');
+    SELECT * INTO t FROM tide.task x WHERE x.name = confirm.task AND x.owner = tide._caller();
     IF NOT FOUND THEN
         RAISE EXCEPTION 'task "%" does not exist', confirm.task USING ERRCODE = 'undefined_object',
             HINT = 'list your tasks with: SELECT name FROM tide.task';
@@ -903,7 +986,7 @@ BEGIN
                queue = rules->>'queue', priority = (rules->>'priority')::integer,
                executor = tide._executor_of(rules->>'command'),
                run_after = NULL, updated_at = now(),
-               reason = format('confirmed by %s under rule version %s', current_user, confirm.version)
+               reason = format('confirmed by %s under rule version %s', tide._caller(), confirm.version)
          WHERE r.run_id IN (SELECT p.run_id FROM tide.pending p WHERE p.task_id = t.task_id AND p.state = 'held')
         RETURNING r.run_id)
     SELECT array_agg(c.run_id) INTO ids FROM confirmed c;
@@ -916,16 +999,21 @@ COMMENT ON FUNCTION tide.confirm(text, integer) IS
 
 CREATE FUNCTION tide.cancel(run_id bigint, reason text DEFAULT NULL) RETURNS boolean
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    IF cancel.reason IS NOT NULL THEN
+        PERFORM tide._text_arg('reason', cancel.reason, 1000, 'say in a sentence why the run is cancelled');
+    END IF;
     UPDATE tide.run r
        SET state = 'cancelled', finished_at = now(), updated_at = now(), lease_expires_at = NULL,
-           reason = format('cancelled by %s%s', current_user, coalesce(': ' || cancel.reason, ''))
-     WHERE r.run_id = cancel.run_id AND r.state IN ('waiting', 'ready', 'retry', 'held', 'paused');
+           reason = format('cancelled by %s%s', tide._caller(), coalesce(': ' || cancel.reason, ''))
+     WHERE r.run_id = cancel.run_id AND r.state IN ('waiting', 'ready', 'retry', 'held', 'paused')
+       AND tide._may_act(r.owner);
     IF FOUND THEN
         RETURN true;
     END IF;
-    IF NOT EXISTS (SELECT 1 FROM tide.run r WHERE r.run_id = cancel.run_id) THEN
+    IF NOT EXISTS (SELECT 1 FROM tide.run r WHERE r.run_id = cancel.run_id AND tide._may_act(r.owner)) THEN
         RAISE EXCEPTION 'run % does not exist', cancel.run_id USING ERRCODE = 'undefined_object',
             HINT = 'see SELECT run_id, state FROM tide.run';
     END IF;
@@ -935,90 +1023,151 @@ $$;
 COMMENT ON FUNCTION tide.cancel(bigint, text) IS
     'cancel(run_id, reason => NULL): cancels a run that has not started (waiting, ready, retry, held, paused); false if it is running or finished (tide.cancel_run stops a running one).';
 
--- The tick's work on existing runs, all at the instant p_now.
+-- The tick's work on existing runs, all at the instant p_now. Each step works on the rows it
+-- can lock at once (SKIP LOCKED: a run held by a role's open transaction waits for the next
+-- tick) and runs in its own subtransaction, so a step that fails is logged and the others go
+-- on.
 CREATE FUNCTION tide._tick_runs(p_now timestamptz) RETURNS jsonb
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    retried integer;
-    released integer;
-    lost integer := 0;
-    expired integer := 0;
+    counts jsonb := '{}';
+    step text;
+    n integer;
+BEGIN
+    FOREACH step IN ARRAY ARRAY['unparked', 'retried', 'executor_gone', 'taken_back', 'released',
+                                'not_ready_deadline', 'effects_taken_back'] LOOP
+        BEGIN
+            n := tide._tick_step(step, p_now);
+        EXCEPTION WHEN others THEN
+            RAISE WARNING 'pg_tide: tick step % failed: %', step, SQLERRM;
+            n := 0;
+        END;
+        counts := counts || jsonb_build_object(step, n);
+    END LOOP;
+    RETURN counts - 'unparked';
+END
+$$;
+COMMENT ON FUNCTION tide._tick_runs(timestamptz) IS
+    'Internal: the tick''s work on existing runs: due retries, runs whose executor is gone, expired leases, readiness releases and deadlines; each step isolated from the others.';
+
+-- One step of tide._tick_runs; returns how many runs it moved.
+CREATE FUNCTION tide._tick_step(p_step text, p_now timestamptz) RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n integer := 0;
     rec record;
     rules jsonb;
     next_deadline timestamptz;
 BEGIN
-    -- Parked runs whose wait is over are looked at by claims again (a wake-up may have been
-    -- lost: the run they waited for was deleted, say).
-    UPDATE tide.pending p SET parked = false, due_at = NULL WHERE p.parked AND p.due_at <= p_now;
-
-    -- Backoff passed: retries are ready again.
-    UPDATE tide.run r SET state = 'ready', run_after = NULL, updated_at = now(),
-                          reason = format('retry due (attempt %s next)', r.tries + 1)
-     WHERE r.run_id IN (SELECT p.run_id FROM tide.pending p WHERE p.state = 'retry' AND p.due_at <= p_now)
-       AND r.state = 'retry';
-    GET DIAGNOSTICS retried = ROW_COUNT;
-
-    -- Leases that expired: the attempt is lost and counts; the run retries or goes dead.
-    FOR rec IN SELECT x.run_id, x.lease_owner, x.lease_token FROM tide.run x
-              WHERE x.run_id IN (SELECT p.run_id FROM tide.pending p WHERE p.state = 'running')
-                AND x.state = 'running' AND x.lease_expires_at < p_now
-              ORDER BY x.lease_expires_at FOR UPDATE OF x SKIP LOCKED LOOP
-        PERFORM tide._fail(rec.run_id, format('lease of %s (token %s) expired', coalesce(rec.lease_owner, 'a worker'), rec.lease_token),
-                           'transient', NULL, 'lost', p_now);
-        lost := lost + 1;
-    END LOOP;
-
-    -- Waiting runs without an SQL check: released by their marker, or by time when they only
-    -- waited for the next window. Runs with a check are released by the executors.
-    UPDATE tide.run r
-       SET state = 'ready', run_after = NULL, updated_at = now(),
-           reason = CASE WHEN v.rules->>'ready_dataset' IS NOT NULL
-                         THEN format('ready: %s marked ready for %s', v.rules->>'ready_dataset', r.biz_date)
-                         ELSE 'ready: next window reached' END
-      FROM tide.task_version v
-     WHERE r.run_id IN (SELECT p.run_id FROM tide.pending p WHERE p.state = 'waiting')
-       AND r.state = 'waiting' AND v.task_id = r.task_id AND v.version = r.version
-       AND v.rules->>'ready_check' IS NULL
-       -- A run a worker reported not ready waits for its next window even if its marker is set.
-       AND (r.run_after IS NULL OR r.run_after <= p_now)
-       AND (v.rules->>'ready_dataset' IS NULL
-            OR EXISTS (SELECT 1 FROM tide.ready_marker m
-                        WHERE m.dataset = v.rules->>'ready_dataset' AND m.biz_date = r.biz_date));
-    GET DIAGNOSTICS released = ROW_COUNT;
-
-    -- Still not ready at the deadline: the task's not_ready_policy decides.
-    FOR rec IN SELECT x.run_id, x.task_id, x.version, x.deferrals, x.ready_deadline FROM tide.run x
-              WHERE x.run_id IN (SELECT p.run_id FROM tide.pending p WHERE p.state = 'waiting')
-                AND x.state = 'waiting' AND x.ready_deadline <= p_now
-              FOR UPDATE OF x SKIP LOCKED LOOP
-        SELECT v.rules INTO rules FROM tide.task_version v WHERE v.task_id = rec.task_id AND v.version = rec.version;
-        expired := expired + 1;
-        IF rules->>'not_ready_policy' = 'skip' THEN
-            UPDATE tide.run SET state = 'skipped', skip_reason = 'not_ready', finished_at = p_now, updated_at = now(),
-                                reason = format('skipped: not ready by %s', rec.ready_deadline)
-             WHERE run_id = rec.run_id;
-        ELSIF rules->>'not_ready_policy' = 'fail' OR rec.deferrals + 1 >= (rules->>'max_attempts')::integer THEN
-            UPDATE tide.run SET state = 'dead', finished_at = p_now, updated_at = now(), last_error_kind = 'not_ready',
-                                last_error = format('not ready by %s', rec.ready_deadline),
-                                reason = format('dead: not ready by %s (deferred %s times)', rec.ready_deadline, rec.deferrals)
-             WHERE run_id = rec.run_id;
-        ELSE
-            SELECT t.next_fire_at INTO next_deadline FROM tide.task t WHERE t.task_id = rec.task_id;
-            next_deadline := greatest(coalesce(rec.ready_deadline + (rules->>'ready_timeout')::interval, next_deadline),
-                                      p_now + (rules->>'recheck_interval')::interval);
-            UPDATE tide.run SET deferrals = deferrals + 1, ready_deadline = next_deadline, updated_at = now(),
-                                reason = format('not ready by %s: deferred to the next window (until %s)', rec.ready_deadline, next_deadline)
-             WHERE run_id = rec.run_id;
-        END IF;
-    END LOOP;
-
-    RETURN jsonb_build_object('retried', retried, 'taken_back', lost, 'released', released, 'not_ready_deadline', expired,
-                              'effects_taken_back', tide._tick_effects(p_now));
+    CASE p_step
+    WHEN 'unparked' THEN
+        -- Parked runs whose wait is over are looked at by claims again (a wake-up may have been
+        -- lost: the run they waited for was deleted, say).
+        UPDATE tide.pending p SET parked = false, due_at = NULL
+         WHERE p.run_id IN (SELECT q.run_id FROM tide.pending q WHERE q.parked AND q.due_at <= p_now
+                               FOR UPDATE SKIP LOCKED);
+        GET DIAGNOSTICS n = ROW_COUNT;
+    WHEN 'retried' THEN
+        -- Backoff passed: retries are ready again.
+        UPDATE tide.run r SET state = 'ready', run_after = NULL, updated_at = now(),
+                              reason = format('retry due (attempt %s next)', r.tries + 1)
+         WHERE r.run_id IN (SELECT x.run_id FROM tide.run x
+                             WHERE x.run_id IN (SELECT p.run_id FROM tide.pending p
+                                                 WHERE p.state = 'retry' AND p.due_at <= p_now)
+                               AND x.state = 'retry'
+                               FOR UPDATE SKIP LOCKED);
+        GET DIAGNOSTICS n = ROW_COUNT;
+    WHEN 'executor_gone' THEN
+        -- SQL runs whose executor process is gone (killed, terminated, or the server restarted):
+        -- the server knows which backends live, so the attempt is lost now, not at its lease's
+        -- end. (A backend's pid and start time name it; pids are reused.) The status of the
+        -- backends is read after the runs' snapshot is taken, so a run claimed by an executor
+        -- that started since cannot look orphaned.
+        PERFORM pg_stat_clear_snapshot();
+        FOR rec IN SELECT x.run_id, x.lease_owner, x.executor_pid FROM tide.run x
+                  WHERE x.run_id IN (SELECT p.run_id FROM tide.pending p WHERE p.state = 'running')
+                    AND x.state = 'running' AND x.executor_pid IS NOT NULL
+                    AND (x.claimed_at < pg_postmaster_start_time()
+                         OR NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(x.executor_pid) a
+                                         WHERE a.backend_start = x.executor_start))
+                  ORDER BY x.run_id FOR UPDATE OF x SKIP LOCKED LOOP
+            PERFORM tide._fail(rec.run_id,
+                               format('%s (pid %s) is gone: it was terminated, crashed or the server restarted',
+                                      coalesce(rec.lease_owner, 'its executor'), rec.executor_pid),
+                               'transient', NULL, 'lost', p_now);
+            n := n + 1;
+        END LOOP;
+    WHEN 'taken_back' THEN
+        -- Leases that expired: the attempt is lost and counts; the run retries or goes dead.
+        FOR rec IN SELECT x.run_id, x.lease_owner, x.lease_token FROM tide.run x
+                  WHERE x.run_id IN (SELECT p.run_id FROM tide.pending p WHERE p.state = 'running')
+                    AND x.state = 'running' AND x.lease_expires_at < p_now
+                  ORDER BY x.lease_expires_at FOR UPDATE OF x SKIP LOCKED LOOP
+            PERFORM tide._fail(rec.run_id, format('lease of %s (token %s) expired', coalesce(rec.lease_owner, 'a worker'), rec.lease_token),
+                               'transient', NULL, 'lost', p_now);
+            n := n + 1;
+        END LOOP;
+    WHEN 'released' THEN
+        -- Waiting runs without an SQL check: released by their marker, or by time when they
+        -- only waited for the next window. Runs with a check are released by the executors.
+        UPDATE tide.run r
+           SET state = 'ready', run_after = NULL, updated_at = now(),
+               reason = CASE WHEN v.rules->>'ready_dataset' IS NOT NULL
+                             THEN format('ready: %s marked ready for %s', v.rules->>'ready_dataset', r.biz_date)
+                             ELSE 'ready: next window reached' END
+          FROM tide.task_version v
+         WHERE r.run_id IN (SELECT x.run_id FROM tide.run x
+                             WHERE x.run_id IN (SELECT p.run_id FROM tide.pending p WHERE p.state = 'waiting')
+                               AND x.state = 'waiting'
+                               -- A run a worker reported not ready waits for its next window
+                               -- even if its marker is set.
+                               AND (x.run_after IS NULL OR x.run_after <= p_now)
+                               FOR UPDATE SKIP LOCKED)
+           AND v.task_id = r.task_id AND v.version = r.version
+           AND v.rules->>'ready_check' IS NULL
+           AND (v.rules->>'ready_dataset' IS NULL
+                OR EXISTS (SELECT 1 FROM tide.ready_marker m
+                            WHERE m.owner = r.owner AND m.dataset = v.rules->>'ready_dataset'
+                              AND m.biz_date = r.biz_date));
+        GET DIAGNOSTICS n = ROW_COUNT;
+    WHEN 'not_ready_deadline' THEN
+        -- Still not ready at the deadline: the task's not_ready_policy decides.
+        FOR rec IN SELECT x.run_id, x.task_id, x.version, x.deferrals, x.ready_deadline FROM tide.run x
+                  WHERE x.run_id IN (SELECT p.run_id FROM tide.pending p WHERE p.state = 'waiting')
+                    AND x.state = 'waiting' AND x.ready_deadline <= p_now
+                  FOR UPDATE OF x SKIP LOCKED LOOP
+            SELECT v.rules INTO rules FROM tide.task_version v WHERE v.task_id = rec.task_id AND v.version = rec.version;
+            n := n + 1;
+            IF rules->>'not_ready_policy' = 'skip' THEN
+                UPDATE tide.run SET state = 'skipped', skip_reason = 'not_ready', finished_at = p_now, updated_at = now(),
+                                    reason = format('skipped: not ready by %s', rec.ready_deadline)
+                 WHERE run_id = rec.run_id;
+            ELSIF rules->>'not_ready_policy' = 'fail' OR rec.deferrals + 1 >= (rules->>'max_attempts')::integer THEN
+                UPDATE tide.run SET state = 'dead', finished_at = p_now, updated_at = now(), last_error_kind = 'not_ready',
+                                    last_error = format('not ready by %s', rec.ready_deadline),
+                                    reason = format('dead: not ready by %s (deferred %s times)', rec.ready_deadline, rec.deferrals)
+                 WHERE run_id = rec.run_id;
+            ELSE
+                SELECT t.next_fire_at INTO next_deadline FROM tide.task t WHERE t.task_id = rec.task_id;
+                next_deadline := greatest(coalesce(rec.ready_deadline + (rules->>'ready_timeout')::interval, next_deadline),
+                                          p_now + (rules->>'recheck_interval')::interval);
+                UPDATE tide.run SET deferrals = deferrals + 1, ready_deadline = next_deadline, updated_at = now(),
+                                    reason = format('not ready by %s: deferred to the next window (until %s)', rec.ready_deadline, next_deadline)
+                 WHERE run_id = rec.run_id;
+            END IF;
+        END LOOP;
+    WHEN 'effects_taken_back' THEN
+        n := tide._tick_effects(p_now);
+    END CASE;
+    RETURN n;
 END
 $$;
-COMMENT ON FUNCTION tide._tick_runs(timestamptz) IS
-    'Internal: the tick''s work on existing runs: due retries, expired leases, readiness releases and deadlines.';
+COMMENT ON FUNCTION tide._tick_step(text, timestamptz) IS
+    'Internal: one step of the tick''s work on existing runs (see tide._tick_runs).';
 
 CREATE VIEW tide.dead_letter WITH (security_invoker = true) AS
 SELECT r.run_id, t.name AS task, r.version, r.trigger, r.biz_date, r.window_start, r.window_end, r.dedupe_key,

@@ -78,6 +78,10 @@ CREATE TABLE tide.run (
     lease_token      bigint,
     lease_length     interval,
     lease_expires_at timestamptz,
+    -- SQL runs: the executor process running the attempt (pid and start), so that a run whose
+    -- executor is gone is taken back at once.
+    executor_pid     integer,
+    executor_start   timestamptz,
     checkpoint       jsonb,
     expected         bigint,
     actual           bigint,
@@ -132,6 +136,8 @@ COMMENT ON COLUMN tide.run.lock_key IS 'The business object the run locks while 
 COMMENT ON COLUMN tide.run.batches IS 'Long tasks: batches committed so far.';
 COMMENT ON COLUMN tide.run.control IS 'A pause or cancel asked for with tide.pause_run / tide.cancel_run, taken up at the next batch or heartbeat.';
 COMMENT ON COLUMN tide.run.lease_token IS 'Fencing token of the current claim; heartbeat/complete/fail must present it.';
+COMMENT ON COLUMN tide.run.executor_pid IS 'SQL runs: the pid of the pg_tide executor running the attempt; with executor_start, how the scheduler sees at once that it is gone.';
+COMMENT ON COLUMN tide.run.executor_start IS 'SQL runs: when the executor process running the attempt started (pids are reused).';
 
 -- Event runs' idempotency key; partial, so window runs carry no entry for it.
 CREATE UNIQUE INDEX run_dedupe_key ON tide.run (task_id, dedupe_key) WHERE dedupe_key IS NOT NULL;
@@ -192,6 +198,7 @@ CREATE INDEX pending_running_idx ON tide.pending (run_id) WHERE state = 'running
 -- Keeps tide.pending in step with a run that changed (or was created) outside the hot paths.
 CREATE FUNCTION tide._sync_pending(r tide.run) RETURNS void
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF r.state IN ('waiting', 'ready', 'running', 'retry', 'held', 'paused', 'dead', 'need_check') THEN
@@ -228,7 +235,8 @@ CREATE TABLE tide.run_event (
     from_state  tide.run_state,
     to_state    tide.run_state NOT NULL,
     reason      text NOT NULL,
-    actor       text NOT NULL DEFAULT current_user,
+    -- The role on whose behalf pg_tide made the change (the caller of its public function).
+    actor       text NOT NULL DEFAULT tide._caller(),
     owner       text NOT NULL,
     -- Set when the change ends an attempt.
     attempt     integer,
@@ -254,19 +262,21 @@ COMMENT ON VIEW tide.attempt IS
     'One row per finished attempt of a run (the attempt in progress is on the run: lease_owner, lease_token, claimed_at): who claimed it, with which fencing token, when, how it ended. The history rows that ended attempts.';
 
 CREATE TABLE tide.ready_marker (
+    owner     name NOT NULL,
     dataset   text NOT NULL,
     biz_date  date NOT NULL,
     marked_at timestamptz NOT NULL DEFAULT now(),
-    marked_by name NOT NULL DEFAULT current_user,
+    marked_by name NOT NULL,
     details   jsonb,
-    PRIMARY KEY (dataset, biz_date)
+    PRIMARY KEY (owner, dataset, biz_date)
 );
 COMMENT ON TABLE tide.ready_marker IS
-    'Data-ready markers written by tide.mark_ready(dataset, biz_date); tasks with ready_dataset wait for them.';
+    'Data-ready markers written by tide.mark_ready(dataset, biz_date): a task with ready_dataset waits for its owner''s marker (datasets are named per role, like tasks).';
 
 -- The allowed state changes, as one constant (tide.run_transition shows them as a table).
 CREATE FUNCTION tide._transitions() RETURNS text[]
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$ SELECT ARRAY[
     'waiting>ready', 'waiting>skipped', 'waiting>dead', 'waiting>cancelled', 'waiting>held',
     'ready>running', 'ready>waiting', 'ready>skipped', 'ready>cancelled', 'ready>held',
@@ -286,6 +296,7 @@ COMMENT ON FUNCTION tide._transitions() IS 'Internal: the allowed run state chan
 
 CREATE FUNCTION tide._transition_allowed(from_state tide.run_state, to_state tide.run_state) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$ SELECT from_state = to_state OR (from_state::text || '>' || to_state::text) = ANY (tide._transitions()) $$;
 COMMENT ON FUNCTION tide._transition_allowed(tide.run_state, tide.run_state) IS
     'Whether a run may go from one state to another (see tide.run_transition).';
@@ -308,6 +319,7 @@ COMMENT ON VIEW tide.run_transition IS 'The allowed run state changes; anything 
 -- function) skips those rows, and heartbeats, which change neither state nor reason.
 CREATE FUNCTION tide.run_changed() RETURNS trigger
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF NOT tide._transition_allowed(OLD.state, NEW.state) THEN
@@ -343,11 +355,9 @@ CREATE TRIGGER run_changed AFTER UPDATE ON tide.run
                         OR (OLD.state = 'running' AND NEW.state IN ('succeeded', 'need_check', 'retry', 'dead', 'waiting')))))
     EXECUTE FUNCTION tide.run_changed();
 
--- SECURITY DEFINER: runs are deleted by a task owner's tide.unschedule (through the cascade of
--- tide.task), and owners have no DELETE right on the history itself; this deletes only the
--- history of the runs just deleted.
 CREATE FUNCTION tide.run_deleted() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     DELETE FROM tide.run_event e USING old_runs o WHERE e.run_id = o.run_id;
@@ -368,6 +378,7 @@ CREATE TRIGGER run_deleted AFTER DELETE ON tide.run
 -- as created again.
 CREATE FUNCTION tide._record_created(p_run_ids bigint[]) RETURNS void
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
@@ -391,6 +402,7 @@ COMMENT ON FUNCTION tide._record_created(bigint[]) IS
 
 CREATE FUNCTION tide.run_event_immutable() RETURNS trigger
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     RAISE EXCEPTION 'the run history is append-only'
@@ -402,21 +414,24 @@ COMMENT ON FUNCTION tide.run_event_immutable() IS 'Trigger: refuses updates of t
 CREATE TRIGGER run_event_immutable BEFORE UPDATE ON tide.run_event
     FOR EACH ROW EXECUTE FUNCTION tide.run_event_immutable();
 
--- Each role sees and works only the runs of its own tasks (superusers see all).
+-- Each role reads only the runs of its own tasks, their history, bookkeeping and its markers
+-- (superusers read all); nobody but the extension's owner writes them, and roles cannot use
+-- pg_tide's sequences.
 ALTER TABLE tide.run ENABLE ROW LEVEL SECURITY;
 ALTER TABLE tide.run_event ENABLE ROW LEVEL SECURITY;
 ALTER TABLE tide.pending ENABLE ROW LEVEL SECURITY;
-CREATE POLICY run_owner ON tide.run USING (owner = current_user) WITH CHECK (owner = current_user);
-CREATE POLICY run_event_owner ON tide.run_event USING (owner = current_user) WITH CHECK (owner = current_user);
-CREATE POLICY pending_owner ON tide.pending USING (owner = current_user) WITH CHECK (owner = current_user);
+ALTER TABLE tide.ready_marker ENABLE ROW LEVEL SECURITY;
+CREATE POLICY run_owner ON tide.run FOR SELECT USING (owner = current_user);
+CREATE POLICY run_event_owner ON tide.run_event FOR SELECT USING (owner = current_user);
+CREATE POLICY pending_owner ON tide.pending FOR SELECT USING (owner = current_user);
+CREATE POLICY ready_marker_owner ON tide.ready_marker FOR SELECT USING (owner = current_user);
 
-GRANT SELECT, INSERT, UPDATE ON tide.run TO PUBLIC;
+GRANT SELECT ON tide.run TO PUBLIC;
+GRANT SELECT ON tide.pending TO PUBLIC;
 GRANT SELECT ON tide.attempt TO PUBLIC;
-GRANT SELECT, INSERT ON tide.run_event TO PUBLIC;
-GRANT SELECT, INSERT, UPDATE, DELETE ON tide.pending TO PUBLIC;
-GRANT SELECT, INSERT, UPDATE ON tide.ready_marker TO PUBLIC;
+GRANT SELECT ON tide.run_event TO PUBLIC;
+GRANT SELECT ON tide.ready_marker TO PUBLIC;
 GRANT SELECT ON tide.run_transition TO PUBLIC;
-GRANT USAGE ON SEQUENCE tide.lease_token_seq TO PUBLIC;
 
 SELECT pg_catalog.pg_extension_config_dump('tide.run', '');
 SELECT pg_catalog.pg_extension_config_dump('tide.run_run_id_seq', '');

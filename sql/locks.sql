@@ -6,15 +6,17 @@
 -- nothing): a run in a serial group (overlap queue: its task; an event run: its task and key)
 -- goes only when nothing of its group runs and no earlier run of the group waits; a run of a
 -- task with overlap skip is skipped while another runs; max_concurrency counts the task's
--- running runs; a run with a lock key takes its row in tide.lock. Each decision holds a
--- transaction-level advisory lock on what it decides about, so two claimers never both say yes.
--- A run that cannot go is parked (out of the claim indexes) until the run it waits for ends and
--- wakes it (tide._wake), or after pg_tide's park time in any case.
-
--- Advisory lock class of pg_tide's decisions ('tide' in ASCII).
-CREATE FUNCTION tide._lock_class() RETURNS integer
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 1952064613 $$;
-COMMENT ON FUNCTION tide._lock_class() IS 'Internal: the class id of pg_tide''s transaction-level advisory locks.';
+-- running runs; a run with a lock key takes its row in tide.lock. A run that cannot go is
+-- parked (out of the claim indexes) until the run it waits for ends and wakes it (tide._wake),
+-- or after pg_tide's park time in any case.
+--
+-- No advisory locks: any role can take any advisory lock, so one held in a psql session could
+-- freeze a task's runs (and every claim behind them). Two claims never both say yes because
+-- each decision is made under a row lock no role can take (roles cannot UPDATE pg_tide's
+-- tables, so they cannot lock their rows): the candidate's own tide.pending row (a serial
+-- group's head goes only when it is the group's earliest run, and no other claim holds it),
+-- the task's row (overlap skip, max_concurrency), the key's row in tide.lock. Every such wait
+-- is bounded by lock_timeout; a candidate that cannot decide in time waits for a later claim.
 
 CREATE TABLE tide.lock (
     owner       name NOT NULL,
@@ -33,8 +35,8 @@ COMMENT ON COLUMN tide.lock.key IS 'The business object, from the task''s lock_k
 COMMENT ON COLUMN tide.lock.token IS 'Fencing token of the holding claim (tide.run.lease_token).';
 COMMENT ON COLUMN tide.lock.expires_at IS 'The holder''s lease expiry; renewed by tide.heartbeat (and each batch of a long task).';
 ALTER TABLE tide.lock ENABLE ROW LEVEL SECURITY;
-CREATE POLICY lock_owner ON tide.lock USING (owner = current_user) WITH CHECK (owner = current_user);
-GRANT SELECT, INSERT, UPDATE, DELETE ON tide.lock TO PUBLIC;
+CREATE POLICY lock_owner ON tide.lock FOR SELECT USING (owner = current_user);
+GRANT SELECT ON tide.lock TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('tide.lock', '');
 
 -- The lease of a claim: given, or the task's lease (external workers), or its timeout plus a
@@ -42,6 +44,7 @@ SELECT pg_catalog.pg_extension_config_dump('tide.lock', '');
 -- (STABLE, as the text-to-interval casts in it are: so it is inlined into the claim.)
 CREATE FUNCTION tide._lease_length(p_executor tide.executor, rules jsonb, p_lease interval) RETURNS interval
 LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT coalesce(p_lease, CASE WHEN p_executor = 'sql'
         THEN (rules->>'timeout')::interval + least((rules->>'timeout')::interval, interval '1 minute')
@@ -53,7 +56,9 @@ COMMENT ON FUNCTION tide._lease_length(tide.executor, jsonb, interval) IS
 -- How long a parked run waits at most before a claim looks at it again, in case the run it
 -- waits for never wakes it (it was deleted, say).
 CREATE FUNCTION tide._park_time() RETURNS interval
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT interval '1 minute' $$;
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT interval '1 minute' $$;
 COMMENT ON FUNCTION tide._park_time() IS 'Internal: the longest a parked run waits before a claim looks at it again.';
 
 -- A run's serial group: the task for a window run of an overlap-queue task, the task and key
@@ -61,6 +66,7 @@ COMMENT ON FUNCTION tide._park_time() IS 'Internal: the longest a parked run wai
 CREATE FUNCTION tide._gate(p_task_id bigint, p_overlap text, p_window_start timestamptz, p_event_key text)
 RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT CASE WHEN p_window_start IS NULL THEN p_task_id::text || ':' || p_event_key
                 WHEN coalesce(p_overlap, 'queue') = 'queue' THEN p_task_id::text END
@@ -74,6 +80,7 @@ CREATE FUNCTION tide._gated(p_gate text, p_lock_key text, p_overlap text, p_wind
                             p_max_concurrency integer)
 RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT p_gate IS NOT NULL OR p_lock_key IS NOT NULL OR (p_window_start IS NOT NULL AND p_overlap = 'skip')
            OR p_max_concurrency IS NOT NULL
@@ -86,6 +93,7 @@ CREATE FUNCTION tide._gating_of(p_task_id bigint, p_version integer, p_args json
                                 p_event_key text, p_biz_date date, p_window_start timestamptz)
 RETURNS TABLE (gate text, lock_key text, gated boolean)
 LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT g.gate, k.lock_key,
            tide._gated(g.gate, k.lock_key, v.rules->>'overlap', p_window_start, (v.rules->>'max_concurrency')::integer)
@@ -106,6 +114,7 @@ COMMENT ON FUNCTION tide._gating_of(bigint, integer, jsonb, jsonb, text, date, t
 -- that change a run's version or args call tide._regate.)
 CREATE FUNCTION tide.run_gating() RETURNS trigger
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF NEW.gated IS NULL THEN
@@ -125,6 +134,7 @@ CREATE TRIGGER run_gating_insert BEFORE INSERT ON tide.run
 -- their new rules.
 CREATE FUNCTION tide._regate(p_run_ids bigint[]) RETURNS void
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     UPDATE tide.run r SET gate = g.gate, lock_key = g.lock_key, gated = g.gated
@@ -142,6 +152,7 @@ COMMENT ON FUNCTION tide._regate(bigint[]) IS
 -- Parks a ready run that cannot go yet.
 CREATE FUNCTION tide._park(p_run_id bigint, p_until timestamptz) RETURNS void
 LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
 AS $$
     UPDATE tide.pending p SET parked = true, due_at = least(p_until, now() + tide._park_time())
      WHERE p.run_id = p_run_id AND p.state = 'ready'
@@ -158,6 +169,11 @@ COMMENT ON FUNCTION tide._park(bigint, timestamptz) IS 'Internal: takes a ready 
 -- so no wake-up is lost. Unparking a run that was not parked changes nothing.
 CREATE FUNCTION tide._wake(p_run_ids bigint[]) RETURNS integer
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+-- The rows it waits for are held by claims (committed at once) or by an owner's own open
+-- transaction: wait a little, never long (tide._release then leaves the wake-up to the park
+-- time).
+SET lock_timeout = '2s'
 AS $$
 DECLARE
     rec record;
@@ -224,20 +240,30 @@ COMMENT ON FUNCTION tide._wake(bigint[]) IS
 -- longer run: completed, failed, or moved by tide.run_changed to a state other than running.)
 CREATE FUNCTION tide._release(p_run_ids bigint[]) RETURNS void
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     DELETE FROM tide.lock l WHERE l.run_id = ANY (p_run_ids);
-    PERFORM tide._wake(p_run_ids);
+    BEGIN
+        PERFORM tide._wake(p_run_ids);
+    EXCEPTION WHEN lock_not_available THEN
+        -- A run to wake is held by a long transaction: it wakes at its park time instead.
+        NULL;
+    END;
 END
 $$;
 COMMENT ON FUNCTION tide._release(bigint[]) IS
     'Internal: frees the locks of runs that no longer run and wakes the runs waiting for them.';
 
 -- Which of the claimed candidates may go; the others are parked, deferred or skipped. Called by
--- tide._claim only when a candidate is gated.
+-- tide._claim only when a candidate is gated. Each candidate is decided in its own
+-- subtransaction: a lock it cannot get within lock_timeout parks it for a second, and the
+-- claim goes on with the others.
 CREATE FUNCTION tide._admit(p_ids bigint[], p_token bigint, p_executor tide.executor, p_lease interval)
 RETURNS bigint[]
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '100ms'
 AS $$
 DECLARE
     c record;
@@ -245,6 +271,7 @@ DECLARE
     blocker bigint;
     l tide.lock;
     admitted bigint[] := '{}';
+    taken bigint;
 BEGIN
     FOR c IN SELECT p.run_id, p.task_id, p.gate, p.lock_key, p.gated, p.owner, r.window_start, v.rules
                FROM tide.pending p
@@ -256,69 +283,97 @@ BEGIN
             admitted := admitted || c.run_id;
             CONTINUE;
         END IF;
-        -- One at a time per serial group, in run order. Each check holds an advisory lock until
-        -- this claim commits and then reads afresh, so a concurrent claim's decision is seen.
-        IF c.gate IS NOT NULL THEN
-            CONTINUE WHEN NOT pg_try_advisory_xact_lock(tide._lock_class(), hashtext('gate:' || c.gate));
-            SELECT q.run_id INTO blocker FROM tide.pending q
-             WHERE q.gate = c.gate AND q.run_id <> c.run_id
-               AND (q.state = 'running' OR (q.state IN ('ready', 'retry', 'paused') AND q.run_id < c.run_id))
-             ORDER BY q.state = 'running' DESC, q.run_id LIMIT 1;
-            IF FOUND THEN
-                PERFORM tide._park(c.run_id, now() + tide._park_time());
-                CONTINUE;
-            END IF;
-        END IF;
-        -- Overlap skip and max_concurrency count the task's running runs.
-        IF (c.window_start IS NOT NULL AND c.rules->>'overlap' = 'skip') OR c.rules->>'max_concurrency' IS NOT NULL THEN
-            CONTINUE WHEN NOT pg_try_advisory_xact_lock(tide._lock_class(), hashtext('task:' || c.task_id));
-            SELECT count(*) INTO running FROM tide.pending q
-             WHERE q.task_id = c.task_id AND q.gated AND q.state = 'running';
-            IF c.window_start IS NOT NULL AND c.rules->>'overlap' = 'skip' AND running > 0 THEN
-                UPDATE tide.run SET state = 'skipped', skip_reason = 'overlap', finished_at = now(), updated_at = now(),
-                                    reason = 'skipped: another run of the task was still running (overlap skip)'
-                 WHERE run_id = c.run_id;
-                CONTINUE;
-            END IF;
-            IF running >= (c.rules->>'max_concurrency')::integer THEN
-                PERFORM tide._park(c.run_id, now() + tide._park_time());
-                CONTINUE;
-            END IF;
-        END IF;
-        -- The business object's lock: free, expired (its holder is fenced out), or busy (the run
-        -- is deferred: recorded, not an attempt).
-        IF c.lock_key IS NOT NULL THEN
-            CONTINUE WHEN NOT pg_try_advisory_xact_lock(tide._lock_class(), hashtext('lock:' || c.owner || ':' || c.lock_key));
-            SELECT * INTO l FROM tide.lock x WHERE x.owner = c.owner AND x.key = c.lock_key;
-            IF FOUND AND l.run_id <> c.run_id THEN
-                IF l.expires_at > now() THEN
-                    UPDATE tide.run SET updated_at = now(),
-                           reason = format('deferred: lock %s is held by run %s until %s', c.lock_key, l.run_id,
-                                           to_char(l.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS" UTC"'))
-                     WHERE run_id = c.run_id;
-                    PERFORM tide._park(c.run_id, l.expires_at);
+        BEGIN
+            -- One at a time per serial group, in run order: only the group's earliest unfinished
+            -- run goes, and only when nothing of the group runs. This claim holds the
+            -- candidate's row, so no other claim decides about it; a later run of the group
+            -- sees it and waits.
+            IF c.gate IS NOT NULL THEN
+                SELECT q.run_id INTO blocker FROM tide.pending q
+                 WHERE q.gate = c.gate AND q.run_id <> c.run_id
+                   AND (q.state = 'running' OR (q.state IN ('ready', 'retry', 'paused') AND q.run_id < c.run_id))
+                 ORDER BY q.state = 'running' DESC, q.run_id LIMIT 1;
+                IF FOUND THEN
+                    PERFORM tide._park(c.run_id, now() + tide._park_time());
                     CONTINUE;
                 END IF;
-                PERFORM 1 FROM tide.run x WHERE x.run_id = l.run_id AND x.state = 'running' AND x.lease_token = l.token
-                    FOR UPDATE;
-                IF FOUND THEN
-                    PERFORM tide._fail(l.run_id, format('lock %s expired (token %s) and was taken over by run %s',
-                                                        c.lock_key, l.token, c.run_id),
-                                       'transient', NULL, 'lost', now());
+            END IF;
+            -- Overlap skip and max_concurrency count the task's running runs, under the task's
+            -- row lock (another claim of the task waits for this one to commit).
+            IF (c.window_start IS NOT NULL AND c.rules->>'overlap' = 'skip') OR c.rules->>'max_concurrency' IS NOT NULL THEN
+                PERFORM 1 FROM tide.task t WHERE t.task_id = c.task_id FOR NO KEY UPDATE;
+                SELECT count(*) INTO running FROM tide.pending q
+                 WHERE q.task_id = c.task_id AND q.gated AND q.state = 'running';
+                IF c.window_start IS NOT NULL AND c.rules->>'overlap' = 'skip' AND running > 0 THEN
+                    UPDATE tide.run SET state = 'skipped', skip_reason = 'overlap', finished_at = now(), updated_at = now(),
+                                        reason = 'skipped: another run of the task was still running (overlap skip)'
+                     WHERE run_id = c.run_id;
+                    CONTINUE;
+                END IF;
+                IF running >= (c.rules->>'max_concurrency')::integer THEN
+                    PERFORM tide._park(c.run_id, now() + tide._park_time());
+                    CONTINUE;
                 END IF;
             END IF;
-            INSERT INTO tide.lock AS x (owner, key, run_id, task_id, token, acquired_at, expires_at)
-            VALUES (c.owner, c.lock_key, c.run_id, c.task_id, p_token, now(), now() + tide._lease_length(p_executor, c.rules, p_lease))
-            ON CONFLICT ON CONSTRAINT lock_pkey DO UPDATE
-               SET run_id = EXCLUDED.run_id, task_id = EXCLUDED.task_id, token = EXCLUDED.token,
-                   acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at;
-        END IF;
-        -- Running already for the checks of later candidates of this claim.
-        UPDATE tide.pending SET state = 'running' WHERE run_id = c.run_id;
-        admitted := admitted || c.run_id;
+            -- The business object's lock: free, expired (its holder is fenced out), or busy (the
+            -- run is deferred: recorded, not an attempt). Claims of one key wait for each other
+            -- on the key's row (or on its insertion).
+            IF c.lock_key IS NOT NULL THEN
+                SELECT * INTO l FROM tide.lock x WHERE x.owner = c.owner AND x.key = c.lock_key FOR UPDATE;
+                IF FOUND AND l.run_id <> c.run_id THEN
+                    IF l.expires_at > now() THEN
+                        PERFORM tide._defer(c.run_id, c.lock_key, l.run_id, l.expires_at);
+                        CONTINUE;
+                    END IF;
+                    PERFORM 1 FROM tide.run x WHERE x.run_id = l.run_id AND x.state = 'running' AND x.lease_token = l.token
+                        FOR UPDATE;
+                    IF FOUND THEN
+                        PERFORM tide._fail(l.run_id, format('lock %s expired (token %s) and was taken over by run %s',
+                                                            c.lock_key, l.token, c.run_id),
+                                           'transient', NULL, 'lost', now());
+                    END IF;
+                END IF;
+                INSERT INTO tide.lock AS x (owner, key, run_id, task_id, token, acquired_at, expires_at)
+                VALUES (c.owner, c.lock_key, c.run_id, c.task_id, p_token, now(), now() + tide._lease_length(p_executor, c.rules, p_lease))
+                ON CONFLICT ON CONSTRAINT lock_pkey DO UPDATE
+                   SET run_id = EXCLUDED.run_id, task_id = EXCLUDED.task_id, token = EXCLUDED.token,
+                       acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at
+                 WHERE x.run_id = EXCLUDED.run_id OR x.expires_at <= now()
+                RETURNING x.run_id INTO taken;
+                IF taken IS NULL THEN
+                    -- Another claim took the key meanwhile.
+                    SELECT * INTO l FROM tide.lock x WHERE x.owner = c.owner AND x.key = c.lock_key;
+                    PERFORM tide._defer(c.run_id, c.lock_key, l.run_id, l.expires_at);
+                    CONTINUE;
+                END IF;
+            END IF;
+            -- Running already for the checks of later candidates of this claim.
+            UPDATE tide.pending SET state = 'running' WHERE run_id = c.run_id;
+            admitted := admitted || c.run_id;
+        EXCEPTION WHEN lock_not_available THEN
+            -- Held by a transaction that does not end soon: this run waits a second for a later
+            -- claim, the others go on.
+            PERFORM tide._park(c.run_id, now() + interval '1 second');
+        END;
     END LOOP;
     RETURN admitted;
 END
 $$;
+-- A run whose lock key is busy waits for the holder to end (it wakes it) or for the lock to
+-- expire.
+CREATE FUNCTION tide._defer(p_run_id bigint, p_key text, p_holder bigint, p_until timestamptz) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE tide.run SET updated_at = now(),
+           reason = format('deferred: lock %s is held by run %s until %s', p_key, p_holder,
+                           to_char(p_until AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS" UTC"'))
+     WHERE run_id = p_run_id;
+    PERFORM tide._park(p_run_id, p_until);
+END
+$$;
+COMMENT ON FUNCTION tide._defer(bigint, text, bigint, timestamptz) IS
+    'Internal: records that a run waits for a busy lock key and parks it until the lock expires (or its holder wakes it).';
 COMMENT ON FUNCTION tide._admit(bigint[], bigint, tide.executor, interval) IS
     'Internal: decides which claimed candidates may run now (serial group, overlap, max_concurrency, lock key) and takes their locks; parks, defers or skips the rest.';

@@ -4,12 +4,14 @@
 
 CREATE FUNCTION tide.checkpoint() RETURNS jsonb
 LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
 AS $$ SELECT r.checkpoint FROM tide.run r WHERE r.run_id = tide.run_id() $$;
 COMMENT ON FUNCTION tide.checkpoint() IS 'Inside a task''s command: the run''s last committed checkpoint (NULL at the start); a long task''s batch continues from it.';
 
 -- Ends a running run that was asked to pause or cancel (between batches, or at a heartbeat).
 CREATE FUNCTION tide._stop_run(p_run_id bigint, p_progress jsonb) RETURNS tide.run_state
 LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
 AS $$
     UPDATE tide.run x
        SET state = CASE WHEN x.control = 'cancel' THEN 'cancelled' ELSE 'paused' END::tide.run_state,
@@ -25,6 +27,7 @@ COMMENT ON FUNCTION tide._stop_run(bigint, jsonb) IS
 
 CREATE FUNCTION tide._control_target(p_run_id bigint, p_function text) RETURNS tide.run
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     r tide.run;
@@ -33,7 +36,7 @@ BEGIN
         RAISE EXCEPTION '%: run_id must not be NULL', p_function USING ERRCODE = 'null_value_not_allowed',
             HINT = 'find the run with: SELECT run_id, state FROM tide.run WHERE task_id = ...';
     END IF;
-    SELECT * INTO r FROM tide.run x WHERE x.run_id = p_run_id FOR UPDATE;
+    SELECT * INTO r FROM tide.run x WHERE x.run_id = p_run_id AND tide._may_act(x.owner) FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'run % does not exist', p_run_id USING ERRCODE = 'undefined_object',
             HINT = 'find the run with: SELECT run_id, state FROM tide.run WHERE task_id = ...; runs of other roles'' tasks are not visible';
@@ -45,6 +48,7 @@ COMMENT ON FUNCTION tide._control_target(bigint, text) IS 'Internal: the run a p
 
 CREATE FUNCTION tide.pause_run(run_id bigint) RETURNS text
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     r tide.run;
@@ -55,7 +59,7 @@ BEGIN
         RETURN 'pausing';
     ELSIF r.state IN ('waiting', 'ready', 'retry') THEN
         UPDATE tide.run x SET state = 'paused', updated_at = now(),
-               reason = format('paused by %s (was %s)', current_user, r.state)
+               reason = format('paused by %s (was %s)', tide._caller(), r.state)
          WHERE x.run_id = r.run_id;
         RETURN 'paused';
     ELSIF r.state = 'paused' THEN
@@ -71,6 +75,7 @@ COMMENT ON FUNCTION tide.pause_run(bigint) IS
 
 CREATE FUNCTION tide.resume_run(run_id bigint) RETURNS text
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     r tide.run;
@@ -85,7 +90,7 @@ BEGIN
         UPDATE tide.run x
            SET state = CASE WHEN r.attempts > 0 THEN 'ready' ELSE tide._open_state(rules) END::tide.run_state,
                run_after = NULL, updated_at = now(),
-               reason = format('resumed by %s%s', current_user,
+               reason = format('resumed by %s%s', tide._caller(),
                                CASE WHEN r.checkpoint IS NOT NULL THEN ' (continues from its checkpoint)' ELSE '' END)
          WHERE x.run_id = r.run_id;
         RETURN (SELECT x.state::text FROM tide.run x WHERE x.run_id = r.run_id);
@@ -100,6 +105,7 @@ COMMENT ON FUNCTION tide.resume_run(bigint) IS
 
 CREATE FUNCTION tide.cancel_run(run_id bigint, reason text DEFAULT NULL) RETURNS text
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     r tide.run;

@@ -10,12 +10,14 @@
 -- library is not loaded).
 CREATE FUNCTION tide._setting(name text, fallback text) RETURNS text
 LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$ SELECT coalesce(nullif(current_setting('pg_tide.' || name, true), ''), fallback) $$;
 COMMENT ON FUNCTION tide._setting(text, text) IS 'Internal: a pg_tide.* setting as text.';
 
 -- A compact duration for narrow displays, at most 5 characters: 45s, 12m, 3h12m, 2d4h, 12d.
 CREATE FUNCTION tide._short(d interval) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT CASE
         WHEN d IS NULL THEN NULL
@@ -33,6 +35,7 @@ COMMENT ON FUNCTION tide._short(interval) IS 'A duration in at most 5 characters
 -- Task monitoring settings. The longest gap between fires is kept up to date with the schedule.
 CREATE FUNCTION tide.task_fire_gap() RETURNS trigger
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     NEW.fire_gap := tide._fire_gap(NEW.schedule, NEW.tz, NEW.dst_gap::text, NEW.dst_overlap::text);
@@ -46,10 +49,11 @@ CREATE TRIGGER task_fire_gap BEFORE INSERT OR UPDATE OF schedule, tz, dst_gap, d
 
 CREATE FUNCTION tide._severity(value text, param text) RETURNS tide.severity
 LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF lower(btrim(value)) NOT IN ('info', 'warning', 'critical') THEN
-        RAISE EXCEPTION 'unknown severity "%"', value USING ERRCODE = 'invalid_parameter_value',
+        RAISE EXCEPTION 'unknown severity "%"', left(value, 20) USING ERRCODE = 'invalid_parameter_value',
             HINT = format('pass %s => ''info'', ''warning'' or ''critical''', param);
     END IF;
     RETURN lower(btrim(value))::tide.severity;
@@ -60,6 +64,7 @@ COMMENT ON FUNCTION tide._severity(text, text) IS 'Internal: a severity given as
 CREATE FUNCTION tide.monitor(task text, max_silence interval DEFAULT NULL, severity text DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     t tide.task;
@@ -73,7 +78,9 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'pass max_silence => ''2 hours'', or ''0'' to derive it from the schedule again';
     END IF;
-    SELECT * INTO t FROM tide.task x WHERE x.name = monitor.task FOR UPDATE;
+    PERFORM tide._bounded('max_silence', monitor.max_silence, true);
+    PERFORM tide._text_arg('task', monitor.task, 200, 'pass the name of one of your tasks');
+    SELECT * INTO t FROM tide.task x WHERE x.name = monitor.task AND x.owner = tide._caller() FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'no task named "%"', monitor.task USING ERRCODE = 'undefined_object',
             HINT = 'list your tasks with: SELECT name FROM tide.task';
@@ -97,6 +104,7 @@ COMMENT ON FUNCTION tide.monitor(text, interval, text) IS
 -- a year ahead and none is set: such a task is never late.
 CREATE FUNCTION tide._max_silence(t tide.task) RETURNS interval
 LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$ SELECT coalesce(t.max_silence, t.fire_gap + least(t.timeout, t.fire_gap)) $$;
 COMMENT ON FUNCTION tide._max_silence(tide.task) IS
     'A task''s max_silence: set with tide.monitor, or derived: the longest gap between its fires plus its timeout (at most that gap).';
@@ -106,6 +114,7 @@ COMMENT ON FUNCTION tide._max_silence(tide.task) IS
 -- max_silence.
 CREATE FUNCTION tide._silence_level(silence interval, max_silence interval) RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT CASE WHEN max_silence IS NULL OR silence <= max_silence THEN 0
                 WHEN silence <= 2 * max_silence THEN 1
@@ -124,6 +133,7 @@ RETURNS TABLE (task text, status text, severity tide.severity, last_success time
                p50_duration interval, p95_duration interval, p95_queue_wait interval,
                next_fire_at timestamptz, paused boolean, task_id bigint, owner name)
 LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
 -- Its cost estimate is high (a lateral join per task), but each part is a short index scan:
 -- compiling it with JIT would cost far more than running it.
 SET jit = off
@@ -193,7 +203,7 @@ WITH open_runs AS (
 SELECT h.name,
        CASE WHEN h.paused THEN 'paused'
             WHEN tide._silence_level(h.silence, h.max_silence_eff) = 2 THEN 'down'
-            WHEN h.failures > 0 OR h.dead > 0 OR h.need_check > 0 THEN 'failing'
+            WHEN h.failures > 0 OR h.dead > 0 OR h.need_check > 0 OR h.tick_error IS NOT NULL THEN 'failing'
             WHEN tide._silence_level(h.silence, h.max_silence_eff) = 1 THEN 'late'
             WHEN h.last_success IS NULL THEN 'never_ran'
             ELSE 'ok' END,
@@ -210,14 +220,15 @@ COMMENT ON FUNCTION tide._health(timestamptz) IS 'Internal: tide.health at an in
 CREATE VIEW tide.health WITH (security_invoker = true) AS
 SELECT task, status, severity, last_success, silence, max_silence, last_state, consecutive_failures,
        consecutive_skips, retries_24h, backlog, oldest_ready, dead, need_check, p50_duration, p95_duration,
-       p95_queue_wait, next_fire_at
+       p95_queue_wait, next_fire_at, owner
   FROM tide._health(now());
 COMMENT ON VIEW tide.health IS
-    'One row per task: status (ok, late, failing, down, paused, never_ran), last success, silence so far against max_silence, last run state, failures and skips in a row, retries in 24 h, backlog (ready + waiting), age of the oldest ready run, dead and need_check runs, p50/p95 duration and p95 queue wait over 24 h, next fire.';
+    'One row per task: status (ok, late, failing, down, paused, never_ran), last success, silence so far against max_silence, last run state, failures and skips in a row, retries in 24 h, backlog (ready + waiting), age of the oldest ready run, dead and need_check runs, p50/p95 duration and p95 queue wait over 24 h, next fire, owner. A role sees its own tasks (a superuser every role''s).';
 GRANT SELECT ON tide.health TO PUBLIC;
 
 CREATE FUNCTION tide._status_rank(status text) RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$ SELECT array_position(ARRAY['down', 'failing', 'late', 'never_ran', 'ok', 'paused'], status) $$;
 COMMENT ON FUNCTION tide._status_rank(text) IS 'Internal: sort order of statuses, worst first.';
 
@@ -235,7 +246,7 @@ GRANT SELECT ON tide.dashboard TO PUBLIC;
 -- Heartbeat checks: work outside pg_tide reports that it ran (a dead-man's switch).
 CREATE TABLE tide.check (
     check_id     bigint GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
-    name         text NOT NULL UNIQUE CHECK (btrim(name) <> ''),
+    name         text NOT NULL CHECK (btrim(name) <> ''),
     period       interval CHECK (period > interval '0'),
     schedule     text,
     tz           text NOT NULL DEFAULT 'UTC',
@@ -246,9 +257,11 @@ CREATE TABLE tide.check (
     last_beat_ok boolean,
     last_message text,
     beats        bigint NOT NULL DEFAULT 0,
-    owner        name NOT NULL DEFAULT current_user,
+    owner        name NOT NULL,
     created_at   timestamptz NOT NULL DEFAULT now(),
-    CHECK ((period IS NULL) <> (schedule IS NULL))
+    CHECK ((period IS NULL) <> (schedule IS NULL)),
+    -- Names belong to their owner, as task names do.
+    CONSTRAINT check_owner_name_key UNIQUE (owner, name)
 );
 COMMENT ON TABLE tide.check IS
     'Heartbeat checks (tide.check): each expects a beat (tide.beat) every period, or at each fire of a cron schedule, within a grace time.';
@@ -257,6 +270,7 @@ CREATE FUNCTION tide.check(name text, schedule text, grace interval DEFAULT '1 h
                            severity text DEFAULT 'warning')
 RETURNS bigint
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     -- CHECK is a reserved word: the parameters are used by position.
@@ -269,10 +283,11 @@ DECLARE
     cron text;
     id bigint;
 BEGIN
-    IF c_name IS NULL OR btrim(c_name) = '' THEN
-        RAISE EXCEPTION 'check name must not be empty, got %', coalesce(quote_literal(c_name), 'NULL')
+    IF c_name IS NULL OR c_name ~ '^[[:space:]]*$' THEN
+        RAISE EXCEPTION 'check name must not be empty, got %', coalesce(quote_literal(left(c_name, 20)), 'NULL')
             USING ERRCODE = 'invalid_parameter_value', HINT = 'name the job the beats come from, such as ''nightly-backup''';
     END IF;
+    PERFORM tide._text_arg('check name', c_name, 200, 'name the job the beats come from, such as ''nightly-backup''');
     IF c_schedule IS NULL OR c_grace IS NULL OR c_tz IS NULL OR c_severity IS NULL THEN
         RAISE EXCEPTION 'schedule, grace, tz and severity must not be NULL'
             USING ERRCODE = 'null_value_not_allowed', HINT = 'pass a period such as ''1 day'' or a cron schedule such as ''0 3 * * *''';
@@ -281,6 +296,8 @@ BEGIN
         RAISE EXCEPTION 'grace must not be negative, got %', c_grace
             USING ERRCODE = 'invalid_parameter_value', HINT = 'pass grace => ''30 minutes''';
     END IF;
+    PERFORM tide._bounded('grace', c_grace, true);
+    PERFORM tide._text_arg('schedule', c_schedule, 500, 'pass a period such as ''1 day'' or a cron schedule such as ''0 3 * * *''');
     -- A period ('1 day', '6 hours') or else a cron schedule, checked like tide.schedule checks it.
     BEGIN
         p := c_schedule::interval;
@@ -291,15 +308,16 @@ BEGIN
         RAISE EXCEPTION 'period must be a positive interval, got %', c_schedule
             USING ERRCODE = 'invalid_parameter_value', HINT = 'pass a period such as ''1 day'' or a cron schedule such as ''0 3 * * *''';
     END IF;
+    PERFORM tide._bounded('period', p, false);
     IF p IS NULL THEN
         cron := btrim(c_schedule);
         PERFORM tide._next_fire(cron, c_tz, now());
     ELSE
         PERFORM tide._next_fire('* * * * *', c_tz, now());  -- checks the time zone
     END IF;
-    INSERT INTO tide.check AS c (name, period, schedule, tz, grace, severity)
-    VALUES (btrim(c_name), p, cron, c_tz, c_grace, tide._severity(c_severity, 'severity'))
-    ON CONFLICT ON CONSTRAINT check_name_key DO UPDATE
+    INSERT INTO tide.check AS c (name, period, schedule, tz, grace, severity, owner)
+    VALUES (btrim(c_name), p, cron, c_tz, c_grace, tide._severity(c_severity, 'severity'), tide._caller())
+    ON CONFLICT ON CONSTRAINT check_owner_name_key DO UPDATE
        SET period = EXCLUDED.period, schedule = EXCLUDED.schedule, tz = EXCLUDED.tz,
            grace = EXCLUDED.grace, severity = EXCLUDED.severity
     RETURNING c.check_id INTO id;
@@ -307,18 +325,20 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide.check(text, text, interval, text, text) IS
-    'check(name, schedule, grace => ''1 hour'', tz => ''UTC'', severity => ''warning''): declares (or changes) a heartbeat check: a beat is expected every period (schedule = ''1 day'') or at each fire of a cron schedule (''0 3 * * *'' in tz), within grace. Returns its check_id.';
+    'check(name, schedule, grace => ''1 hour'', tz => ''UTC'', severity => ''warning''): declares (or changes) one of the caller''s heartbeat checks (names are per role): a beat is expected every period (schedule = ''1 day'') or at each fire of a cron schedule (''0 3 * * *'' in tz), within grace. Returns its check_id.';
 
 CREATE FUNCTION tide.beat(name text, ok boolean DEFAULT true, message text DEFAULT NULL) RETURNS timestamptz
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     c tide.check;
 BEGIN
+    PERFORM tide._text_arg('name', beat.name, 200, 'pass the name of one of your checks');
     UPDATE tide.check x
-       SET last_beat_at = now(), last_beat_ok = coalesce(beat.ok, true), last_message = beat.message,
-           beats = x.beats + 1
-     WHERE x.name = beat.name
+       SET last_beat_at = now(), last_beat_ok = coalesce(beat.ok, true),
+           last_message = tide._clip(beat.message, 10000), beats = x.beats + 1
+     WHERE x.name = beat.name AND x.owner = tide._caller()
     RETURNING * INTO c;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'no check named "%"', beat.name USING ERRCODE = 'undefined_object',
@@ -332,6 +352,7 @@ COMMENT ON FUNCTION tide.beat(text, boolean, text) IS
 
 CREATE FUNCTION tide._expected_beat(c tide.check) RETURNS timestamptz
 LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT CASE WHEN c.last_beat_at IS NULL THEN NULL
                 WHEN c.period IS NOT NULL THEN c.last_beat_at + c.period
@@ -341,13 +362,15 @@ COMMENT ON FUNCTION tide._expected_beat(tide.check) IS 'Internal: when a check e
 
 CREATE FUNCTION tide._set_check_paused(p_name text, p_paused boolean) RETURNS void
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    PERFORM tide._text_arg('name', p_name, 200, 'pass the name of one of your checks');
     -- Resuming starts the wait afresh: time spent paused is not silence.
     UPDATE tide.check x SET paused = p_paused,
                             last_beat_at = CASE WHEN p_paused OR x.last_beat_at IS NULL THEN x.last_beat_at ELSE now() END,
                             last_beat_ok = CASE WHEN p_paused OR x.last_beat_at IS NULL THEN x.last_beat_ok ELSE true END
-     WHERE x.name = p_name;
+     WHERE x.name = p_name AND x.owner = tide._caller();
     IF NOT FOUND THEN
         RAISE EXCEPTION 'no check named "%"', p_name USING ERRCODE = 'undefined_object',
             HINT = 'list your checks with: SELECT name FROM tide.check';
@@ -357,17 +380,23 @@ $$;
 COMMENT ON FUNCTION tide._set_check_paused(text, boolean) IS 'Internal: pauses or resumes a check.';
 
 CREATE FUNCTION tide.pause_check(name text) RETURNS void
-LANGUAGE sql AS $$ SELECT tide._set_check_paused(name, true) $$;
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT tide._set_check_paused(name, true) $$;
 COMMENT ON FUNCTION tide.pause_check(text) IS 'pause_check(name): the check is paused: no alerts until tide.resume_check.';
 CREATE FUNCTION tide.resume_check(name text) RETURNS void
-LANGUAGE sql AS $$ SELECT tide._set_check_paused(name, false) $$;
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT tide._set_check_paused(name, false) $$;
 COMMENT ON FUNCTION tide.resume_check(text) IS 'resume_check(name): resumes a paused check; the next beat is expected one period (or fire) from now.';
 
 CREATE FUNCTION tide.drop_check(name text) RETURNS void
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    DELETE FROM tide.check x WHERE x.name = drop_check.name;
+    PERFORM tide._text_arg('name', drop_check.name, 200, 'pass the name of one of your checks');
+    DELETE FROM tide.check x WHERE x.name = drop_check.name AND x.owner = tide._caller();
     IF NOT FOUND THEN
         RAISE EXCEPTION 'no check named "%"', drop_check.name USING ERRCODE = 'undefined_object',
             HINT = 'list your checks with: SELECT name FROM tide.check';
@@ -381,6 +410,7 @@ CREATE FUNCTION tide._checks(p_now timestamptz)
 RETURNS TABLE (name text, status text, severity tide.severity, last_beat timestamptz,
                expected_at timestamptz, grace interval, message text, owner name)
 LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT c.name,
            CASE WHEN c.paused THEN 'paused'
@@ -399,6 +429,7 @@ CREATE FUNCTION tide._check_status(p_now timestamptz)
 RETURNS TABLE (kind text, name text, status text, severity tide.severity, last_beat timestamptz,
                expected_at timestamptz, grace interval, message text, owner name)
 LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT 'check', c.* FROM tide._checks(p_now) c
     UNION ALL
@@ -412,7 +443,7 @@ $$;
 COMMENT ON FUNCTION tide._check_status(timestamptz) IS 'Internal: tide.check_status at an instant.';
 
 CREATE VIEW tide.check_status WITH (security_invoker = true) AS
-SELECT kind, name, status, severity, last_beat, expected_at, grace, message FROM tide._check_status(now());
+SELECT kind, name, status, severity, last_beat, expected_at, grace, message, owner FROM tide._check_status(now());
 COMMENT ON VIEW tide.check_status IS
     'Every heartbeat check (kind check) and every task (kind task: each successful run is a beat): new, up, late (in grace), down, paused.';
 GRANT SELECT ON tide.check_status TO PUBLIC;
@@ -421,7 +452,7 @@ GRANT SELECT ON tide.check_status TO PUBLIC;
 -- Alerts.
 CREATE TYPE tide.alert_kind AS ENUM (
     'silence', 'down', 'consecutive_failures', 'dead_letter', 'need_check', 'repeated_skips', 'retries',
-    'backlog', 'catch_up_limit', 'not_ready'
+    'backlog', 'catch_up_limit', 'not_ready', 'schedule_error'
 );
 COMMENT ON TYPE tide.alert_kind IS 'What an alert is about; see the README''s alert kinds.';
 
@@ -439,15 +470,16 @@ CREATE TABLE tide.alert (
     owner        name NOT NULL
 );
 COMMENT ON TABLE tide.alert IS
-    'Alerts opened and resolved by the tick: at most one open alert per subject (task or check) and kind. count = evaluations that found the cause while open.';
--- One open alert per subject and kind: the tick's upsert relies on it.
-CREATE UNIQUE INDEX alert_open_key ON tide.alert (subject_type, subject, kind) WHERE resolved_at IS NULL;
+    'Alerts opened and resolved by the tick: at most one open alert per owner, subject (task or check) and kind. count = evaluations that found the cause while open.';
+-- One open alert per owner, subject and kind (names are per owner): the tick's upsert relies on it.
+CREATE UNIQUE INDEX alert_open_key ON tide.alert (owner, subject_type, subject, kind) WHERE resolved_at IS NULL;
 CREATE INDEX alert_resolved_idx ON tide.alert (resolved_at) WHERE resolved_at IS NOT NULL;
 
 -- Every condition that holds at an instant, as (subject, kind, details).
 CREATE FUNCTION tide._alert_causes(p_now timestamptz)
 RETURNS TABLE (subject_type text, subject text, kind tide.alert_kind, severity tide.severity, details jsonb, owner name)
 LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
     WITH cfg AS MATERIALIZED (
@@ -463,9 +495,13 @@ AS $$
             OR h.consecutive_failures >= cfg.failures OR h.dead > 0 OR h.need_check > 0
             OR h.consecutive_skips > cfg.skips OR h.retries_24h >= cfg.retries OR h.backlog >= cfg.backlog
             OR h.catch_up_limited_24h > 0 OR h.not_ready_24h > 0
+            OR EXISTS (SELECT 1 FROM tide.task t WHERE t.task_id = h.task_id AND t.tick_error IS NOT NULL)
     )
     SELECT 'task', h.task, c.kind, h.severity, c.details, h.owner
-      FROM h CROSS JOIN cfg CROSS JOIN LATERAL (VALUES
+      FROM h CROSS JOIN cfg
+      LEFT JOIN LATERAL (SELECT t.tick_error, t.tick_error_at, t.tick_retry_at FROM tide.task t
+                          WHERE t.task_id = h.task_id) e ON true
+     CROSS JOIN LATERAL (VALUES
         ('silence'::tide.alert_kind, h.level >= 1,
          jsonb_build_object('silence', h.silence, 'max_silence', h.max_silence, 'last_success', h.last_success)),
         ('down', h.level = 2,
@@ -479,7 +515,9 @@ AS $$
         ('backlog', h.backlog >= cfg.backlog, jsonb_build_object('backlog', h.backlog, 'oldest_ready', h.oldest_ready)),
         ('catch_up_limit', h.catch_up_limited_24h > 0,
          jsonb_build_object('windows_skipped_24h', h.catch_up_limited_24h)),
-        ('not_ready', h.not_ready_24h > 0, jsonb_build_object('not_ready_24h', h.not_ready_24h))
+        ('not_ready', h.not_ready_24h > 0, jsonb_build_object('not_ready_24h', h.not_ready_24h)),
+        ('schedule_error', e.tick_error IS NOT NULL,
+         jsonb_build_object('error', e.tick_error, 'since', e.tick_error_at, 'retry_at', e.tick_retry_at))
       ) AS c(kind, hit, details)
      WHERE c.hit
     UNION ALL
@@ -497,12 +535,13 @@ COMMENT ON FUNCTION tide._alert_causes(timestamptz) IS 'Internal: every alert co
 -- opening (and resolution), with the dedupe key alert:<id>:<event>:<channel>, for a delivery
 -- worker that posts to chat or sends mail.
 CREATE TABLE tide.alert_route (
-    channel      tide.channel PRIMARY KEY,
+    channel      tide.channel NOT NULL,
     min_severity tide.severity NOT NULL DEFAULT 'warning',
     kinds        tide.alert_kind[],
     resolved     boolean NOT NULL DEFAULT true,
-    owner        name NOT NULL DEFAULT current_user,
-    created_at   timestamptz NOT NULL DEFAULT now()
+    owner        name NOT NULL,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT alert_route_pkey PRIMARY KEY (owner, channel)
 );
 COMMENT ON TABLE tide.alert_route IS
     'Where alerts are delivered: each opening (and, with resolved, each resolution) of an alert of at least min_severity (and of one of kinds, when set) becomes one side effect on the channel. A route receives its owner''s alerts (a superuser''s route receives all).';
@@ -511,20 +550,25 @@ CREATE FUNCTION tide.route_alerts(channel text, min_severity text DEFAULT 'warni
                                   resolved boolean DEFAULT true)
 RETURNS void
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     bad text;
 BEGIN
     PERFORM tide._channel(route_alerts.channel);
-    SELECT string_agg(coalesce(quote_literal(x), 'NULL'), ', ') INTO bad FROM unnest(route_alerts.kinds) x
+    IF cardinality(route_alerts.kinds) > 100 THEN
+        RAISE EXCEPTION 'kinds has % entries, at most 100', cardinality(route_alerts.kinds)
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'kinds are ' || array_to_string(enum_range(NULL::tide.alert_kind), ', ');
+    END IF;
+    SELECT string_agg(coalesce(quote_literal(left(x, 40)), 'NULL'), ', ') INTO bad FROM unnest(route_alerts.kinds) x
      WHERE x IS NULL OR x NOT IN (SELECT e::text FROM unnest(enum_range(NULL::tide.alert_kind)) e);
     IF bad IS NOT NULL THEN
         RAISE EXCEPTION 'unknown alert kind %', bad USING ERRCODE = 'invalid_parameter_value',
             HINT = 'kinds are ' || array_to_string(enum_range(NULL::tide.alert_kind), ', ');
     END IF;
-    INSERT INTO tide.alert_route AS r (channel, min_severity, kinds, resolved)
+    INSERT INTO tide.alert_route AS r (channel, min_severity, kinds, resolved, owner)
     VALUES (route_alerts.channel, tide._severity(coalesce(route_alerts.min_severity, 'warning'), 'min_severity'),
-            route_alerts.kinds::tide.alert_kind[], coalesce(route_alerts.resolved, true))
+            route_alerts.kinds::tide.alert_kind[], coalesce(route_alerts.resolved, true), tide._caller())
     ON CONFLICT ON CONSTRAINT alert_route_pkey DO UPDATE
        SET min_severity = EXCLUDED.min_severity, kinds = EXCLUDED.kinds, resolved = EXCLUDED.resolved;
 END
@@ -534,11 +578,12 @@ COMMENT ON FUNCTION tide.route_alerts(text, text, text[], boolean) IS
 
 CREATE FUNCTION tide.unroute_alerts(channel text) RETURNS void
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    DELETE FROM tide.alert_route r WHERE r.channel = unroute_alerts.channel;
+    DELETE FROM tide.alert_route r WHERE r.channel = unroute_alerts.channel AND r.owner = tide._caller();
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'no alert route to channel %', coalesce(quote_literal(unroute_alerts.channel), 'NULL')
+        RAISE EXCEPTION 'no alert route to channel %', coalesce(quote_literal(left(unroute_alerts.channel, 100)), 'NULL')
             USING ERRCODE = 'undefined_object', HINT = 'list routes with: SELECT * FROM tide.alert_route';
     END IF;
 END
@@ -549,6 +594,7 @@ COMMENT ON FUNCTION tide.unroute_alerts(text) IS 'unroute_alerts(channel): stops
 -- pg_tide_alert and writes a log line for each opening and resolution. Returns the counts.
 CREATE FUNCTION tide._evaluate_alerts(p_now timestamptz) RETURNS jsonb
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
 DECLARE
@@ -563,7 +609,7 @@ BEGIN
     ), upsert AS (
         INSERT INTO tide.alert AS a (subject_type, subject, kind, severity, opened_at, last_seen_at, details, owner)
         SELECT c.subject_type, c.subject, c.kind, c.severity, p_now, p_now, c.details, c.owner FROM cause c
-        ON CONFLICT (subject_type, subject, kind) WHERE resolved_at IS NULL
+        ON CONFLICT (owner, subject_type, subject, kind) WHERE resolved_at IS NULL
         DO UPDATE SET last_seen_at = EXCLUDED.last_seen_at, count = a.count + 1,
                       details = EXCLUDED.details, severity = EXCLUDED.severity
         RETURNING a.*, (a.xmax = 0) AS is_new
@@ -571,7 +617,8 @@ BEGIN
         UPDATE tide.alert a SET resolved_at = p_now
          WHERE a.resolved_at IS NULL
            AND NOT EXISTS (SELECT 1 FROM cause c
-                            WHERE c.subject_type = a.subject_type AND c.subject = a.subject AND c.kind = a.kind)
+                            WHERE c.owner = a.owner AND c.subject_type = a.subject_type AND c.subject = a.subject
+                              AND c.kind = a.kind)
         RETURNING a.*
     )
     SELECT coalesce(jsonb_agg(x.payload ORDER BY x.alert_id), '[]') INTO changes
@@ -617,6 +664,7 @@ COMMENT ON FUNCTION tide._evaluate_alerts(timestamptz) IS
 -- Run log lines: one per run start, skip, success and failure, key=value.
 CREATE FUNCTION tide._logfmt(v text) RETURNS text
 LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$
     -- Runs for every run start and end: strpos rather than a regular expression, and STABLE
     -- like to_json, so that it is inlined into the caller's query (an IMMUTABLE function
@@ -630,6 +678,7 @@ COMMENT ON FUNCTION tide._logfmt(text) IS 'Internal: a value for a key=value log
 
 CREATE FUNCTION tide._log_runs(p_event text, p_run_ids bigint[], p_error text DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     lvl text := tide._setting('log_runs', 'log');
@@ -667,8 +716,11 @@ COMMENT ON FUNCTION tide._log_runs(text, bigint[], text) IS
 -- The whole story of one run, for psql.
 CREATE FUNCTION tide.explain(run_id bigint) RETURNS SETOF text
 LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    -- The lines, returned at the end (pgspot cannot parse RETURN NEXT of an expression).
+    story text[] := '{}';
     r tide.run;
     t tide.task;
     e record;
@@ -683,63 +735,63 @@ BEGIN
             HINT = 'find runs with: SELECT run_id, biz_date, state FROM tide.run ORDER BY run_id DESC LIMIT 20';
     END IF;
     SELECT * INTO t FROM tide.task x WHERE x.task_id = r.task_id;
-    RETURN NEXT format('run %s of task %s, rule version %s (task now at version %s)', r.run_id, t.name, r.version, t.version);
+    story := story || format('run %s of task %s, rule version %s (task now at version %s)', r.run_id, t.name, r.version, t.version);
     IF r.window_start IS NOT NULL THEN
-        RETURN NEXT format('window: %s to %s (%s), business date %s', r.window_start, r.window_end, t.tz, r.biz_date);
+        story := story || format('window: %s to %s (%s), business date %s', r.window_start, r.window_end, t.tz, r.biz_date);
     ELSE
-        RETURN NEXT format('event run on %s, dedupe key %s%s, payload %s', r.topic, r.dedupe_key,
+        story := story || format('event run on %s, dedupe key %s%s, payload %s', r.topic, r.dedupe_key,
                            coalesce(', key ' || r.event_key || ' (runs of this key go one at a time, in emit order)', ''),
                            r.payload);
     END IF;
     IF r.lock_key IS NOT NULL THEN
-        RETURN NEXT format('lock key: %s%s', r.lock_key,
+        story := story || format('lock key: %s%s', r.lock_key,
                            coalesce((SELECT format(' (held by run %s until %s)', l.run_id, l.expires_at)
                                        FROM tide.lock l WHERE l.owner = r.owner AND l.key = r.lock_key), ''));
     END IF;
     IF r.batches > 0 OR r.control IS NOT NULL THEN
-        RETURN NEXT format('long run: %s batches done%s', r.batches,
+        story := story || format('long run: %s batches done%s', r.batches,
                            coalesce(format(', %s asked (taken up before the next batch)', r.control), ''));
     END IF;
-    RETURN NEXT format('trigger: %s%s', r.trigger, CASE WHEN r.fire_at IS NOT NULL THEN format(', scheduled fire at %s', r.fire_at) ELSE '' END);
-    RETURN NEXT format('state: %s%s: %s', r.state, CASE WHEN r.skip_reason IS NOT NULL THEN format(' (%s)', r.skip_reason) ELSE '' END, r.reason);
+    story := story || format('trigger: %s%s', r.trigger, CASE WHEN r.fire_at IS NOT NULL THEN format(', scheduled fire at %s', r.fire_at) ELSE '' END);
+    story := story || format('state: %s%s: %s', r.state, CASE WHEN r.skip_reason IS NOT NULL THEN format(' (%s)', r.skip_reason) ELSE '' END, r.reason);
     IF r.covered_by IS NOT NULL THEN
-        RETURN NEXT format('covered by run %s, which ran this window together with others', r.covered_by);
+        story := story || format('covered by run %s, which ran this window together with others', r.covered_by);
     END IF;
     SELECT count(*), min(x.window_start), max(x.window_end) INTO n, first_cover, last_cover
       FROM tide.run x WHERE x.covered_by = r.run_id;
     IF n > 0 THEN
-        RETURN NEXT format('covers %s missed windows, %s to %s (misfire policy coalesce)', n, first_cover, last_cover);
+        story := story || format('covers %s missed windows, %s to %s (misfire policy coalesce)', n, first_cover, last_cover);
     END IF;
-    RETURN NEXT 'history:';
+    story := story || text 'history:';
     FOR e IN SELECT * FROM tide.run_event x WHERE x.run_id = r.run_id ORDER BY x.event_id LOOP
-        RETURN NEXT format('  %s  %s -> %s  %s  (by %s)', to_char(e.at, 'YYYY-MM-DD HH24:MI:SS.MS TZ'),
+        story := story || format('  %s  %s -> %s  %s  (by %s)', to_char(e.at, 'YYYY-MM-DD HH24:MI:SS.MS TZ'),
                            coalesce(e.from_state::text, 'created'), e.to_state, e.reason, e.actor);
     END LOOP;
     SELECT count(*) INTO n FROM tide.attempt x WHERE x.run_id = r.run_id;
-    RETURN NEXT format('attempts: %s%s', n, CASE WHEN r.state = 'running' THEN ' finished, one running' ELSE '' END);
+    story := story || format('attempts: %s%s', n, CASE WHEN r.state = 'running' THEN ' finished, one running' ELSE '' END);
     FOR a IN SELECT * FROM tide.attempt x WHERE x.run_id = r.run_id ORDER BY x.attempt LOOP
-        RETURN NEXT format('  #%s by %s, claimed %s, %s after %s (lease token %s)%s', a.attempt, coalesce(a.worker, 'a worker'),
+        story := story || format('  #%s by %s, claimed %s, %s after %s (lease token %s)%s', a.attempt, coalesce(a.worker, 'a worker'),
                            to_char(a.claimed_at, 'YYYY-MM-DD HH24:MI:SS TZ'), a.outcome, tide._short(a.finished_at - a.claimed_at),
                            a.lease_token,
                            CASE WHEN a.error IS NOT NULL
                                 THEN format(': %s error%s: %s', a.error_kind, coalesce(' ' || a.sqlstate, ''), a.error) ELSE '' END);
     END LOOP;
     IF r.state = 'running' THEN
-        RETURN NEXT format('  #%s by %s, claimed %s, running; lease token %s expires %s', r.attempts, coalesce(r.lease_owner, 'a worker'),
+        story := story || format('  #%s by %s, claimed %s, running; lease token %s expires %s', r.attempts, coalesce(r.lease_owner, 'a worker'),
                            to_char(r.claimed_at, 'YYYY-MM-DD HH24:MI:SS TZ'), r.lease_token, r.lease_expires_at);
     END IF;
     FOR e IN SELECT * FROM tide.step x WHERE x.run_id = r.run_id ORDER BY x.started_at, x.name LOOP
-        RETURN NEXT format('  step %s %s by attempt %s%s', e.name, CASE WHEN e.done THEN 'done' ELSE 'started' END,
+        story := story || format('  step %s %s by attempt %s%s', e.name, CASE WHEN e.done THEN 'done' ELSE 'started' END,
                            e.attempt, coalesce(', output ' || e.output::text, ''));
     END LOOP;
     IF r.result IS NOT NULL OR r.expected IS NOT NULL OR r.actual IS NOT NULL THEN
-        RETURN NEXT format('result: %s, expected %s, actual %s', coalesce(r.result::text, '-'),
+        story := story || format('result: %s, expected %s, actual %s', coalesce(r.result::text, '-'),
                            coalesce(r.expected::text, '-'), coalesce(r.actual::text, '-'));
     END IF;
     IF r.checkpoint IS NOT NULL THEN
-        RETURN NEXT format('checkpoint: %s', r.checkpoint);
+        story := story || format('checkpoint: %s', r.checkpoint);
     END IF;
-    RETURN NEXT CASE r.state
+    story := story || CASE r.state
         WHEN 'dead' THEN format('next: fix the cause, then SELECT tide.replay(%s)', r.run_id)
         WHEN 'need_check' THEN format('next: check the data, then SELECT tide.resolve(%s, ''accept'') or tide.resolve(%s, ''replay'')', r.run_id, r.run_id)
         WHEN 'retry' THEN format('next: retried after %s', r.run_after)
@@ -749,6 +801,7 @@ BEGIN
         WHEN 'ready' THEN format('next: claimable%s', coalesce(' after ' || r.run_after, ''))
         WHEN 'running' THEN 'next: completes or fails; taken back when the lease expires'
         ELSE format('finished %s', coalesce(r.finished_at::text, '')) END;
+    RETURN QUERY SELECT u.line FROM unnest(story) WITH ORDINALITY AS u(line, n) ORDER BY u.n;
 END
 $$;
 COMMENT ON FUNCTION tide.explain(bigint) IS
@@ -771,6 +824,7 @@ COMMENT ON TABLE tide.pruned_count IS
 CREATE FUNCTION tide._counts(p_run_ids bigint[])
 RETURNS TABLE (task_id bigint, metric text, label text, value double precision)
 LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT r.task_id, 'runs', e.to_state::text, count(*)::double precision
       FROM tide.run_event e JOIN tide.run r ON r.run_id = e.run_id
@@ -796,16 +850,19 @@ COMMENT ON FUNCTION tide._counts(bigint[]) IS 'Internal: what runs contribute to
 
 CREATE FUNCTION tide._prom_label(v text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$ SELECT '"' || replace(replace(replace(v, '\', '\\'), '"', '\"'), E'\n', '\n') || '"' $$;
 COMMENT ON FUNCTION tide._prom_label(text) IS 'Internal: a Prometheus label value, quoted and escaped.';
 
 CREATE FUNCTION tide._prom_num(v double precision) RETURNS text
 LANGUAGE sql STABLE PARALLEL SAFE  -- float8 output follows extra_float_digits
+SET search_path = pg_catalog, pg_temp
 AS $$ SELECT CASE WHEN v IS NULL THEN 'NaN' ELSE v::text END $$;
 COMMENT ON FUNCTION tide._prom_num(double precision) IS 'Internal: a Prometheus sample value.';
 
 CREATE FUNCTION tide.metrics() RETURNS text
 LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
 WITH h AS MATERIALIZED (SELECT * FROM tide._health(now())),
@@ -816,32 +873,32 @@ counts AS (
      GROUP BY 1, 2, 3
 ),
 named AS (
-    SELECT t.name, c.* FROM counts c JOIN tide.task t ON t.task_id = c.task_id
+    SELECT t.name, t.owner, c.* FROM counts c JOIN tide.task t ON t.task_id = c.task_id
 ),
 lines(family, ord, line) AS (
     SELECT 'pg_tide_runs_total', 0, '# HELP pg_tide_runs_total Runs that reached an outcome (a replayed run counts again).' || E'\n# TYPE pg_tide_runs_total counter'
     UNION ALL
-    SELECT 'pg_tide_runs_total', 1, format('pg_tide_runs_total{task=%s,outcome=%s} %s', tide._prom_label(n.name), tide._prom_label(n.label), tide._prom_num(n.value))
+    SELECT 'pg_tide_runs_total', 1, format('pg_tide_runs_total{owner=%s,task=%s,outcome=%s} %s', tide._prom_label(n.owner), tide._prom_label(n.name), tide._prom_label(n.label), tide._prom_num(n.value))
       FROM named n WHERE n.metric = 'runs'
     UNION ALL
     SELECT 'pg_tide_run_duration_seconds', 0, '# HELP pg_tide_run_duration_seconds Duration of successful runs (last attempt); quantiles over 24 h.' || E'\n# TYPE pg_tide_run_duration_seconds summary'
     UNION ALL
-    SELECT 'pg_tide_run_duration_seconds', 1, format('pg_tide_run_duration_seconds{task=%s,quantile="%s"} %s', tide._prom_label(h.task), q.q,
+    SELECT 'pg_tide_run_duration_seconds', 1, format('pg_tide_run_duration_seconds{owner=%s,task=%s,quantile="%s"} %s', tide._prom_label(h.owner), tide._prom_label(h.task), q.q,
                   tide._prom_num(extract(epoch FROM q.v)::double precision))
       FROM h CROSS JOIN LATERAL (VALUES ('0.5', h.p50_duration), ('0.95', h.p95_duration)) q(q, v)
     UNION ALL
-    SELECT 'pg_tide_run_duration_seconds', 2, format('pg_tide_run_duration_seconds_%s{task=%s} %s', m.s, tide._prom_label(h.task),
-                  tide._prom_num(coalesce((SELECT n.value FROM named n WHERE n.name = h.task AND n.metric = 'duration_' || m.s), 0)))
+    SELECT 'pg_tide_run_duration_seconds', 2, format('pg_tide_run_duration_seconds_%s{owner=%s,task=%s} %s', m.s, tide._prom_label(h.owner), tide._prom_label(h.task),
+                  tide._prom_num(coalesce((SELECT n.value FROM named n WHERE n.name = h.task AND n.owner = h.owner AND n.metric = 'duration_' || m.s), 0)))
       FROM h CROSS JOIN (VALUES ('sum'), ('count')) m(s)
     UNION ALL
     SELECT 'pg_tide_queue_wait_seconds', 0, '# HELP pg_tide_queue_wait_seconds Time from fire (or creation) to first claim; quantile over 24 h.' || E'\n# TYPE pg_tide_queue_wait_seconds summary'
     UNION ALL
-    SELECT 'pg_tide_queue_wait_seconds', 1, format('pg_tide_queue_wait_seconds{task=%s,quantile="0.95"} %s', tide._prom_label(h.task),
+    SELECT 'pg_tide_queue_wait_seconds', 1, format('pg_tide_queue_wait_seconds{owner=%s,task=%s,quantile="0.95"} %s', tide._prom_label(h.owner), tide._prom_label(h.task),
                   tide._prom_num(extract(epoch FROM h.p95_queue_wait)::double precision))
       FROM h
     UNION ALL
-    SELECT 'pg_tide_queue_wait_seconds', 2, format('pg_tide_queue_wait_seconds_%s{task=%s} %s', m.s, tide._prom_label(h.task),
-                  tide._prom_num(coalesce((SELECT n.value FROM named n WHERE n.name = h.task AND n.metric = 'wait_' || m.s), 0)))
+    SELECT 'pg_tide_queue_wait_seconds', 2, format('pg_tide_queue_wait_seconds_%s{owner=%s,task=%s} %s', m.s, tide._prom_label(h.owner), tide._prom_label(h.task),
+                  tide._prom_num(coalesce((SELECT n.value FROM named n WHERE n.name = h.task AND n.owner = h.owner AND n.metric = 'wait_' || m.s), 0)))
       FROM h CROSS JOIN (VALUES ('sum'), ('count')) m(s)
     UNION ALL
     SELECT g.family, 0, format('# HELP %s %s', g.family, g.help) || E'\n' || format('# TYPE %s gauge', g.family)
@@ -854,22 +911,22 @@ lines(family, ord, line) AS (
                    ('pg_tide_check_status', '1 for the current status of each heartbeat check.'),
                    ('pg_tide_alerts_open', 'Open alerts by kind and severity.')) g(family, help)
     UNION ALL
-    SELECT 'pg_tide_task_backlog', 1, format('pg_tide_task_backlog{task=%s} %s', tide._prom_label(h.task), h.backlog) FROM h
+    SELECT 'pg_tide_task_backlog', 1, format('pg_tide_task_backlog{owner=%s,task=%s} %s', tide._prom_label(h.owner), tide._prom_label(h.task), h.backlog) FROM h
     UNION ALL
-    SELECT 'pg_tide_task_silence_seconds', 1, format('pg_tide_task_silence_seconds{task=%s} %s', tide._prom_label(h.task),
+    SELECT 'pg_tide_task_silence_seconds', 1, format('pg_tide_task_silence_seconds{owner=%s,task=%s} %s', tide._prom_label(h.owner), tide._prom_label(h.task),
                   tide._prom_num(extract(epoch FROM h.silence)::double precision)) FROM h
     UNION ALL
-    SELECT 'pg_tide_task_max_silence_seconds', 1, format('pg_tide_task_max_silence_seconds{task=%s} %s', tide._prom_label(h.task),
+    SELECT 'pg_tide_task_max_silence_seconds', 1, format('pg_tide_task_max_silence_seconds{owner=%s,task=%s} %s', tide._prom_label(h.owner), tide._prom_label(h.task),
                   tide._prom_num(extract(epoch FROM h.max_silence)::double precision)) FROM h
     UNION ALL
-    SELECT 'pg_tide_task_consecutive_failures', 1, format('pg_tide_task_consecutive_failures{task=%s} %s', tide._prom_label(h.task), h.consecutive_failures) FROM h
+    SELECT 'pg_tide_task_consecutive_failures', 1, format('pg_tide_task_consecutive_failures{owner=%s,task=%s} %s', tide._prom_label(h.owner), tide._prom_label(h.task), h.consecutive_failures) FROM h
     UNION ALL
-    SELECT 'pg_tide_task_unresolved_runs', 1, format('pg_tide_task_unresolved_runs{task=%s,state=%s} %s', tide._prom_label(h.task), tide._prom_label(s.state), s.n)
+    SELECT 'pg_tide_task_unresolved_runs', 1, format('pg_tide_task_unresolved_runs{owner=%s,task=%s,state=%s} %s', tide._prom_label(h.owner), tide._prom_label(h.task), tide._prom_label(s.state), s.n)
       FROM h CROSS JOIN LATERAL (VALUES ('dead', h.dead), ('need_check', h.need_check)) s(state, n)
     UNION ALL
-    SELECT 'pg_tide_task_status', 1, format('pg_tide_task_status{task=%s,status=%s} 1', tide._prom_label(h.task), tide._prom_label(h.status)) FROM h
+    SELECT 'pg_tide_task_status', 1, format('pg_tide_task_status{owner=%s,task=%s,status=%s} 1', tide._prom_label(h.owner), tide._prom_label(h.task), tide._prom_label(h.status)) FROM h
     UNION ALL
-    SELECT 'pg_tide_check_status', 1, format('pg_tide_check_status{check=%s,status=%s} 1', tide._prom_label(s.name), tide._prom_label(s.status))
+    SELECT 'pg_tide_check_status', 1, format('pg_tide_check_status{owner=%s,check=%s,status=%s} 1', tide._prom_label(s.owner), tide._prom_label(s.name), tide._prom_label(s.status))
       FROM tide._checks(now()) s
     UNION ALL
     SELECT 'pg_tide_alerts_open', 1, format('pg_tide_alerts_open{kind=%s,severity=%s} %s', tide._prom_label(k.kind::text), tide._prom_label(v.severity::text),
@@ -879,7 +936,7 @@ lines(family, ord, line) AS (
 SELECT string_agg(l.line, E'\n' ORDER BY l.family, l.ord, l.line) || E'\n' FROM lines l
 $$;
 COMMENT ON FUNCTION tide.metrics() IS
-    'metrics(): Prometheus text exposition: runs by task and outcome (counters), duration and queue wait (summaries), backlog, silence, failures, unresolved runs, task and check status, open alerts (gauges).';
+    'metrics(): Prometheus text exposition of the caller''s tasks and checks (a superuser''s: every role''s), labelled by owner and name: runs by task and outcome (counters), duration and queue wait (summaries), backlog, silence, failures, unresolved runs, task and check status, open alerts (gauges).';
 
 -- ---------------------------------------------------------------------------------------------
 -- Retention: the tick prunes finished history older than pg_tide.history_retention, a bounded
@@ -896,6 +953,7 @@ INSERT INTO tide.monitor_state DEFAULT VALUES;
 
 CREATE FUNCTION tide._prune(p_now timestamptz, p_limit integer) RETURNS jsonb
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
 DECLARE
@@ -920,6 +978,10 @@ BEGIN
       FROM (SELECT r.run_id, r.task_id, r.state, r.finished_at, r.updated_at FROM tide.run r
              WHERE r.run_id > cursor_at ORDER BY r.run_id LIMIT p_limit) s;
     IF victims IS NOT NULL THEN
+        -- Runs a transaction holds right now are left for the next round.
+        SELECT array_agg(x.run_id) INTO victims FROM tide.run x WHERE x.run_id = ANY (victims) FOR UPDATE SKIP LOCKED;
+    END IF;
+    IF victims IS NOT NULL THEN
         -- Their part of the counters moves to tide.pruned_count before they go.
         INSERT INTO tide.pruned_count AS p (task_id, metric, label, value)
         SELECT c.task_id, c.metric, c.label, sum(c.value) FROM tide._counts(victims) c GROUP BY 1, 2, 3
@@ -941,6 +1003,7 @@ COMMENT ON FUNCTION tide._prune(timestamptz, integer) IS
 -- (up to 5000 runs: a tick that has nothing to evaluate costs nothing here).
 CREATE FUNCTION tide._monitor(p_now timestamptz) RETURNS jsonb
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     step interval := tide._setting('monitor_interval', '10s')::interval;
@@ -963,19 +1026,23 @@ COMMENT ON FUNCTION tide._monitor(timestamptz) IS
     'Internal: the tick''s monitoring: every pg_tide.monitor_interval, evaluates alerts and prunes a batch of old history.';
 
 -- ---------------------------------------------------------------------------------------------
--- Row-level security and grants, as for the other tables: every role sees its own.
+-- Row-level security and grants, as for the other tables: every role reads its own, and
+-- changes them only through the functions above; tide.monitor_state is pg_tide's own.
 ALTER TABLE tide.check ENABLE ROW LEVEL SECURITY;
 ALTER TABLE tide.alert_route ENABLE ROW LEVEL SECURITY;
-CREATE POLICY alert_route_owner ON tide.alert_route USING (owner = current_user) WITH CHECK (owner = current_user);
-GRANT SELECT, INSERT, UPDATE, DELETE ON tide.alert_route TO PUBLIC;
+CREATE POLICY alert_route_owner ON tide.alert_route FOR SELECT USING (owner = current_user);
+GRANT SELECT ON tide.alert_route TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('tide.alert_route', '');
 ALTER TABLE tide.alert ENABLE ROW LEVEL SECURITY;
-CREATE POLICY check_owner ON tide.check USING (owner = current_user) WITH CHECK (owner = current_user);
-CREATE POLICY alert_owner ON tide.alert USING (owner = current_user);
-GRANT SELECT, INSERT, UPDATE, DELETE ON tide.check TO PUBLIC;
+CREATE POLICY check_owner ON tide.check FOR SELECT USING (owner = current_user);
+CREATE POLICY alert_owner ON tide.alert FOR SELECT USING (owner = current_user);
+GRANT SELECT ON tide.check TO PUBLIC;
 GRANT SELECT ON tide.alert TO PUBLIC;
+-- Pruned counts belong to whoever sees the task.
+ALTER TABLE tide.pruned_count ENABLE ROW LEVEL SECURITY;
+CREATE POLICY pruned_count_task ON tide.pruned_count FOR SELECT
+    USING (EXISTS (SELECT 1 FROM tide.task t WHERE t.task_id = pruned_count.task_id));
 GRANT SELECT ON tide.pruned_count TO PUBLIC;
-GRANT USAGE ON SEQUENCE tide.check_check_id_seq TO PUBLIC;
 
 SELECT pg_catalog.pg_extension_config_dump('tide.check', '');
 SELECT pg_catalog.pg_extension_config_dump('tide.check_check_id_seq', '');

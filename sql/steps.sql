@@ -19,15 +19,18 @@ COMMENT ON TABLE tide.step IS
 -- The run, if the caller may work on it: running, under this token.
 CREATE FUNCTION tide._held_run(p_run_id bigint, p_token bigint, p_name text, p_function text) RETURNS tide.run
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     r tide.run;
 BEGIN
     IF p_name IS NULL OR btrim(p_name) = '' THEN
-        RAISE EXCEPTION '%: step name must not be empty, got %', p_function, coalesce(quote_literal(p_name), 'NULL')
+        RAISE EXCEPTION '%: step name must not be empty, got %', p_function, coalesce(quote_literal(left(p_name, 20)), 'NULL')
             USING ERRCODE = 'invalid_parameter_value', HINT = 'name the step after what it does, such as ''charge_card''';
     END IF;
-    SELECT * INTO r FROM tide.run x WHERE x.run_id = p_run_id AND x.lease_token = p_token AND x.state = 'running';
+    PERFORM tide._text_arg('step name', p_name, 200, 'name the step after what it does, such as ''charge_card''');
+    SELECT * INTO r FROM tide.run x
+     WHERE x.run_id = p_run_id AND x.lease_token = p_token AND x.state = 'running' AND tide._may_act(x.owner);
     IF NOT FOUND THEN
         PERFORM tide._refuse_stale(p_run_id, p_token, p_function);
     END IF;
@@ -39,6 +42,7 @@ COMMENT ON FUNCTION tide._held_run(bigint, bigint, text, text) IS
 
 CREATE FUNCTION tide.step(run_id bigint, token bigint, name text) RETURNS TABLE (done boolean, output jsonb)
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     r tide.run;
@@ -58,11 +62,13 @@ COMMENT ON FUNCTION tide.step(bigint, bigint, text) IS
 
 CREATE FUNCTION tide.step_done(run_id bigint, token bigint, name text, output jsonb DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     r tide.run;
 BEGIN
     r := tide._held_run(step_done.run_id, step_done.token, step_done.name, 'tide.step_done');
+    PERFORM tide._jsonb_arg('output', step_done.output, 1048576);
     INSERT INTO tide.step AS s (run_id, name, done, output, attempt, done_at, owner)
     VALUES (r.run_id, step_done.name, true, step_done.output, r.attempts, now(), r.owner)
     ON CONFLICT ON CONSTRAINT step_pkey DO UPDATE
@@ -81,11 +87,12 @@ COMMENT ON FUNCTION tide.step_done(bigint, bigint, text, jsonb) IS
 -- Inside a task's SQL command: the run being executed, held by this executor's transaction.
 CREATE FUNCTION tide._command_run(p_function text) RETURNS tide.run
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     r tide.run;
 BEGIN
-    SELECT * INTO r FROM tide.run x WHERE x.run_id = tide.run_id() AND x.state = 'running';
+    SELECT * INTO r FROM tide.run x WHERE x.run_id = tide.run_id() AND x.state = 'running' AND tide._may_act(x.owner);
     IF NOT FOUND THEN
         RAISE EXCEPTION '%(name) works inside a task''s command only', p_function
             USING ERRCODE = 'object_not_in_prerequisite_state',
@@ -98,6 +105,7 @@ COMMENT ON FUNCTION tide._command_run(text) IS 'Internal: the run a task''s comm
 
 CREATE FUNCTION tide.step(name text) RETURNS TABLE (done boolean, output jsonb)
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     r tide.run := tide._command_run('tide.step');
@@ -110,6 +118,7 @@ COMMENT ON FUNCTION tide.step(text) IS
 
 CREATE FUNCTION tide.step_done(name text, output jsonb DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     r tide.run := tide._command_run('tide.step_done');
@@ -121,6 +130,6 @@ COMMENT ON FUNCTION tide.step_done(text, jsonb) IS
     'step_done(name, output => NULL), inside a task''s command: as step_done(run_id, token, name, output) for the run being executed.';
 
 ALTER TABLE tide.step ENABLE ROW LEVEL SECURITY;
-CREATE POLICY step_owner ON tide.step USING (owner = current_user) WITH CHECK (owner = current_user);
-GRANT SELECT, INSERT, UPDATE ON tide.step TO PUBLIC;
+CREATE POLICY step_owner ON tide.step FOR SELECT USING (owner = current_user);
+GRANT SELECT ON tide.step TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('tide.step', '');

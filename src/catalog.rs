@@ -1,15 +1,19 @@
 //! The task catalog: `tide.schedule`, `tide.alter`, `tide.unschedule`, `tide.pause`,
 //! `tide.resume`.
 //!
-//! These functions run with the caller's rights, so row-level security on `tide.task` limits
-//! every role to its own tasks. Validation happens in `rules.rs` before anything is written;
-//! versioning happens in triggers (`sql/schema.sql`) so no write path can skip it.
+//! These functions run as the extension's owner (see `caller.rs`) and act only on the caller's
+//! own tasks: every lookup by name is a lookup of the caller's task of that name, so two roles
+//! may use one name and another role's task reads as no task at all. Validation happens in
+//! `rules.rs` before anything is written; versioning happens in triggers (`sql/schema.sql`) so
+//! no write path can skip it.
 
-use pgrx::datum::{DatumWithOid, Interval, JsonB, TimestampWithTimeZone};
+use pgrx::datum::{DatumWithOid, Interval, TimestampWithTimeZone};
 use pgrx::prelude::*;
 use pgrx::spi::SpiHeapTupleData;
 
+use crate::caller::caller_name;
 use crate::error::TideError;
+use crate::jsonarg::JsonbText;
 use crate::ledger::span_of;
 use crate::pgtime::{now, to_pg};
 use crate::rules::{check_name, ExecOptions, RuleChanges, RuleText, Span, TaskRules};
@@ -24,7 +28,7 @@ pub struct TaskRow {
 
 /// The rule columns, in the order `rule_text` reads them.
 pub const RULE_COLUMNS: &str =
-    "schedule, command, tz, biz_window::text, queue, args, dst_gap::text, dst_overlap::text";
+    "schedule, command, tz, biz_window::text, queue, args::text, dst_gap::text, dst_overlap::text";
 
 /// The rules of a task row whose `RULE_COLUMNS` start at column `first` (1-based).
 pub fn rule_text(row: &SpiHeapTupleData, first: usize, function: &'static str) -> RuleText {
@@ -39,26 +43,24 @@ pub fn rule_text(row: &SpiHeapTupleData, first: usize, function: &'static str) -
         tz: text(2),
         biz_window: text(3),
         queue: text(4),
-        args: row
-            .get::<JsonB>(first + 5)
-            .or_raise(function)
-            .map(|j| j.0)
-            .unwrap_or_default(),
+        args: text(5),
         dst_gap: text(6),
         dst_overlap: text(7),
     }
 }
 
-/// Reads a task by name (as the caller, so RLS applies). `lock` takes a row lock for a change.
+/// Reads the caller's task of this name. `lock` takes a row lock for a change.
 pub fn load_task(name: &str, lock: bool) -> Result<TaskRow, TideError> {
     let query = format!(
-        "SELECT task_id, {RULE_COLUMNS}, paused FROM tide.task WHERE name = $1 {}",
+        "SELECT task_id, {RULE_COLUMNS}, paused FROM tide.task WHERE name = $1 AND owner = $2 {}",
         if lock { "FOR UPDATE" } else { "" }
     );
     const F: &str = "load_task";
     // `connect_mut`: a read-only SPI connection refuses the row lock.
     Spi::connect_mut(|client| {
-        let table = client.update(&query, Some(1), &[name.into()]).or_raise(F);
+        let table = client
+            .update(&query, Some(1), &[name.into(), caller_name().into()])
+            .or_raise(F);
         let Some(row) = table.into_iter().next() else {
             return Err(TideError::NoSuchTask(name.to_string()));
         };
@@ -82,7 +84,7 @@ fn rule_args(rules: &TaskRules) -> Vec<DatumWithOid<'static>> {
         rules.tz.name().to_string().into(),
         rules.biz_window.as_str().to_string().into(),
         rules.queue.clone().into(),
-        JsonB(rules.args.clone()).into(),
+        rules.args.clone().into(),
         rules.policy.gap.as_str().to_string().into(),
         rules.policy.overlap.as_str().to_string().into(),
     ]
@@ -240,7 +242,8 @@ fn exec_options(
 /// Creates a task and returns its id. Every option is validated before anything is written;
 /// a bad one is refused with SQLSTATE 22023 (23505 for a name that is taken).
 #[allow(clippy::too_many_arguments)]
-#[pg_extern(volatile)]
+#[pg_extern(volatile, schema = "tide")]
+#[search_path(pg_catalog, pg_temp)]
 fn schedule(
     name: Option<&str>,
     schedule: Option<&str>,
@@ -248,7 +251,7 @@ fn schedule(
     tz: default!(Option<&str>, "'UTC'"),
     biz_window: default!(Option<&str>, "'fire'"),
     queue: default!(Option<&str>, "'default'"),
-    args: default!(Option<JsonB>, "'{}'"),
+    args: default!(Option<JsonbText>, "'{}'"),
     dst_gap: default!(Option<&str>, "'shift'"),
     dst_overlap: default!(Option<&str>, "'once'"),
     timeout: default!(Option<Interval>, "'1 hour'"),
@@ -324,25 +327,26 @@ fn schedule(
     let mut args: Vec<DatumWithOid> = vec![name.into()];
     args.extend(rule_args(&rules));
     args.push(next_fire_datum(&rules).into());
+    args.push(caller_name().into());
     args.extend(exec_args(&exec));
     let columns: Vec<&str> = EXEC_COLUMNS.iter().map(|(c, _)| *c).collect();
     let values: Vec<String> = EXEC_COLUMNS
         .iter()
         .enumerate()
-        .map(|(i, (col, cast))| stored(col, &format!("${}{cast}", i + 11)))
+        .map(|(i, (col, cast))| stored(col, &format!("${}{cast}", i + 12)))
         .collect();
     // One statement inserts the task and its version-1 snapshot; a taken name inserts neither.
     let query = format!(
         "WITH task AS (
              INSERT INTO tide.task (name, schedule, command, tz, biz_window, queue, args,
-                                    dst_gap, dst_overlap, next_fire_at, {})
-             VALUES ($1, $2, $3, $4, $5::tide.biz_window, $6, $7,
-                     $8::tide.dst_gap, $9::tide.dst_overlap, $10, {})
-             ON CONFLICT (name) DO NOTHING
+                                    dst_gap, dst_overlap, next_fire_at, owner, {})
+             VALUES ($1, $2, $3, $4, $5::tide.biz_window, $6, $7::jsonb,
+                     $8::tide.dst_gap, $9::tide.dst_overlap, $10, $11::name, {})
+             ON CONFLICT (owner, name) DO NOTHING
              RETURNING *
          ), snapshot AS (
-             INSERT INTO tide.task_version (task_id, version, rules, owner)
-             SELECT t.task_id, t.version, tide.task_rules(t::tide.task), t.owner FROM task t
+             INSERT INTO tide.task_version (task_id, version, rules, owner, created_by)
+             SELECT t.task_id, t.version, tide.task_rules(t::tide.task), t.owner, t.owner FROM task t
          )
          SELECT task_id FROM task",
         columns.join(", "),
@@ -367,7 +371,8 @@ fn schedule(
 /// Changes only the options given (NULL leaves one as it is; `command => ''` removes the
 /// command) and returns the task's rule version afterwards: one higher if any rule changed.
 #[allow(clippy::too_many_arguments)]
-#[pg_extern(volatile)]
+#[pg_extern(volatile, schema = "tide")]
+#[search_path(pg_catalog, pg_temp)]
 fn alter(
     name: Option<&str>,
     schedule: default!(Option<&str>, "NULL"),
@@ -375,7 +380,7 @@ fn alter(
     tz: default!(Option<&str>, "NULL"),
     biz_window: default!(Option<&str>, "NULL"),
     queue: default!(Option<&str>, "NULL"),
-    args: default!(Option<JsonB>, "NULL"),
+    args: default!(Option<JsonbText>, "NULL"),
     dst_gap: default!(Option<&str>, "NULL"),
     dst_overlap: default!(Option<&str>, "NULL"),
     timeout: default!(Option<Interval>, "NULL"),
@@ -480,7 +485,7 @@ fn alter(
     let query = format!(
         "UPDATE tide.task
             SET schedule = $2, command = $3, tz = $4, biz_window = $5::tide.biz_window,
-                queue = $6, args = $7, dst_gap = $8::tide.dst_gap,
+                queue = $6, args = $7::jsonb, dst_gap = $8::tide.dst_gap,
                 dst_overlap = $9::tide.dst_overlap,
                 next_fire_at = CASE WHEN $10 THEN $11 ELSE next_fire_at END,
                 {}
@@ -507,16 +512,18 @@ fn alter(
 }
 
 /// Deletes a task and its rule versions. Returns true; an unknown name is an error.
-#[pg_extern(volatile)]
+#[pg_extern(volatile, schema = "tide")]
+#[search_path(pg_catalog, pg_temp)]
 fn unschedule(name: Option<&str>) -> bool {
     const F: &str = "tide.unschedule";
     let name = required(name, "name", F);
+    check_name(name).or_raise(F);
     let deleted = Spi::connect_mut(|client| {
         client
             .update(
-                "DELETE FROM tide.task WHERE name = $1 RETURNING task_id",
+                "DELETE FROM tide.task WHERE name = $1 AND owner = $2 RETURNING task_id",
                 None,
-                &[name.into()],
+                &[name.into(), caller_name().into()],
             )
             .or_raise(F)
             .len()
@@ -529,7 +536,8 @@ fn unschedule(name: Option<&str>) -> bool {
 
 /// Stops a task from firing. Not a rule change: no new version. Returns false if it was
 /// already paused.
-#[pg_extern(volatile)]
+#[pg_extern(volatile, schema = "tide")]
+#[search_path(pg_catalog, pg_temp)]
 fn pause(name: Option<&str>) -> bool {
     const F: &str = "tide.pause";
     let name = required(name, "name", F);
@@ -547,7 +555,8 @@ fn pause(name: Option<&str>) -> bool {
 
 /// Lets a paused task fire again. The paused time is not caught up: its windows are recorded
 /// as skipped (paused) by the next tick. Returns false if it was not paused.
-#[pg_extern(volatile)]
+#[pg_extern(volatile, schema = "tide")]
+#[search_path(pg_catalog, pg_temp)]
 fn resume(name: Option<&str>) -> bool {
     const F: &str = "tide.resume";
     let name = required(name, "name", F);
@@ -564,4 +573,25 @@ fn resume(name: Option<&str>) -> bool {
     )
     .or_raise(F);
     true
+}
+
+/// Checks an interval argument of the PL/pgSQL functions with the rules `tide.schedule` applies
+/// to its intervals (one sign, within the documented maximum for `param`) and returns it; NULL
+/// passes (the caller decides whether NULL is allowed).
+#[pg_extern(immutable, parallel_safe, schema = "tide", name = "_bounded")]
+#[search_path(pg_catalog, pg_temp)]
+fn bounded(param: &str, value: Option<Interval>, zero_ok: bool) -> Option<Interval> {
+    let value = value?;
+    // The parameter names the PL/pgSQL functions pass are fixed strings; an unknown one gets
+    // the plain positive check.
+    let param: &'static str = match param {
+        "lease" => "lease",
+        "timeout" => "timeout",
+        "max_silence" => "max_silence",
+        "grace" => "grace",
+        "period" => "period",
+        _ => "interval",
+    };
+    crate::rules::check_interval(param, span_of(&value), zero_ok).or_raise("tide._bounded");
+    Some(value)
 }

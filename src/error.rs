@@ -12,20 +12,22 @@ pub enum SqlState {
     UndefinedObject,
     /// 22004 null_value_not_allowed
     NullValueNotAllowed,
+    /// 22008 datetime_field_overflow
+    DatetimeFieldOverflow,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TideError {
-    #[error("invalid cron expression \"{expr}\": {reason}")]
+    #[error("invalid cron expression \"{}\": {reason}", short(expr))]
     BadCron { expr: String, reason: String },
 
-    #[error("cron expression \"{0}\" never fires")]
+    #[error("cron expression \"{}\" never fires", short(.0))]
     NeverFires(String),
 
-    #[error("unknown time zone \"{0}\"")]
+    #[error("unknown time zone \"{}\"", short(.0))]
     UnknownZone(String),
 
-    #[error("unknown {option} \"{value}\"")]
+    #[error("unknown {option} \"{}\"", short(value))]
     UnknownOption {
         option: &'static str,
         value: String,
@@ -35,19 +37,29 @@ pub enum TideError {
     #[error("task name must not be empty")]
     EmptyName,
 
-    #[error("task name \"{0}\" is too long")]
-    NameTooLong(String),
+    #[error("{param} is too long ({len} characters, at most {max})")]
+    TooLong {
+        param: &'static str,
+        len: usize,
+        max: usize,
+    },
 
-    #[error("queue name \"{0}\" is not valid")]
+    #[error("{param} is out of range ({value})")]
+    DateOutOfRange { param: &'static str, value: String },
+
+    #[error("{param} is not usable JSON: {reason}")]
+    BadJson { param: &'static str, reason: String },
+
+    #[error("queue name \"{}\" is not valid", short(.0))]
     BadQueue(String),
 
-    #[error("task \"{0}\" already exists")]
+    #[error("task \"{}\" already exists", short(.0))]
     DuplicateTask(String),
 
-    #[error("task \"{0}\" does not exist")]
+    #[error("task \"{}\" does not exist", short(.0))]
     NoSuchTask(String),
 
-    #[error("{param} must be {expected}, got {value}")]
+    #[error("{param} must be {expected}, got {}", short(value))]
     OutOfRange {
         param: &'static str,
         value: String,
@@ -60,7 +72,7 @@ pub enum TideError {
     #[error("args must be a JSON object, got {0}")]
     ArgsNotObject(String),
 
-    #[error("task \"{task}\" has no window for {what}")]
+    #[error("task \"{}\" has no window for {what}", short(task))]
     NoWindow {
         task: String,
         what: String,
@@ -70,17 +82,23 @@ pub enum TideError {
     #[error("pass exactly one of {params}")]
     OneOf { params: &'static str },
 
-    #[error("unknown pending \"{0}\"")]
+    #[error("unknown pending \"{}\"", short(.0))]
     BadPending(String),
 
-    #[error("task \"{0}\" has no schedule, so it has no windows")]
+    #[error("task \"{}\" has no schedule, so it has no windows", short(.0))]
     NoSchedule(String),
 
-    #[error("topic \"{0}\" is not valid")]
+    #[error("topic \"{}\" is not valid", short(.0))]
     BadTopic(String),
 
-    #[error("lock_key \"{template}\" is not valid: {reason}")]
+    #[error("lock_key \"{}\" is not valid: {reason}", short(template))]
     BadLockKey { template: String, reason: String },
+}
+
+/// A value quoted in a message: at most 100 characters of it, so that no input makes a message
+/// (and the server log line) huge.
+fn short(value: &str) -> String {
+    crate::jsontext::shorten(value)
 }
 
 /// The longest task name accepted: long enough for descriptive names, short enough to read in
@@ -93,6 +111,7 @@ impl TideError {
             TideError::DuplicateTask(_) => SqlState::UniqueViolation,
             TideError::NoSuchTask(_) => SqlState::UndefinedObject,
             TideError::NullArgument { .. } => SqlState::NullValueNotAllowed,
+            TideError::DateOutOfRange { .. } => SqlState::DatetimeFieldOverflow,
             _ => SqlState::InvalidParameterValue,
         }
     }
@@ -114,7 +133,16 @@ impl TideError {
             },
             TideError::UnknownOption { allowed, .. } => format!("use {allowed}"),
             TideError::EmptyName => "give the task a name such as 'daily_bill'".to_string(),
-            TideError::NameTooLong(_) => format!("use at most {MAX_NAME_LEN} characters"),
+            TideError::TooLong { param, max, .. } => format!("pass {param} of at most {max} characters"),
+            TideError::DateOutOfRange { .. } => {
+                "pg_tide computes calendars from 0001-01-01 to 9999-12-31; pass a finite date in that range"
+                    .to_string()
+            }
+            TideError::BadJson { param, .. } => format!(
+                "pass {param} as a JSON object nested at most {} levels deep and at most {} bytes long, with numbers a double can hold",
+                crate::jsontext::MAX_DEPTH,
+                crate::jsontext::MAX_BYTES
+            ),
             TideError::BadQueue(_) => {
                 "a queue name is 1 to 63 characters: letters, digits, '_', '-' or '.'".to_string()
             }

@@ -29,7 +29,8 @@ pub fn micros_of(i: &Interval) -> i64 {
 
 /// The delay before the next try after `tries` failed ones: `min(cap, base * factor^(tries-1))`
 /// spread by `jitter` using `unit` (a random number in [0, 1), pass `random()`).
-#[pg_extern(immutable, parallel_safe)]
+#[pg_extern(immutable, parallel_safe, schema = "tide")]
+#[search_path(pg_catalog, pg_temp)]
 fn backoff_delay(
     tries: i32,
     base: Interval,
@@ -52,13 +53,15 @@ fn backoff_delay(
 }
 
 /// How a failed command's SQLSTATE is treated: 'transient', 'business' or 'not_ready'.
-#[pg_extern(immutable, parallel_safe)]
+#[pg_extern(immutable, parallel_safe, schema = "tide")]
+#[search_path(pg_catalog, pg_temp)]
 fn error_kind_of(sqlstate: &str) -> &'static str {
     classify(sqlstate).as_str()
 }
 
 /// Checks an error kind given by a worker and returns its canonical spelling.
-#[pg_extern(immutable, parallel_safe)]
+#[pg_extern(immutable, parallel_safe, schema = "tide")]
+#[search_path(pg_catalog, pg_temp)]
 fn error_kind_from(kind: &str) -> &'static str {
     ErrorKind::parse(kind).or_raise("tide.fail").as_str()
 }
@@ -149,7 +152,8 @@ fn window_by_start(
 /// (or window start), through the same path as scheduled runs. A window already run
 /// successfully is refused unless `force`; `version` chooses between the run's original rules
 /// and the current ones when they differ. Returns the run id.
-#[pg_extern(volatile)]
+#[pg_extern(volatile, schema = "tide")]
+#[search_path(pg_catalog, pg_temp)]
 fn rerun(
     task: Option<&str>,
     biz_date: default!(Option<Date>, "NULL"),
@@ -205,12 +209,13 @@ fn rerun(
 /// The lock key of a run from its task's `lock_key` template (see `lockkey.rs`); NULL when the
 /// task has none. A template stored around validation is used as a constant key: more
 /// exclusion, never less.
-#[pg_extern(immutable, parallel_safe, name = "_lock_key")]
+#[pg_extern(immutable, parallel_safe, schema = "tide", name = "_lock_key")]
+#[search_path(pg_catalog, pg_temp)]
 fn lock_key(
     template: Option<&str>,
     task: Option<&str>,
-    args: Option<pgrx::JsonB>,
-    payload: Option<pgrx::JsonB>,
+    args: Option<crate::jsonarg::JsonbText>,
+    payload: Option<crate::jsonarg::JsonbText>,
     key: Option<&str>,
     biz_date: Option<&str>,
 ) -> Option<String> {
@@ -218,12 +223,12 @@ fn lock_key(
     let Ok(parsed) = crate::lockkey::Template::parse(template) else {
         return Some(template.to_string());
     };
-    let empty = serde_json::Value::Object(serde_json::Map::new());
-    let args = args.map(|a| a.0).unwrap_or(empty);
-    let payload = payload.map(|p| p.0);
+    // Only the top-level fields are read, without parsing nested values: any payload works.
+    let args = args.and_then(|a| crate::jsontext::top_level_fields(&a.0));
+    let payload = payload.and_then(|p| crate::jsontext::top_level_fields(&p.0));
     Some(parsed.render(&crate::lockkey::RunFacts {
         task: task.unwrap_or(""),
-        args: &args,
+        args: args.as_ref(),
         payload: payload.as_ref(),
         key,
         biz_date,

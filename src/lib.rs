@@ -6,13 +6,20 @@
 // Pure logic, unit-tested with plain `cargo test`.
 pub mod calendar;
 pub mod error;
+pub mod jsontext;
 pub mod lockkey;
 pub mod misfire;
 pub mod retry;
 pub mod rules;
 
+// The security boundary: who is calling (public functions run as the extension's owner), and
+// user code run sealed as its owner.
+mod caller;
+mod sealed;
+
 // The SQL surface.
 mod catalog;
+mod jsonarg;
 mod ledger;
 mod monitor;
 mod pgtime;
@@ -26,10 +33,22 @@ mod worker;
 
 ::pgrx::pg_module_magic!(name, version);
 
+/// Schema `tide`, made known to pgrx so that the functions written in Rust are created in it by
+/// name (`schema = "tide"`) rather than wherever the installing session's search_path points.
+/// sql/schema.sql creates it (without IF NOT EXISTS: a schema someone made beforehand makes
+/// CREATE EXTENSION fail rather than be adopted).
+#[pgrx::pg_schema]
+mod tide {}
+
 // Tables, types, RLS policies and grants; the Rust functions refer to them at run time.
 ::pgrx::extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
 // The run ledger: runs, attempts, history and the state-transition trigger.
-::pgrx::extension_sql_file!("../sql/ledger.sql", name = "ledger", requires = ["schema"]);
+// (Its history rows default their actor to tide._caller(), defined in src/caller.rs.)
+::pgrx::extension_sql_file!(
+    "../sql/ledger.sql",
+    name = "ledger",
+    requires = ["schema", caller::caller_sql]
+);
 // Claiming, completion, failure, replay: PL/pgSQL over the ledger (see the file for why).
 ::pgrx::extension_sql_file!(
     "../sql/execution.sql",
@@ -64,6 +83,8 @@ mod worker;
 #[pgrx::pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     settings::define();
+    caller::install();
+    sealed::install();
     // SAFETY: reads a flag the postmaster sets while loading shared_preload_libraries.
     if unsafe { pgrx::pg_sys::process_shared_preload_libraries_in_progress } {
         worker::register();

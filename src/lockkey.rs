@@ -7,7 +7,7 @@
 //! that is missing renders empty, which can only make more runs share a key: safe, never less
 //! exclusion.
 
-use serde_json::Value;
+use std::collections::HashMap;
 
 use crate::error::TideError;
 
@@ -28,11 +28,14 @@ enum Part {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Template(Vec<Part>);
 
+/// Top-level fields of a JSON object, as text (see `jsontext::top_level_fields`).
+pub type Fields = HashMap<String, String>;
+
 /// What a run's key is computed from.
 pub struct RunFacts<'a> {
     pub task: &'a str,
-    pub args: &'a Value,
-    pub payload: Option<&'a Value>,
+    pub args: Option<&'a Fields>,
+    pub payload: Option<&'a Fields>,
     pub key: Option<&'a str>,
     pub biz_date: Option<&'a str>,
 }
@@ -54,8 +57,13 @@ impl Template {
         if template.trim().is_empty() {
             return Err(bad("it is empty"));
         }
-        if template.chars().count() > MAX_LEN {
-            return Err(bad("it is longer than 200 characters"));
+        let len = template.chars().count();
+        if len > MAX_LEN {
+            return Err(TideError::TooLong {
+                param: "lock_key",
+                len,
+                max: MAX_LEN,
+            });
         }
         let mut parts = Vec::new();
         let mut rest = template;
@@ -104,18 +112,18 @@ impl Template {
 
     /// The key of one run.
     pub fn render(&self, facts: &RunFacts) -> String {
-        let field = |v: Option<&Value>, name: &str| -> String {
+        let field = |v: Option<&Fields>, name: &str| -> String {
             match v.and_then(|v| v.get(name)) {
-                None | Some(Value::Null) => String::new(),
-                Some(Value::String(s)) => s.clone(),
-                Some(other) => other.to_string(),
+                None => String::new(),
+                Some(null) if null == "null" => String::new(),
+                Some(value) => value.clone(),
             }
         };
         let mut out = String::new();
         for p in &self.0 {
             match p {
                 Part::Text(t) => out.push_str(t),
-                Part::Args(f) => out.push_str(&field(Some(facts.args), f)),
+                Part::Args(f) => out.push_str(&field(facts.args, f)),
                 Part::Payload(f) => out.push_str(&field(facts.payload, f)),
                 Part::Key => out.push_str(facts.key.unwrap_or("")),
                 Part::BizDate => out.push_str(facts.biz_date.unwrap_or("")),
@@ -129,12 +137,16 @@ impl Template {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use crate::jsontext::top_level_fields;
 
-    fn facts<'a>(args: &'a Value, payload: Option<&'a Value>) -> RunFacts<'a> {
+    fn json(text: &str) -> Fields {
+        top_level_fields(text).unwrap()
+    }
+
+    fn facts<'a>(args: &'a Fields, payload: Option<&'a Fields>) -> RunFacts<'a> {
         RunFacts {
             task: "bill",
-            args,
+            args: Some(args),
             payload,
             key: Some("k7"),
             biz_date: Some("2026-11-28"),
@@ -145,8 +157,8 @@ mod tests {
     fn renders_every_placeholder() {
         let t = Template::parse("acct:{args.account_id}/{payload.order}/{key}/{biz_date}/{task}")
             .unwrap();
-        let args = json!({"account_id": 42});
-        let payload = json!({"order": "A-1"});
+        let args = json(r#"{"account_id": 42}"#);
+        let payload = json(r#"{"order": "A-1"}"#);
         assert_eq!(
             t.render(&facts(&args, Some(&payload))),
             "acct:42/A-1/k7/2026-11-28/bill"
@@ -156,16 +168,16 @@ mod tests {
     #[test]
     fn missing_fields_render_empty() {
         let t = Template::parse("acct:{args.account_id}:{payload.x}").unwrap();
-        let args = json!({});
+        let args = json("{}");
         assert_eq!(t.render(&facts(&args, None)), "acct::");
-        let null = json!({"account_id": null});
+        let null = json(r#"{"account_id": null}"#);
         assert_eq!(t.render(&facts(&null, None)), "acct::");
     }
 
     #[test]
     fn constant_text_is_a_key() {
         let t = Template::parse("ledger").unwrap();
-        assert_eq!(t.render(&facts(&json!({}), None)), "ledger");
+        assert_eq!(t.render(&facts(&json("{}"), None)), "ledger");
     }
 
     #[test]
@@ -185,6 +197,9 @@ mod tests {
             assert!(e.hint().contains("{args.NAME}"));
         }
         let long = "x".repeat(MAX_LEN + 1);
-        assert!(Template::parse(&long).is_err());
+        assert_eq!(
+            Template::parse(&long).unwrap_err().to_string(),
+            "lock_key is too long (201 characters, at most 200)"
+        );
     }
 }

@@ -14,7 +14,8 @@ use crate::sqlerr::{required, OrRaise};
 /// The longest time between two consecutive fires of a schedule (from now, a year ahead):
 /// the base of a task's derived `max_silence`. NULL for a schedule that fires less than twice,
 /// and for no schedule.
-#[pg_extern(stable, parallel_safe, name = "_fire_gap")]
+#[pg_extern(stable, parallel_safe, schema = "tide", name = "_fire_gap")]
+#[search_path(pg_catalog, pg_temp)]
 fn fire_gap(
     schedule: Option<&str>,
     tz: Option<&str>,
@@ -36,7 +37,8 @@ fn fire_gap(
 /// The first fire of a cron schedule in time zone `tz` strictly after `after`: when a
 /// heartbeat check with a schedule expects its next beat. Bad input is refused like
 /// `tide.schedule` refuses it.
-#[pg_extern(stable, parallel_safe, name = "_next_fire")]
+#[pg_extern(stable, parallel_safe, schema = "tide", name = "_next_fire")]
+#[search_path(pg_catalog, pg_temp)]
 fn next_fire(
     schedule: Option<&str>,
     tz: Option<&str>,

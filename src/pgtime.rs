@@ -14,22 +14,26 @@ fn pg_epoch() -> NaiveDateTime {
         .unwrap_or_default()
 }
 
-/// A finite `timestamptz` as a UTC instant; infinity is refused, naming `param`.
+/// A `timestamptz` as a UTC instant. Infinities and instants outside the calendar's years
+/// (`calendar::FIRST_YEAR` to `LAST_YEAR`) are refused with 22008, naming `param`.
 pub fn from_pg(ts: TimestampWithTimeZone, param: &'static str) -> Result<DateTime<Utc>, TideError> {
+    let out_of_range = |value: String| TideError::DateOutOfRange { param, value };
     if !ts.is_finite() {
-        return Err(TideError::OutOfRange {
-            param,
-            value: if ts.is_infinity() {
+        return Err(out_of_range(
+            if ts.is_infinity() {
                 "infinity"
             } else {
                 "-infinity"
             }
             .to_string(),
-            expected: "a finite timestamp",
-        });
+        ));
     }
     let micros: pg_sys::TimestampTz = ts.into();
-    Ok(Utc.from_utc_datetime(&(pg_epoch() + Duration::microseconds(micros))))
+    pg_epoch()
+        .checked_add_signed(Duration::microseconds(micros))
+        .filter(|t| crate::calendar::in_range(*t))
+        .map(|t| Utc.from_utc_datetime(&t))
+        .ok_or_else(|| out_of_range(year_of(micros as f64 / 86_400_000_000.0)))
 }
 
 pub fn to_pg(t: DateTime<Utc>) -> TimestampWithTimeZone {
@@ -45,16 +49,26 @@ pub fn local_to_pg(t: NaiveDateTime) -> Timestamp {
     Timestamp::try_from(micros).unwrap_or_else(|_| Timestamp::positive_infinity())
 }
 
-/// A finite `date` as a calendar date; infinity is refused, naming `param`.
+/// A `date` as a calendar date. Infinities and dates outside the calendar's years are refused
+/// with 22008, naming `param`.
 pub fn date_from_pg(d: Date, param: &'static str) -> Result<NaiveDate, TideError> {
+    let out_of_range = |value: String| TideError::DateOutOfRange { param, value };
     if !d.is_finite() {
-        return Err(TideError::OutOfRange {
-            param,
-            value: "infinity".to_string(),
-            expected: "a finite date",
-        });
+        return Err(out_of_range(
+            if d.is_infinity() {
+                "infinity"
+            } else {
+                "-infinity"
+            }
+            .to_string(),
+        ));
     }
-    Ok(pg_epoch().date() + Duration::days(i64::from(d.to_pg_epoch_days())))
+    let days = i64::from(d.to_pg_epoch_days());
+    pg_epoch()
+        .checked_add_signed(Duration::days(days))
+        .filter(|t| crate::calendar::in_range(*t))
+        .map(|t| t.date())
+        .ok_or_else(|| out_of_range(year_of(days as f64)))
 }
 
 pub fn date_to_pg(d: NaiveDate) -> Date {
@@ -63,6 +77,16 @@ pub fn date_to_pg(d: NaiveDate) -> Date {
         .ok()
         .and_then(|days| Date::try_from(days).ok())
         .unwrap_or_else(Date::positive_infinity)
+}
+
+/// "year N" for a time `days` days from 2000-01-01, for errors about times chrono cannot hold.
+fn year_of(days: f64) -> String {
+    let year = (2000.0 + days / 365.2425).floor() as i64;
+    if year <= 0 {
+        format!("year {} BC", 1 - year)
+    } else {
+        format!("year {year}")
+    }
 }
 
 /// The start time of the current transaction, as `now()` returns it.

@@ -5,7 +5,6 @@
 
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
-use serde_json::Value;
 
 use crate::calendar::parse_zone;
 use crate::calendar::{next_fires, DstGap, DstOverlap, DstPolicy, Schedule, WindowKind};
@@ -20,7 +19,8 @@ pub struct RuleText {
     pub tz: String,
     pub biz_window: String,
     pub queue: String,
-    pub args: Value,
+    /// The JSON text of the args (as `jsonb_out` prints it); checked by `validate`.
+    pub args: String,
     pub dst_gap: String,
     pub dst_overlap: String,
 }
@@ -34,7 +34,7 @@ pub struct TaskRules {
     pub tz: Tz,
     pub biz_window: WindowKind,
     pub queue: String,
-    pub args: Value,
+    pub args: String,
     pub policy: DstPolicy,
 }
 
@@ -47,18 +47,33 @@ pub struct RuleChanges {
     pub tz: Option<String>,
     pub biz_window: Option<String>,
     pub queue: Option<String>,
-    pub args: Option<Value>,
+    pub args: Option<String>,
     pub dst_gap: Option<String>,
     pub dst_overlap: Option<String>,
 }
 
 /// Checks a task name: not blank, not absurdly long.
 pub fn check_name(name: &str) -> Result<(), TideError> {
+    check_len("name", name, MAX_NAME_LEN)?;
     if name.trim().is_empty() {
         return Err(TideError::EmptyName);
     }
-    if name.chars().count() > MAX_NAME_LEN {
-        return Err(TideError::NameTooLong(name.to_string()));
+    Ok(())
+}
+
+/// The longest command accepted (1 MB of SQL).
+pub const MAX_COMMAND_LEN: usize = 1_048_576;
+/// The longest readiness check accepted.
+pub const MAX_CHECK_LEN: usize = 65_536;
+
+/// Refuses text longer than `max` characters, naming the parameter (not quoting the value).
+pub fn check_len(param: &'static str, value: &str, max: usize) -> Result<(), TideError> {
+    // Counting bytes first keeps a huge value cheap to refuse.
+    if value.len() > max {
+        let len = value.chars().count();
+        if len > max {
+            return Err(TideError::TooLong { param, len, max });
+        }
     }
     Ok(())
 }
@@ -110,6 +125,7 @@ pub fn check_topics(topics: &[String]) -> Result<Vec<String>, TideError> {
 }
 
 fn check_queue(queue: &str) -> Result<(), TideError> {
+    check_len("queue", queue, 63)?;
     let ok = (1..=63).contains(&queue.len())
         && queue
             .chars()
@@ -136,8 +152,9 @@ impl RuleText {
             overlap: DstOverlap::parse(&self.dst_overlap)?,
         };
         check_queue(&self.queue)?;
-        if !self.args.is_object() {
-            return Err(TideError::ArgsNotObject(self.args.to_string()));
+        crate::jsontext::check_object(&self.args, "args")?;
+        if let Some(c) = &self.command {
+            check_len("command", c, MAX_COMMAND_LEN)?;
         }
         let command = self
             .command
@@ -305,15 +322,67 @@ pub const MAX_ATTEMPTS: i32 = 100;
 /// The most missed windows one outage may catch up.
 pub const MAX_CATCH_UP: i32 = 10_000;
 
-fn positive(param: &'static str, span: Option<Span>) -> Result<(), TideError> {
-    match span {
-        Some(s) if s.approx_micros() <= 0 => Err(TideError::OutOfRange {
-            param,
-            value: s.describe(),
-            expected: "a positive interval",
-        }),
-        _ => Ok(()),
+/// The longest interval each option accepts, in days; `None` for no such option. These maxima
+/// keep every instant pg_tide computes from them (`now() + timeout`, `fire - retention`) far
+/// inside PostgreSQL's and chrono's ranges, so no arithmetic can overflow at run time.
+pub fn max_days(param: &str) -> Option<i64> {
+    Some(match param {
+        // A timeout arms a timer counted in milliseconds in an int: at most 24.8 days.
+        "timeout" => 7,
+        "lease" | "backoff_base" | "backoff_cap" => 30,
+        "recheck_interval" => 31,
+        "pause" => 1,
+        "misfire_threshold" | "ready_timeout" | "grace" => 366,
+        "max_silence" | "period" => 3660,
+        "source_retention" => 36_525,
+        _ => return None,
+    })
+}
+
+/// The bounds of each interval option, as said in errors and the README.
+fn bounds_text(param: &str) -> &'static str {
+    match max_days(param) {
+        Some(7) => "a positive interval of at most 7 days",
+        Some(30) => "a positive interval of at most 30 days",
+        Some(31) => "a positive interval of at most 31 days",
+        Some(1) => "an interval of 0 to 1 day",
+        Some(366) => "a positive interval of at most 366 days",
+        Some(3660) => "a positive interval of at most 3660 days (10 years)",
+        Some(36_525) => "a positive interval of at most 36525 days (100 years)",
+        _ => "a positive interval",
     }
+}
+
+/// Checks an interval option: one sign throughout (PostgreSQL keeps months, days and time
+/// apart, so '-1 month 31 days' is neither positive nor negative), within its bounds.
+/// `zero_ok` allows exactly zero (a pause of nothing).
+pub fn check_interval(param: &'static str, span: Span, zero_ok: bool) -> Result<(), TideError> {
+    let parts = [
+        i128::from(span.months),
+        i128::from(span.days),
+        i128::from(span.micros),
+    ];
+    if parts.iter().any(|p| *p > 0) && parts.iter().any(|p| *p < 0) {
+        return Err(TideError::OutOfRange {
+            param,
+            value: span.describe(),
+            expected: "an interval whose months, days and time have one sign (such as '1 month 2 days', not '-1 month 31 days')",
+        });
+    }
+    let micros = span.approx_micros();
+    let max = max_days(param).map_or(i128::MAX, |d| i128::from(d) * 86_400_000_000);
+    if micros > max || micros < 0 || (micros == 0 && !zero_ok) {
+        return Err(TideError::OutOfRange {
+            param,
+            value: span.describe(),
+            expected: bounds_text(param),
+        });
+    }
+    Ok(())
+}
+
+fn positive(param: &'static str, span: Option<Span>) -> Result<(), TideError> {
+    span.map_or(Ok(()), |s| check_interval(param, s, false))
 }
 
 fn within(
@@ -412,13 +481,13 @@ impl ExecOptions {
             }
         }
         if let Some(p) = self.pause {
-            if p.approx_micros() < 0 {
-                return Err(TideError::OutOfRange {
-                    param: "pause",
-                    value: p.describe(),
-                    expected: "an interval of 0 or more",
-                });
-            }
+            check_interval("pause", p, true)?;
+        }
+        if let Some(d) = &self.ready_dataset {
+            check_len("ready_dataset", d, MAX_NAME_LEN)?;
+        }
+        if let Some(c) = &self.ready_check {
+            check_len("ready_check", c, MAX_CHECK_LEN)?;
         }
         Ok(self)
     }
@@ -427,7 +496,6 @@ impl ExecOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     fn defaults() -> RuleText {
         RuleText {
@@ -436,7 +504,7 @@ mod tests {
             tz: "UTC".into(),
             biz_window: "fire".into(),
             queue: "default".into(),
-            args: json!({}),
+            args: "{}".into(),
             dst_gap: "shift".into(),
             dst_overlap: "once".into(),
         }
@@ -516,10 +584,10 @@ mod tests {
             ),
             (
                 RuleText {
-                    args: json!([1, 2]),
+                    args: "[1, 2]".into(),
                     ..defaults()
                 },
-                "[1,2]",
+                "[1, 2]",
             ),
         ];
         for (text, needle) in cases {
@@ -537,10 +605,11 @@ mod tests {
         assert_eq!(check_name(""), Err(TideError::EmptyName));
         assert_eq!(check_name("  \t"), Err(TideError::EmptyName));
         assert!(check_name("daily_bill").is_ok());
-        assert!(matches!(
-            check_name(&"x".repeat(MAX_NAME_LEN + 1)),
-            Err(TideError::NameTooLong(_))
-        ));
+        assert_eq!(
+            check_name(&"x".repeat(100_000)).unwrap_err().to_string(),
+            "name is too long (100000 characters, at most 200)"
+        );
+        assert_eq!(check_name("\t\n "), Err(TideError::EmptyName));
     }
 
     #[test]
@@ -574,14 +643,61 @@ mod tests {
                     timeout: Some(Span::seconds(0)),
                     ..Default::default()
                 },
-                "timeout must be a positive interval, got 0 seconds",
+                "timeout must be a positive interval of at most 7 days, got 0 seconds",
             ),
             (
                 ExecOptions {
                     backoff_base: Some(Span::seconds(-10)),
                     ..Default::default()
                 },
-                "backoff_base must be a positive interval, got -10 seconds",
+                "backoff_base must be a positive interval of at most 30 days, got -10 seconds",
+            ),
+            (
+                ExecOptions {
+                    timeout: Some(Span {
+                        months: 178_000_000 * 12,
+                        days: 0,
+                        micros: 0,
+                    }),
+                    ..Default::default()
+                },
+                "timeout must be a positive interval of at most 7 days, got 2136000000 mons",
+            ),
+            (
+                ExecOptions {
+                    source_retention: Some(Span {
+                        months: 0,
+                        days: 36_526,
+                        micros: 0,
+                    }),
+                    ..Default::default()
+                },
+                "source_retention must be a positive interval of at most 36525 days (100 years), got 36526 days",
+            ),
+            (
+                ExecOptions {
+                    backoff_base: Some(Span {
+                        months: -1,
+                        days: 31,
+                        micros: 0,
+                    }),
+                    ..Default::default()
+                },
+                "backoff_base must be an interval whose months, days and time have one sign (such as '1 month 2 days', not '-1 month 31 days'), got -1 mons 31 days",
+            ),
+            (
+                ExecOptions {
+                    pause: Some(Span::seconds(86_401)),
+                    ..Default::default()
+                },
+                "pause must be an interval of 0 to 1 day, got 86401 seconds",
+            ),
+            (
+                ExecOptions {
+                    ready_check: Some("x".repeat(MAX_CHECK_LEN + 1)),
+                    ..Default::default()
+                },
+                "ready_check is too long (65537 characters, at most 65536)",
             ),
             (
                 ExecOptions {
@@ -592,7 +708,7 @@ mod tests {
                     }),
                     ..Default::default()
                 },
-                "lease must be a positive interval, got 1 days -86400 seconds",
+                "lease must be an interval whose months, days and time have one sign (such as '1 month 2 days', not '-1 month 31 days'), got 1 days -86400 seconds",
             ),
             (
                 ExecOptions {
@@ -756,7 +872,7 @@ mod tests {
                     pause: Some(Span::seconds(-1)),
                     ..Default::default()
                 },
-                "pause must be an interval of 0 or more, got -1 seconds",
+                "pause must be an interval of 0 to 1 day, got -1 seconds",
             ),
         ];
         for (options, needle) in cases {

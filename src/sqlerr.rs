@@ -12,6 +12,7 @@ fn code(state: SqlState) -> PgSqlErrorCode {
         SqlState::UniqueViolation => PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION,
         SqlState::UndefinedObject => PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
         SqlState::NullValueNotAllowed => PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
+        SqlState::DatetimeFieldOverflow => PgSqlErrorCode::ERRCODE_DATETIME_FIELD_OVERFLOW,
     }
 }
 

@@ -5,16 +5,17 @@
 
 use chrono::{DateTime, Duration, Utc};
 use pgrx::datum::{Date, Interval, JsonB, TimestampWithTimeZone};
+use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use serde_json::{json, Map, Value};
 
 use crate::calendar::{fire_iter, previous_fire, window_for, BizWindow, Schedule, WindowKind};
 use crate::catalog::{rule_text, RULE_COLUMNS};
-use crate::ledger::micros_of;
+use crate::ledger::{micros_of, span_of};
 use crate::misfire::{plan, Decision, Due, Misfire, Planned, Policy, SkipReason};
 use crate::pgtime::{date_to_pg, from_pg, to_pg};
-use crate::rules::{RuleText, TaskRules};
+use crate::rules::{check_interval, RuleText, TaskRules};
 use crate::sqlerr::{required, OrRaise};
 
 const F: &str = "tide.tick";
@@ -38,8 +39,17 @@ struct DueTask {
 }
 
 /// Creates the runs that are due (and records the windows that are skipped), moves retries,
-/// takes back expired leases and releases ready runs. Returns counts of what it did.
-#[pg_extern(volatile)]
+/// takes back expired leases and lost runs, releases ready runs, evaluates alerts. Returns counts
+/// of what it did.
+///
+/// One task cannot stop the others: each task is fired in its own subtransaction, and a task
+/// whose firing fails (rules stored by an older version that no longer validate, say) has the
+/// error recorded on it (`tick_error`, with an alert) and is tried again a minute later, while
+/// the rest of the tick goes on. The steps after firing are isolated from each other in the
+/// same way, and no row lock held by a user's open transaction stalls the tick for more than
+/// `lock_timeout` (one second here): rows such a transaction holds are skipped until it ends.
+#[pg_extern(volatile, schema = "tide")]
+#[search_path(pg_catalog, pg_temp)]
 fn tick(now: default!(Option<TimestampWithTimeZone>, "now()")) -> JsonB {
     let now_pg = required(now, "now", F);
     let now = from_pg(now_pg, "now").or_raise(F);
@@ -48,42 +58,106 @@ fn tick(now: default!(Option<TimestampWithTimeZone>, "now()")) -> JsonB {
         let v = counts.get(key).and_then(Value::as_u64).unwrap_or(0) + n as u64;
         counts.insert(key.to_string(), json!(v));
     };
-    for key in ["tasks", "runs", "caught_up", "skipped"] {
+    for key in ["tasks", "runs", "caught_up", "skipped", "task_errors"] {
         add(key, 0);
     }
+    Spi::run("SELECT pg_catalog.set_config('lock_timeout', '1s', true)").or_raise(F);
     Spi::connect_mut(|client| {
         for task in due_tasks(client, now_pg) {
             add("tasks", 1);
-            match fire_task(client, &task, now) {
-                Ok(done) => {
+            match isolated(|| fire_task(client, &task, now)) {
+                Ok(Ok(done)) => {
                     add("runs", done.runs);
                     add("caught_up", done.caught_up);
                     add("skipped", done.skipped);
                 }
-                // Stored rules that no longer validate (written around tide.alter): the task is
-                // left for its owner to fix; other tasks are not held up.
-                Err(e) => {
-                    pgrx::warning!("pg_tide: task \"{}\" cannot be scheduled: {e}", task.name)
+                Ok(Err(e)) | Err(e) => {
+                    add("task_errors", 1);
+                    record_error(client, &task, now_pg, &e);
                 }
             }
         }
     });
-    let runs = Spi::get_one_with_args::<JsonB>("SELECT tide._tick_runs($1)", &[now_pg.into()])
-        .or_raise(F)
-        .map(|j| j.0)
-        .unwrap_or(Value::Null);
-    // Health, alerts and retention (sql/monitor.sql).
-    let monitor = Spi::get_one_with_args::<JsonB>("SELECT tide._monitor($1)", &[now_pg.into()])
-        .or_raise(F)
-        .map(|j| j.0)
-        .unwrap_or(Value::Null);
     let mut out = Value::Object(counts);
-    for more in [runs, monitor] {
-        if let (Value::Object(out), Value::Object(more)) = (&mut out, more) {
-            out.extend(more);
+    // Retries, leases, lost runs, readiness (sql/execution.sql); health, alerts and retention
+    // (sql/monitor.sql).
+    for step in ["_tick_runs", "_monitor"] {
+        let result = isolated(|| {
+            Spi::get_one_with_args::<JsonB>(&format!("SELECT tide.{step}($1)"), &[now_pg.into()])
+                .or_raise(F)
+                .map(|j| j.0)
+        });
+        match result {
+            Ok(Some(Value::Object(more))) => {
+                if let Value::Object(out) = &mut out {
+                    out.extend(more);
+                }
+            }
+            Ok(_) => {}
+            Err(e) => pgrx::warning!("pg_tide: tick step {step} failed: {e}"),
         }
     }
     JsonB(out)
+}
+
+/// Runs `body` in a subtransaction: an error in it (a PostgreSQL error or a Rust panic) rolls
+/// back what it did and is returned as its message, and the caller goes on.
+fn isolated<R>(body: impl FnOnce() -> R) -> Result<R, String> {
+    // SAFETY: the sequence PL/pgSQL uses for an exception block: remember the memory context and
+    // resource owner, begin, and after release or rollback go back to both.
+    let (context, owner) = unsafe {
+        let saved = (pg_sys::CurrentMemoryContext, pg_sys::CurrentResourceOwner);
+        pg_sys::BeginInternalSubTransaction(std::ptr::null());
+        pg_sys::MemoryContextSwitchTo(saved.0);
+        saved
+    };
+    let result = PgTryBuilder::new(std::panic::AssertUnwindSafe(|| Ok(body())))
+        .catch_others(|e| {
+            Err(match e {
+                pg_sys::panic::CaughtError::PostgresError(r)
+                | pg_sys::panic::CaughtError::ErrorReport(r)
+                | pg_sys::panic::CaughtError::RustPanic { ereport: r, .. } => {
+                    r.message().to_string()
+                }
+            })
+        })
+        .execute();
+    // SAFETY: ends the subtransaction begun above, committing or rolling back.
+    unsafe {
+        if result.is_ok() {
+            pg_sys::ReleaseCurrentSubTransaction();
+        } else {
+            pg_sys::RollbackAndReleaseCurrentSubTransaction();
+        }
+        pg_sys::MemoryContextSwitchTo(context);
+        pg_sys::CurrentResourceOwner = owner;
+    }
+    result
+}
+
+/// How long a task whose firing failed waits before the tick tries it again.
+const RETRY_BROKEN_TASK: &str = "1 minute";
+
+/// Records why a task could not be fired and when it is tried again; an alert
+/// (`schedule_error`) opens at the next evaluation. Each failed try is logged as a WARNING.
+fn record_error(client: &mut SpiClient, task: &DueTask, now: TimestampWithTimeZone, error: &str) {
+    let message: String = error.chars().take(2000).collect();
+    client
+        .update(
+            &format!(
+                "UPDATE tide.task
+                    SET tick_error = $2, tick_error_at = $3,
+                        tick_retry_at = $3 + interval '{RETRY_BROKEN_TASK}'
+                  WHERE task_id = $1"
+            ),
+            None,
+            &[task.task_id.into(), message.clone().into(), now.into()],
+        )
+        .or_raise(F);
+    pgrx::warning!(
+        "pg_tide: task \"{}\" cannot be scheduled (tried again in {RETRY_BROKEN_TASK}): {message}",
+        task.name
+    );
 }
 
 fn due_tasks(client: &mut SpiClient, now: TimestampWithTimeZone) -> Vec<DueTask> {
@@ -92,6 +166,7 @@ fn due_tasks(client: &mut SpiClient, now: TimestampWithTimeZone) -> Vec<DueTask>
                 catch_up_max, source_retention, next_fire_at, skip_until
            FROM tide.task
           WHERE NOT paused AND next_fire_at <= $1
+            AND (tick_retry_at IS NULL OR tick_retry_at <= $1)
           ORDER BY next_fire_at
           LIMIT $2
             FOR UPDATE SKIP LOCKED"
@@ -159,6 +234,13 @@ fn windows(rules: &TaskRules, schedule: &Schedule, fires: &[DateTime<Utc>]) -> V
 
 fn fire_task(client: &mut SpiClient, task: &DueTask, now: DateTime<Utc>) -> Result<Done, String> {
     let rules = task.rules.validate().map_err(|e| e.to_string())?;
+    // Stored options are checked again against their bounds: the planning arithmetic below
+    // relies on them.
+    check_interval("misfire_threshold", span_of(&task.threshold), false)
+        .map_err(|e| e.to_string())?;
+    if let Some(r) = &task.retention {
+        check_interval("source_retention", span_of(r), false).map_err(|e| e.to_string())?;
+    }
     let schedule = rules.calendar(&task.name).map_err(|e| e.to_string())?;
     let misfire = Misfire::parse(&task.misfire).map_err(|e| e.to_string())?;
     let from = from_pg(task.next_fire_at, "next_fire_at").map_err(|e| e.to_string())?;
@@ -246,9 +328,12 @@ fn fire_task(client: &mut SpiClient, task: &DueTask, now: DateTime<Utc>) -> Resu
     if !more_after {
         cover_coalesced(client, task.task_id, pending, coalesced_end)?;
     }
+    // Fired: a recorded error is over.
     client
         .update(
-            "UPDATE tide.task SET next_fire_at = $2 WHERE task_id = $1",
+            "UPDATE tide.task SET next_fire_at = $2, tick_error = NULL, tick_error_at = NULL,
+                                  tick_retry_at = NULL
+              WHERE task_id = $1",
             None,
             &[task.task_id.into(), next_fire.map(to_pg).into()],
         )

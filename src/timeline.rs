@@ -30,7 +30,8 @@ fn check_count(n: i32, function: &'static str) -> usize {
 
 /// The next `n` fire instants of a cron expression in a time zone, strictly after `after`.
 /// `dst_gap` and `dst_overlap` set the DST policy of fixed-time schedules (see the README).
-#[pg_extern(stable, parallel_safe)]
+#[pg_extern(stable, parallel_safe, schema = "tide")]
+#[search_path(pg_catalog, pg_temp)]
 fn next_fires(
     schedule: Option<&str>,
     tz: default!(Option<&str>, "'UTC'"),
@@ -60,7 +61,8 @@ fn next_fires(
 // pgrx reads the column names from `name!` inside the signature, so the tuple cannot be a
 // type alias.
 #[allow(clippy::type_complexity)]
-#[pg_extern(stable)]
+#[pg_extern(stable, schema = "tide")]
+#[search_path(pg_catalog, pg_temp)]
 fn preview(
     task: Option<&str>,
     n: default!(Option<i32>, 5),

@@ -2,7 +2,9 @@
 //!
 //! Both are thin loops: wait on the latch, open a short transaction, call one SQL function,
 //! record errors, loop. All logic lives in SQL-callable functions (`tide.tick`, `tide._claim`,
-//! `tide._execute`, `tide._check_ready`) that tests call directly.
+//! `tide._execute`, `tide._check_ready`) that tests call directly. The workers run as the
+//! bootstrap superuser; user code runs only inside `tide._execute` and `tide._check_ready`,
+//! sealed as its owner (`sealed.rs`).
 //!
 //! Restart policy: registered with a restart time. SIGTERM (`pg_terminate_backend`, or a
 //! shutdown) is handled by PostgreSQL's own `die`: at the next interrupt check — also inside a
@@ -28,12 +30,7 @@ use crate::sqlerr::OrRaise;
 const F: &str = "pg_tide worker";
 
 const RESTART: Duration = Duration::from_secs(1);
-/// TimeoutId STATEMENT_TIMEOUT from utils/timeout.h (PostgreSQL 13 to 18).
-const STATEMENT_TIMEOUT: c_int = 3;
-
 extern "C-unwind" {
-    fn enable_timeout_after(id: c_int, delay_ms: c_int);
-    fn disable_timeout(id: c_int, keep_indicator: bool);
     /// PostgreSQL's SIGTERM handler (tcop/postgres.c): sets ProcDiePending and the latch.
     fn die(postgres_signal_arg: c_int);
 }
@@ -93,15 +90,15 @@ fn start(name: &str) {
 }
 
 /// Runs `body` in its own transaction. An error is logged and the transaction rolled back; the
-/// worker goes on.
-fn in_transaction<R>(what: &str, body: impl FnOnce() -> R) -> Option<R> {
+/// worker goes on with the error's message.
+fn in_transaction<R>(what: &str, body: impl FnOnce() -> R) -> Result<R, String> {
     // SAFETY: the standard sequence for a worker's own transaction, as in worker_spi.c.
     unsafe {
         pg_sys::SetCurrentStatementStartTimestamp();
         pg_sys::StartTransactionCommand();
         pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
     }
-    let result = PgTryBuilder::new(AssertUnwindSafe(move || Some(body())))
+    let result = PgTryBuilder::new(AssertUnwindSafe(move || Ok(body())))
         .catch_others(|e| {
             let message = match &e {
                 pg_sys::panic::CaughtError::PostgresError(r)
@@ -111,17 +108,16 @@ fn in_transaction<R>(what: &str, body: impl FnOnce() -> R) -> Option<R> {
                 }
             };
             warning!("pg_tide: {what} failed: {message}");
-            None
+            Err(message)
         })
         .execute();
     // SAFETY: commit after success; after an error, abort (which also pops the snapshot and
-    // restores the user id and timeouts' state) so the next transaction starts clean.
+    // restores the user id and GUC state) so the next transaction starts clean.
     unsafe {
-        if result.is_some() {
+        if result.is_ok() {
             pg_sys::PopActiveSnapshot();
             pg_sys::CommitTransactionCommand();
         } else {
-            disable_timeout(STATEMENT_TIMEOUT, false);
             pg_sys::AbortCurrentTransaction();
         }
     }
@@ -151,20 +147,20 @@ pub extern "C-unwind" fn pg_tide_scheduler_main(_arg: pg_sys::Datum) {
         if !may_work() {
             continue;
         }
+        // A failed tick is logged by in_transaction; the next one tries again.
         in_transaction("tick", || {
             let counts = Spi::get_one::<pgrx::JsonB>("SELECT tide.tick()").or_raise(F);
             debug1!("pg_tide tick: {:?}", counts.map(|j| j.0));
-        });
+        })
+        .ok();
     }
     exit_for_restart();
 }
 
-/// One claimed SQL run: what the executor needs to run it as its owner.
+/// One claimed SQL run.
 struct Claimed {
     run_id: i64,
     token: i64,
-    owner: String,
-    timeout_ms: i32,
 }
 
 #[pg_guard]
@@ -173,6 +169,7 @@ pub extern "C-unwind" fn pg_tide_executor_main(arg: pg_sys::Datum) {
     let number = arg.value();
     let name = format!("pg_tide executor {number}");
     start(&name);
+    crate::sealed::mark_executor();
     while wait(interval()) {
         if !may_work() {
             continue;
@@ -195,37 +192,23 @@ pub extern "C-unwind" fn pg_tide_executor_main(arg: pg_sys::Datum) {
 fn execute_one(worker: &str) -> bool {
     // Inside the transaction, an error (SPI or a row that does not fit) rolls the claim back.
     let claimed = in_transaction("claim", || {
-        let rows = Spi::connect_mut(|client| {
+        let row = Spi::connect_mut(|client| {
             client
                 .update(
-                    "SELECT c.run_id, c.lease_token, c.owner::text,
-                            (extract(epoch FROM c.timeout) * 1000)::bigint
-                       FROM tide._claim('sql', NULL, $1, 1, NULL) c",
+                    "SELECT c.run_id, c.lease_token FROM tide._claim('sql', NULL, $1, 1, NULL) c",
                     None,
                     &[worker.into()],
                 )
                 .or_raise(F)
                 .next()
-                .map(|row| {
-                    (
-                        row.get::<i64>(1).or_raise(F),
-                        row.get::<i64>(2).or_raise(F),
-                        row.get::<String>(3).or_raise(F),
-                        row.get::<i64>(4).or_raise(F),
-                    )
-                })
+                .map(|row| (row.get::<i64>(1).or_raise(F), row.get::<i64>(2).or_raise(F)))
         });
-        match rows {
-            Some((Some(run_id), Some(token), Some(owner), timeout_ms)) => Some(Claimed {
-                run_id,
-                token,
-                owner,
-                timeout_ms: timeout_ms
-                    .map_or(3_600_000, |ms| i32::try_from(ms).unwrap_or(i32::MAX)),
-            }),
+        match row {
+            Some((Some(run_id), Some(token))) => Some(Claimed { run_id, token }),
             _ => None,
         }
     })
+    .ok()
     .flatten();
     let Some(run) = claimed else {
         return false;
@@ -234,22 +217,38 @@ fn execute_one(worker: &str) -> bool {
     // its own transaction, until it returns no checkpoint (or is paused, cancelled, fenced).
     loop {
         let outcome = in_transaction("run", || {
-            as_owner(&run.owner, run.timeout_ms, || {
-                Spi::get_one_with_args::<String>(
-                    "SELECT tide._execute($1, $2)",
-                    &[run.run_id.into(), run.token.into()],
-                )
-                .or_raise(F)
-            })
-        })
-        .flatten()
-        .flatten();
+            Spi::get_one_with_args::<String>(
+                "SELECT tide._execute($1, $2)",
+                &[run.run_id.into(), run.token.into()],
+            )
+            .or_raise(F)
+        });
         debug1!("pg_tide: run {} {:?}", run.run_id, outcome);
-        let Some(delay) = outcome.as_deref().and_then(more_after) else {
-            break;
-        };
-        if !sleep(delay) {
-            exit_for_restart();
+        match outcome {
+            Ok(answer) => {
+                let Some(delay) = answer.as_deref().and_then(more_after) else {
+                    break;
+                };
+                if !sleep(delay) {
+                    exit_for_restart();
+                }
+            }
+            // The run's transaction failed outside the command's own error handling (its
+            // bookkeeping could not take a lock, say): the attempt ends now, as lost, rather
+            // than when its lease expires.
+            Err(message) => {
+                // A failure here is logged by in_transaction; the lease still takes the run
+                // back then.
+                in_transaction("abandon", || {
+                    Spi::run_with_args(
+                        "SELECT tide._abandon($1, $2, $3)",
+                        &[run.run_id.into(), run.token.into(), message.into()],
+                    )
+                    .or_raise(F)
+                })
+                .ok();
+                break;
+            }
         }
     }
     true
@@ -276,69 +275,33 @@ fn sleep(delay: Duration) -> bool {
     }
 }
 
-/// Evaluates one due readiness check; true if there was one.
+/// Evaluates one due readiness check; true if there was one. The check runs sealed as the
+/// task's owner inside `tide._check_ready`.
 fn check_one() -> bool {
     let due = Spi::connect_mut(|client| {
         client
-            .update(
-                "SELECT run_id, owner::text,
-                        (extract(epoch FROM timeout) * 1000)::bigint FROM tide._claim_check()",
-                None,
-                &[],
-            )
+            .update("SELECT run_id FROM tide._claim_check()", None, &[])
             .or_raise(F)
             .next()
-            .map(|row| {
-                (
-                    row.get::<i64>(1).or_raise(F),
-                    row.get::<String>(2).or_raise(F),
-                    row.get::<i64>(3).or_raise(F),
-                )
-            })
+            .map(|row| row.get::<i64>(1).or_raise(F))
     });
-    let Some((Some(run_id), Some(owner), timeout_ms)) = due else {
+    let Some(Some(run_id)) = due else {
         return false;
     };
-    let timeout_ms = timeout_ms.map_or(60_000, |ms| i32::try_from(ms).unwrap_or(60_000));
-    as_owner(&owner, timeout_ms, || {
-        let ready =
-            Spi::get_one_with_args::<bool>("SELECT tide._check_ready($1)", &[run_id.into()])
-                .or_raise(F);
-        debug1!("pg_tide: readiness of run {run_id}: {ready:?}");
-    });
+    let ready = Spi::get_one_with_args::<bool>("SELECT tide._check_ready($1)", &[run_id.into()])
+        .or_raise(F);
+    debug1!("pg_tide: readiness of run {run_id}: {ready:?}");
     true
 }
 
-/// Runs `body` as role `owner`, as a SECURITY DEFINER function would: the user id is switched
-/// with SECURITY_LOCAL_USERID_CHANGE, so the user's SQL cannot SET ROLE or RESET ROLE back to
-/// the worker's superuser. A statement timeout bounds it.
-fn as_owner<R>(owner: &str, timeout_ms: i32, body: impl FnOnce() -> R) -> Option<R> {
-    let Ok(role) = std::ffi::CString::new(owner) else {
-        return None;
-    };
-    // SAFETY: get_role_oid with missing_ok returns InvalidOid for a dropped role.
-    let oid = unsafe { pg_sys::get_role_oid(role.as_ptr(), true) };
-    if oid == pg_sys::InvalidOid {
-        warning!("pg_tide: role \"{owner}\" no longer exists; its runs cannot be executed");
-        return None;
-    }
-    let mut saved_user = pg_sys::InvalidOid;
-    let mut saved_context: c_int = 0;
-    // SAFETY: save, switch and restore the user id; an error in between aborts the transaction,
-    // and transaction abort restores the saved user id itself.
-    unsafe {
-        pg_sys::GetUserIdAndSecContext(&mut saved_user, &mut saved_context);
-        pg_sys::SetUserIdAndSecContext(
-            oid,
-            saved_context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as c_int,
-        );
-        enable_timeout_after(STATEMENT_TIMEOUT, timeout_ms.max(1));
-    }
-    let result = body();
-    // SAFETY: as above.
-    unsafe {
-        disable_timeout(STATEMENT_TIMEOUT, false);
-        pg_sys::SetUserIdAndSecContext(saved_user, saved_context);
-    }
-    Some(result)
+/// When this backend process started, as `pg_stat_activity.backend_start` shows it. A run
+/// claimed by an executor records the executor's pid and start, so the scheduler sees at once
+/// when that process is gone (pids are reused; a pid and its start time are not).
+#[pg_extern(stable, parallel_restricted, schema = "tide", name = "_backend_start")]
+#[search_path(pg_catalog, pg_temp)]
+fn backend_start() -> pgrx::datum::TimestampWithTimeZone {
+    // SAFETY: MyStartTimestamp is set once when the process starts.
+    let start = unsafe { pg_sys::MyStartTimestamp };
+    pgrx::datum::TimestampWithTimeZone::try_from(start)
+        .unwrap_or_else(|_| pgrx::datum::TimestampWithTimeZone::negative_infinity())
 }

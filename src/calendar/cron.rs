@@ -18,6 +18,9 @@ pub struct Schedule {
     fixed_time: bool,
 }
 
+/// The longest cron expression accepted: far more than six fields of lists ever need.
+pub const MAX_CRON_LEN: usize = 500;
+
 /// `@macros` and the five-field expression each stands for.
 const MACROS: &[(&str, &str)] = &[
     ("@yearly", "0 0 1 1 *"),
@@ -33,6 +36,14 @@ impl Schedule {
     /// Parses a cron expression: five fields (minute hour day-of-month month day-of-week), or
     /// six with a leading seconds field, or one of the `@` macros.
     pub fn parse(expr: &str) -> Result<Schedule, TideError> {
+        let len = expr.chars().count();
+        if len > MAX_CRON_LEN {
+            return Err(TideError::TooLong {
+                param: "schedule",
+                len,
+                max: MAX_CRON_LEN,
+            });
+        }
         let bad = |reason: &str| TideError::BadCron {
             expr: expr.to_string(),
             reason: reason.to_string(),

@@ -19,7 +19,20 @@ pub use fires::{fire_iter, longest_gap, next_fires, previous_fire, FireIter};
 pub use window::{window_for, BizWindow, WindowKind};
 pub use zone::{parse_zone, parse_zone_suggestion, to_local, zone_instant};
 
+use chrono::{Datelike, NaiveDateTime};
+
 use crate::error::TideError;
+
+/// The years pg_tide computes calendars for. PostgreSQL's timestamps reach year 294276 and
+/// chrono's 262143, but croner and the window arithmetic need room on both sides: every instant
+/// a user passes in is checked against this range first (22008 outside it).
+pub const FIRST_YEAR: i32 = 1;
+pub const LAST_YEAR: i32 = 9999;
+
+/// Whether a wall-clock or UTC time lies in the calendar's range.
+pub fn in_range(t: NaiveDateTime) -> bool {
+    (FIRST_YEAR..=LAST_YEAR).contains(&t.year())
+}
 
 /// What to do with a fixed-time job whose wall-clock time does not exist (spring forward).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

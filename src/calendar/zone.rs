@@ -5,9 +5,21 @@ use chrono_tz::Tz;
 
 use crate::error::TideError;
 
+/// The longest zone name accepted: the longest IANA name is 32 characters.
+pub const MAX_ZONE_LEN: usize = 64;
+
 /// Parses an IANA zone name. Case is ignored, as PostgreSQL ignores it; the canonical
-/// spelling is returned through `Tz::name()`.
+/// spelling is returned through `Tz::name()`. A name longer than any zone's is refused before
+/// anything else looks at it (the typo hint compares a name with every zone).
 pub fn parse_zone(name: &str) -> Result<Tz, TideError> {
+    let len = name.chars().count();
+    if len > MAX_ZONE_LEN {
+        return Err(TideError::TooLong {
+            param: "tz",
+            len,
+            max: MAX_ZONE_LEN,
+        });
+    }
     let trimmed = name.trim();
     trimmed
         .parse::<Tz>()
@@ -17,6 +29,9 @@ pub fn parse_zone(name: &str) -> Result<Tz, TideError> {
 
 /// The closest real zone name to a misspelt one, if one is close enough to be a typo.
 pub fn parse_zone_suggestion(name: &str) -> Option<&'static str> {
+    if name.chars().count() > MAX_ZONE_LEN {
+        return None;
+    }
     let wanted = name.trim().to_ascii_lowercase();
     chrono_tz::TZ_VARIANTS
         .iter()
