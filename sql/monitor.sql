@@ -979,7 +979,8 @@ BEGIN
              WHERE r.run_id > cursor_at ORDER BY r.run_id LIMIT p_limit) s;
     IF victims IS NOT NULL THEN
         -- Runs a transaction holds right now are left for the next round.
-        SELECT array_agg(x.run_id) INTO victims FROM tide.run x WHERE x.run_id = ANY (victims) FOR UPDATE SKIP LOCKED;
+        SELECT array_agg(v.run_id) INTO victims
+          FROM (SELECT x.run_id FROM tide.run x WHERE x.run_id = ANY (victims) FOR UPDATE SKIP LOCKED) v;
     END IF;
     IF victims IS NOT NULL THEN
         -- Their part of the counters moves to tide.pruned_count before they go.

@@ -340,7 +340,7 @@ fn emit_on_change_emits_inserts_and_updates(cluster: &Cluster) -> Result<(), Fai
         (
             "SELECT tide.emit_on_change('orders', 'x', 'nope')",
             "42703",
-            "table orders has no column nope",
+            "table public.orders has no column nope",
         ),
         (
             "SELECT tide.emit_on_change(NULL, 'x')",

@@ -117,7 +117,7 @@ fn sends_are_recorded_once_per_key(cluster: &Cluster) -> Result<(), Failed> {
         (
             "SELECT tide.claim_effects('sms', lease => '0 seconds')",
             "22023",
-            "00:00:00",
+            "lease must be a positive interval of at most 30 days, got 0 seconds",
         ),
         ("SELECT tide.delivered(-1, 1)", "42704", "no side effect -1"),
         (

@@ -539,14 +539,14 @@ fn metrics_parse_as_prometheus_text(cluster: &Cluster) -> Result<(), Failed> {
     let samples = parse_prometheus(&text)?;
     let has = |line: &str| samples.iter().any(|s| s == line);
     for line in [
-        "counter|pg_tide_runs_total{outcome=succeeded,task=plain} 3.0",
-        r#"counter|pg_tide_runs_total{outcome=dead,task=odd "name" \ here} 1.0"#,
-        "gauge|pg_tide_task_unresolved_runs{state=dead,task=odd \"name\" \\ here} 1.0",
-        "summary|pg_tide_run_duration_seconds_count{task=plain} 3.0",
-        "gauge|pg_tide_check_status{check=backup,status=new} 1.0",
+        "counter|pg_tide_runs_total{outcome=succeeded,owner=postgres,task=plain} 3.0",
+        r#"counter|pg_tide_runs_total{outcome=dead,owner=postgres,task=odd "name" \ here} 1.0"#,
+        "gauge|pg_tide_task_unresolved_runs{owner=postgres,state=dead,task=odd \"name\" \\ here} 1.0",
+        "summary|pg_tide_run_duration_seconds_count{owner=postgres,task=plain} 3.0",
+        "gauge|pg_tide_check_status{check=backup,owner=postgres,status=new} 1.0",
         "gauge|pg_tide_alerts_open{kind=dead_letter,severity=warning} 1.0",
-        "gauge|pg_tide_task_status{status=ok,task=plain} 1.0",
-        "gauge|pg_tide_task_status{status=failing,task=odd \"name\" \\ here} 1.0",
+        "gauge|pg_tide_task_status{owner=postgres,status=ok,task=plain} 1.0",
+        "gauge|pg_tide_task_status{owner=postgres,status=failing,task=odd \"name\" \\ here} 1.0",
     ] {
         assert!(has(line), "missing {line} in:\n{}", samples.join("\n"));
     }
@@ -602,7 +602,7 @@ fn pruning_removes_only_what_it_should(cluster: &Cluster) -> Result<(), Failed> 
         let text: String = one(c, "SELECT tide.metrics()")?;
         Ok(text
             .lines()
-            .filter(|l| l.starts_with("pg_tide_runs_total{task=\"p\""))
+            .filter(|l| l.starts_with("pg_tide_runs_total{owner=\"postgres\",task=\"p\""))
             .collect::<Vec<_>>()
             .join(" "))
     };
