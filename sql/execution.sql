@@ -285,6 +285,10 @@ DECLARE
     claimed timestamptz;
     gated boolean;
     ignored text;
+    -- Who may complete the run: its owner (the common case, compared without a call), a member
+    -- of the owner's role, a superuser.
+    caller name := tide._caller();
+    any_owner boolean := tide._caller_is_superuser();
 BEGIN
     IF complete.expected < 0 OR complete.actual < 0 THEN
         RAISE EXCEPTION 'expected and actual must not be negative, got expected %, actual %',
@@ -307,7 +311,7 @@ BEGIN
                          THEN format('completed short: expected %s, actual %s', complete.expected, complete.actual)
                          ELSE format('completed by %s', coalesce(r.lease_owner, 'a worker')) END
      WHERE r.run_id = complete.run_id AND r.lease_token = complete.token AND r.state = 'running'
-       AND tide._may_act(r.owner)
+       AND (any_owner OR r.owner = caller OR tide._may_act(r.owner))
     RETURNING r.state, r.attempts, r.reason, r.owner, r.lease_owner, r.claimed_at
          INTO done, attempt_no, why, who, worker, claimed;
     ignored := set_config('tide.history', '', true);
@@ -345,6 +349,8 @@ DECLARE
     gated_ids bigint[];
     stale record;
     ignored text;
+    caller name := tide._caller();
+    any_owner boolean := tide._caller_is_superuser();
 BEGIN
     IF coalesce(cardinality(complete_many.run_ids), 0) = 0
        AND coalesce(cardinality(complete_many.tokens), 0) = 0 THEN
@@ -376,7 +382,7 @@ BEGIN
                reason = format('completed by %s', coalesce(r.lease_owner, 'a worker'))
           FROM input i
          WHERE r.run_id = i.run_id AND r.lease_token = i.token AND r.state = 'running'
-           AND tide._may_act(r.owner)
+           AND (any_owner OR r.owner = caller OR tide._may_act(r.owner))
         RETURNING r.run_id, r.attempts, r.reason, r.owner, r.lease_owner, r.lease_token, r.claimed_at, r.gated
     ), done_pending AS (
         DELETE FROM tide.pending p USING done_run d WHERE p.run_id = d.run_id
@@ -743,18 +749,23 @@ COMMENT ON FUNCTION tide.mark_ready(text, date, jsonb) IS
 
 -- Who runs a run of a task with this command: pg_tide's SQL executors, or external workers.
 -- (STABLE, as the enum cast in it is: so it is inlined where runs are created.)
+-- Inlined into its callers (on the hot paths of claims, emits and the tick), so it has no SET
+-- clause, which would forbid inlining: its body names everything with its schema instead, so it
+-- is safe under any search_path (scripts/pgspot.sh lists it).
 CREATE FUNCTION tide._executor_of(command text) RETURNS tide.executor
 LANGUAGE sql STABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$ SELECT CASE WHEN command IS NULL THEN 'external' ELSE 'sql' END::tide.executor $$;
 COMMENT ON FUNCTION tide._executor_of(text) IS 'Internal: sql when the rules have a command, else external.';
 
 -- The state a (re)opened run starts in: waiting when its rules declare readiness.
+-- Inlined into its callers (on the hot paths of claims, emits and the tick), so it has no SET
+-- clause, which would forbid inlining: its body names everything with its schema instead, so it
+-- is safe under any search_path (scripts/pgspot.sh lists it).
 CREATE FUNCTION tide._open_state(rules jsonb) RETURNS tide.run_state
 LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT CASE WHEN rules->>'ready_dataset' IS NOT NULL OR rules->>'ready_check' IS NOT NULL
+    SELECT CASE WHEN rules OPERATOR(pg_catalog.->>) 'ready_dataset' IS NOT NULL
+                  OR rules OPERATOR(pg_catalog.->>) 'ready_check' IS NOT NULL
                 THEN 'waiting' ELSE 'ready' END::tide.run_state
 $$;
 COMMENT ON FUNCTION tide._open_state(jsonb) IS 'Internal: waiting if the rules declare readiness, else ready.';

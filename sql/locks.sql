@@ -42,13 +42,17 @@ SELECT pg_catalog.pg_extension_config_dump('tide.lock', '');
 -- The lease of a claim: given, or the task's lease (external workers), or its timeout plus a
 -- margin (pg_tide's executors).
 -- (STABLE, as the text-to-interval casts in it are: so it is inlined into the claim.)
+-- Inlined into its callers (on the hot paths of claims, emits and the tick), so it has no SET
+-- clause, which would forbid inlining: its body names everything with its schema instead, so it
+-- is safe under any search_path (scripts/pgspot.sh lists it).
 CREATE FUNCTION tide._lease_length(p_executor tide.executor, rules jsonb, p_lease interval) RETURNS interval
 LANGUAGE sql STABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT coalesce(p_lease, CASE WHEN p_executor = 'sql'
-        THEN (rules->>'timeout')::interval + least((rules->>'timeout')::interval, interval '1 minute')
-        ELSE (rules->>'lease')::interval END)
+    SELECT coalesce(p_lease, CASE WHEN p_executor OPERATOR(pg_catalog.=) 'sql'::tide.executor
+        THEN (rules OPERATOR(pg_catalog.->>) 'timeout')::pg_catalog.interval
+             OPERATOR(pg_catalog.+) least((rules OPERATOR(pg_catalog.->>) 'timeout')::pg_catalog.interval,
+                                          '1 minute'::pg_catalog.interval)
+        ELSE (rules OPERATOR(pg_catalog.->>) 'lease')::pg_catalog.interval END)
 $$;
 COMMENT ON FUNCTION tide._lease_length(tide.executor, jsonb, interval) IS
     'Internal: the lease length of a claim (the given one, the task''s lease, or an SQL run''s timeout plus a margin).';
@@ -63,47 +67,58 @@ COMMENT ON FUNCTION tide._park_time() IS 'Internal: the longest a parked run wai
 
 -- A run's serial group: the task for a window run of an overlap-queue task, the task and key
 -- for an event run with a key; NULL otherwise.
+-- Inlined into its callers (on the hot paths of claims, emits and the tick), so it has no SET
+-- clause, which would forbid inlining: its body names everything with its schema instead, so it
+-- is safe under any search_path (scripts/pgspot.sh lists it).
 CREATE FUNCTION tide._gate(p_task_id bigint, p_overlap text, p_window_start timestamptz, p_event_key text)
 RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT CASE WHEN p_window_start IS NULL THEN p_task_id::text || ':' || p_event_key
-                WHEN coalesce(p_overlap, 'queue') = 'queue' THEN p_task_id::text END
+    SELECT CASE WHEN p_window_start IS NULL
+                THEN p_task_id::pg_catalog.text OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) p_event_key
+                WHEN coalesce(p_overlap, 'queue') OPERATOR(pg_catalog.=) 'queue' THEN p_task_id::pg_catalog.text END
 $$;
 COMMENT ON FUNCTION tide._gate(bigint, text, timestamptz, text) IS
     'Internal: a run''s serial group (overlap queue: the task; an event run with a key: the task and key).';
 
 -- Whether a claim must check a run at all; a plain run (no group, no lock, overlap allow
 -- without a limit) goes by the fast path.
+-- Inlined into its callers (on the hot paths of claims, emits and the tick), so it has no SET
+-- clause, which would forbid inlining: its body names everything with its schema instead, so it
+-- is safe under any search_path (scripts/pgspot.sh lists it).
 CREATE FUNCTION tide._gated(p_gate text, p_lock_key text, p_overlap text, p_window_start timestamptz,
                             p_max_concurrency integer)
 RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT p_gate IS NOT NULL OR p_lock_key IS NOT NULL OR (p_window_start IS NOT NULL AND p_overlap = 'skip')
+    SELECT p_gate IS NOT NULL OR p_lock_key IS NOT NULL
+           OR (p_window_start IS NOT NULL AND p_overlap OPERATOR(pg_catalog.=) 'skip')
            OR p_max_concurrency IS NOT NULL
 $$;
 COMMENT ON FUNCTION tide._gated(text, text, text, timestamptz, integer) IS
     'Internal: whether a claim must check a run (serial group, lock key, overlap skip or max_concurrency).';
 
 -- A run's serial group, lock key and whether a claim must check it, under a rule version.
+-- Inlined into its callers (on the hot paths of claims, emits and the tick), so it has no SET
+-- clause, which would forbid inlining: its body names everything with its schema instead, so it
+-- is safe under any search_path (scripts/pgspot.sh lists it).
 CREATE FUNCTION tide._gating_of(p_task_id bigint, p_version integer, p_args jsonb, p_payload jsonb,
                                 p_event_key text, p_biz_date date, p_window_start timestamptz)
 RETURNS TABLE (gate text, lock_key text, gated boolean)
 LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT g.gate, k.lock_key,
-           tide._gated(g.gate, k.lock_key, v.rules->>'overlap', p_window_start, (v.rules->>'max_concurrency')::integer)
+           tide._gated(g.gate, k.lock_key, v.rules OPERATOR(pg_catalog.->>) 'overlap', p_window_start,
+                       (v.rules OPERATOR(pg_catalog.->>) 'max_concurrency')::pg_catalog.int4)
       FROM tide.task_version v
-      JOIN tide.task t ON t.task_id = v.task_id
-     CROSS JOIN LATERAL (SELECT CASE WHEN v.rules->>'lock_key' IS NOT NULL
-                                     THEN tide._lock_key(v.rules->>'lock_key', t.name, p_args, p_payload, p_event_key,
-                                                         p_biz_date::text) END AS lock_key) k
-     CROSS JOIN LATERAL (SELECT tide._gate(p_task_id, v.rules->>'overlap', p_window_start, p_event_key) AS gate) g
-     WHERE v.task_id = p_task_id AND v.version = p_version
+      JOIN tide.task t ON t.task_id OPERATOR(pg_catalog.=) v.task_id
+     CROSS JOIN LATERAL (SELECT CASE WHEN v.rules OPERATOR(pg_catalog.->>) 'lock_key' IS NOT NULL
+                                     THEN tide._lock_key(v.rules OPERATOR(pg_catalog.->>) 'lock_key', t.name, p_args,
+                                                         p_payload, p_event_key, p_biz_date::pg_catalog.text)
+                                END AS lock_key) k
+     CROSS JOIN LATERAL (SELECT tide._gate(p_task_id, v.rules OPERATOR(pg_catalog.->>) 'overlap', p_window_start,
+                                           p_event_key) AS gate) g
+     WHERE v.task_id OPERATOR(pg_catalog.=) p_task_id AND v.version OPERATOR(pg_catalog.=) p_version
 $$;
 COMMENT ON FUNCTION tide._gating_of(bigint, integer, jsonb, jsonb, text, date, timestamptz) IS
     'Internal: a run''s serial group, lock key and gated flag under a rule version.';

@@ -102,22 +102,29 @@ COMMENT ON FUNCTION tide.monitor(text, interval, text) IS
 -- The silence a task may reach: set, or the longest gap between its fires plus the time one
 -- run may take (its timeout, at most that gap). NULL when the schedule fires less than twice
 -- a year ahead and none is set: such a task is never late.
+-- Inlined into its callers (on the hot paths of claims, emits and the tick), so it has no SET
+-- clause, which would forbid inlining: its body names everything with its schema instead, so it
+-- is safe under any search_path (scripts/pgspot.sh lists it).
 CREATE FUNCTION tide._max_silence(t tide.task) RETURNS interval
 LANGUAGE sql STABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
-AS $$ SELECT coalesce(t.max_silence, t.fire_gap + least(t.timeout, t.fire_gap)) $$;
+AS $$
+    SELECT coalesce(t.max_silence,
+                    t.fire_gap OPERATOR(pg_catalog.+) least(t.timeout, t.fire_gap))
+$$;
 COMMENT ON FUNCTION tide._max_silence(tide.task) IS
     'A task''s max_silence: set with tide.monitor, or derived: the longest gap between its fires plus its timeout (at most that gap).';
 
 -- The one rule of silence, for task health, tasks as heartbeats and alerts: late past
 -- max_silence, down past twice that. 0 = within, 1 = late, 2 = down; never late without a
 -- max_silence.
+-- Inlined into its callers (on the hot paths of claims, emits and the tick), so it has no SET
+-- clause, which would forbid inlining: its body names everything with its schema instead, so it
+-- is safe under any search_path (scripts/pgspot.sh lists it).
 CREATE FUNCTION tide._silence_level(silence interval, max_silence interval) RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT CASE WHEN max_silence IS NULL OR silence <= max_silence THEN 0
-                WHEN silence <= 2 * max_silence THEN 1
+    SELECT CASE WHEN max_silence IS NULL OR silence OPERATOR(pg_catalog.<=) max_silence THEN 0
+                WHEN silence OPERATOR(pg_catalog.<=) (2 OPERATOR(pg_catalog.*) max_silence) THEN 1
                 ELSE 2 END
 $$;
 COMMENT ON FUNCTION tide._silence_level(interval, interval) IS
@@ -662,17 +669,23 @@ COMMENT ON FUNCTION tide._evaluate_alerts(timestamptz) IS
 
 -- ---------------------------------------------------------------------------------------------
 -- Run log lines: one per run start, skip, success and failure, key=value.
+-- Inlined into its callers (on the hot paths of claims, emits and the tick), so it has no SET
+-- clause, which would forbid inlining: its body names everything with its schema instead, so it
+-- is safe under any search_path (scripts/pgspot.sh lists it).
 CREATE FUNCTION tide._logfmt(v text) RETURNS text
 LANGUAGE sql STABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
     -- Runs for every run start and end: strpos rather than a regular expression, and STABLE
     -- like to_json, so that it is inlined into the caller's query (an IMMUTABLE function
     -- calling a STABLE one is not).
     SELECT CASE WHEN v IS NULL THEN '-'
-                WHEN v <> '' AND strpos(v, ' ') = 0 AND strpos(v, '"') = 0 AND strpos(v, '=') = 0
-                     AND strpos(v, E'\n') = 0 AND strpos(v, E'\t') = 0 AND strpos(v, '\') = 0 THEN v
-                ELSE to_json(v)::text END
+                WHEN v OPERATOR(pg_catalog.<>) '' AND pg_catalog.strpos(v, ' ') OPERATOR(pg_catalog.=) 0
+                     AND pg_catalog.strpos(v, '"') OPERATOR(pg_catalog.=) 0
+                     AND pg_catalog.strpos(v, '=') OPERATOR(pg_catalog.=) 0
+                     AND pg_catalog.strpos(v, E'\n') OPERATOR(pg_catalog.=) 0
+                     AND pg_catalog.strpos(v, E'\t') OPERATOR(pg_catalog.=) 0
+                     AND pg_catalog.strpos(v, '\') OPERATOR(pg_catalog.=) 0 THEN v
+                ELSE pg_catalog.to_json(v)::pg_catalog.text END
 $$;
 COMMENT ON FUNCTION tide._logfmt(text) IS 'Internal: a value for a key=value log line (quoted when needed).';
 

@@ -151,14 +151,16 @@ COMMENT ON TABLE tide.task_version IS
 
 -- The rules of a task: every column except identity, ownership and operational state.
 -- Pausing is operational (not a rule change), so it makes no new version.
+-- Inlined into its callers (on the hot paths of claims, emits and the tick), so it has no SET
+-- clause, which would forbid inlining: its body names everything with its schema instead, so it
+-- is safe under any search_path (scripts/pgspot.sh lists it).
 CREATE FUNCTION tide.task_rules(t tide.task) RETURNS jsonb
 LANGUAGE sql STABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT to_jsonb(t) - ARRAY['task_id', 'version', 'owner', 'paused', 'paused_at',
-                               'skip_until', 'next_fire_at', 'created_at', 'updated_at',
-                               'max_silence', 'severity', 'fire_gap', 'tick_error',
-                               'tick_error_at', 'tick_retry_at']
+    SELECT pg_catalog.to_jsonb(t) OPERATOR(pg_catalog.-)
+           ARRAY['task_id', 'version', 'owner', 'paused', 'paused_at', 'skip_until', 'next_fire_at',
+                 'created_at', 'updated_at', 'max_silence', 'severity', 'fire_gap', 'tick_error',
+                 'tick_error_at', 'tick_retry_at']::pg_catalog.text[]
 $$;
 COMMENT ON FUNCTION tide.task_rules(tide.task) IS
     'The rule snapshot of a task row, as stored in tide.task_version.rules.';

@@ -19,7 +19,12 @@
 //!
 //! Inside a public function, `caller()` is the role that called the outermost one (public
 //! functions call each other), unless user code ran in between as another role: a command run
-//! by `sealed::run` is a new level, whose calls belong to the command's owner.
+//! between `_seal_begin` and `_seal_end` is a new level, whose calls belong to its owner.
+//!
+//! `search_path`: every pg_tide function that runs SQL pins it (`SET search_path = pg_catalog,
+//! pg_temp`, in Rust `#[search_path]`). The small Rust functions that run none and resolve no
+//! name (these, `tide.run_id()`, `tide._lock_key` ...) do not: they are called per row, and a
+//! SET clause costs every call a GUC nest level.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -82,8 +87,9 @@ unsafe extern "C-unwind" fn forget(_arg: Datum, _cache: c_int, _hash: u32) {
     SCHEMA.with(|s| s.set(None));
 }
 
-/// Every frame ends with its function; one left at a transaction's end can only come from an
-/// error that bypassed the hook, so the stack is cleared then (the abort restores the user).
+/// Every frame ends with its function, and every seal with `_seal_end` or `_seal_abort`; one
+/// left at a transaction's abort came from an error that bypassed them, so both are forgotten
+/// then (the abort itself restores the user and the settings).
 #[pg_guard]
 unsafe extern "C-unwind" fn at_transaction_end(
     event: pg_sys::XactEvent::Type,
@@ -95,6 +101,7 @@ unsafe extern "C-unwind" fn at_transaction_end(
     ) {
         FRAMES.with(|f| f.borrow_mut().clear());
         LEVEL.with(|l| l.set(0));
+        crate::sealed::forget_after_abort();
     }
 }
 
@@ -282,7 +289,6 @@ pub fn leave_user_code(previous: u32) {
 
 /// The role pg_tide acts for (see `caller`), as an SQL name.
 #[pg_extern(stable, parallel_restricted, schema = "tide", name = "_caller")]
-#[search_path(pg_catalog, pg_temp)]
 pub fn caller_sql() -> String {
     caller_name()
 }
@@ -290,7 +296,6 @@ pub fn caller_sql() -> String {
 /// Whether the caller may act on something owned by `owner`: it is that role, a member of it,
 /// or a superuser. An owner role that no longer exists is left to superusers.
 #[pg_extern(stable, parallel_restricted, schema = "tide", name = "_may_act")]
-#[search_path(pg_catalog, pg_temp)]
 fn may_act(owner: Option<&str>) -> bool {
     let Some(owner) = owner else {
         return false;
@@ -316,7 +321,6 @@ fn may_act(owner: Option<&str>) -> bool {
     schema = "tide",
     name = "_caller_is_superuser"
 )]
-#[search_path(pg_catalog, pg_temp)]
 fn caller_is_superuser() -> bool {
     // SAFETY: a catalog lookup of the caller's role.
     unsafe { pg_sys::superuser_arg(caller()) }

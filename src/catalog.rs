@@ -579,7 +579,6 @@ fn resume(name: Option<&str>) -> bool {
 /// to its intervals (one sign, within the documented maximum for `param`) and returns it; NULL
 /// passes (the caller decides whether NULL is allowed).
 #[pg_extern(immutable, parallel_safe, schema = "tide", name = "_bounded")]
-#[search_path(pg_catalog, pg_temp)]
 fn bounded(param: &str, value: Option<Interval>, zero_ok: bool) -> Option<Interval> {
     let value = value?;
     // The parameter names the PL/pgSQL functions pass are fixed strings; an unknown one gets

@@ -105,6 +105,18 @@ fn short(value: &str) -> String {
 /// a psql table.
 pub const MAX_NAME_LEN: usize = 200;
 
+/// Refuses text longer than `max` characters, naming the parameter (not quoting the value).
+pub fn check_len(param: &'static str, value: &str, max: usize) -> Result<(), TideError> {
+    // Counting bytes first keeps a huge value cheap to refuse.
+    if value.len() > max {
+        let len = value.chars().count();
+        if len > max {
+            return Err(TideError::TooLong { param, len, max });
+        }
+    }
+    Ok(())
+}
+
 impl TideError {
     pub fn sqlstate(&self) -> SqlState {
         match self {

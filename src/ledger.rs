@@ -30,7 +30,6 @@ pub fn micros_of(i: &Interval) -> i64 {
 /// The delay before the next try after `tries` failed ones: `min(cap, base * factor^(tries-1))`
 /// spread by `jitter` using `unit` (a random number in [0, 1), pass `random()`).
 #[pg_extern(immutable, parallel_safe, schema = "tide")]
-#[search_path(pg_catalog, pg_temp)]
 fn backoff_delay(
     tries: i32,
     base: Interval,
@@ -54,14 +53,12 @@ fn backoff_delay(
 
 /// How a failed command's SQLSTATE is treated: 'transient', 'business' or 'not_ready'.
 #[pg_extern(immutable, parallel_safe, schema = "tide")]
-#[search_path(pg_catalog, pg_temp)]
 fn error_kind_of(sqlstate: &str) -> &'static str {
     classify(sqlstate).as_str()
 }
 
 /// Checks an error kind given by a worker and returns its canonical spelling.
 #[pg_extern(immutable, parallel_safe, schema = "tide")]
-#[search_path(pg_catalog, pg_temp)]
 fn error_kind_from(kind: &str) -> &'static str {
     ErrorKind::parse(kind).or_raise("tide.fail").as_str()
 }
@@ -80,7 +77,13 @@ fn window_by_date(
     let midnight = biz_date.and_time(NaiveTime::MIN);
     let start = crate::calendar::zone_instant(tz, midnight) - Duration::days(1);
     let mut found: Vec<(chrono::DateTime<chrono::Utc>, BizWindow)> = Vec::new();
-    for fire in fire_iter(schedule, tz, policy, start).take(20_000) {
+    for (i, fire) in fire_iter(schedule, tz, policy, start)
+        .take(20_000)
+        .enumerate()
+    {
+        if i % 1024 == 0 {
+            pgrx::check_for_interrupts!();
+        }
         let Some(w) = window_for(schedule, tz, policy, kind, fire) else {
             continue;
         };
@@ -210,7 +213,6 @@ fn rerun(
 /// task has none. A template stored around validation is used as a constant key: more
 /// exclusion, never less.
 #[pg_extern(immutable, parallel_safe, schema = "tide", name = "_lock_key")]
-#[search_path(pg_catalog, pg_temp)]
 fn lock_key(
     template: Option<&str>,
     task: Option<&str>,

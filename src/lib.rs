@@ -84,7 +84,6 @@ mod tide {}
 pub extern "C-unwind" fn _PG_init() {
     settings::define();
     caller::install();
-    sealed::install();
     // SAFETY: reads a flag the postmaster sets while loading shared_preload_libraries.
     if unsafe { pgrx::pg_sys::process_shared_preload_libraries_in_progress } {
         worker::register();

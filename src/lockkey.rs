@@ -57,14 +57,7 @@ impl Template {
         if template.trim().is_empty() {
             return Err(bad("it is empty"));
         }
-        let len = template.chars().count();
-        if len > MAX_LEN {
-            return Err(TideError::TooLong {
-                param: "lock_key",
-                len,
-                max: MAX_LEN,
-            });
-        }
+        crate::error::check_len("lock_key", template, MAX_LEN)?;
         let mut parts = Vec::new();
         let mut rest = template;
         while !rest.is_empty() {

@@ -15,7 +15,6 @@ use crate::sqlerr::{required, OrRaise};
 /// the base of a task's derived `max_silence`. NULL for a schedule that fires less than twice,
 /// and for no schedule.
 #[pg_extern(stable, parallel_safe, schema = "tide", name = "_fire_gap")]
-#[search_path(pg_catalog, pg_temp)]
 fn fire_gap(
     schedule: Option<&str>,
     tz: Option<&str>,
@@ -38,7 +37,6 @@ fn fire_gap(
 /// heartbeat check with a schedule expects its next beat. Bad input is refused like
 /// `tide.schedule` refuses it.
 #[pg_extern(stable, parallel_safe, schema = "tide", name = "_next_fire")]
-#[search_path(pg_catalog, pg_temp)]
 fn next_fire(
     schedule: Option<&str>,
     tz: Option<&str>,

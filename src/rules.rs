@@ -8,7 +8,7 @@ use chrono_tz::Tz;
 
 use crate::calendar::parse_zone;
 use crate::calendar::{next_fires, DstGap, DstOverlap, DstPolicy, Schedule, WindowKind};
-use crate::error::{TideError, MAX_NAME_LEN};
+use crate::error::{check_len, TideError, MAX_NAME_LEN};
 
 /// The rules of a task, as the user gives them (text), before validation.
 #[derive(Debug, Clone, Default)]
@@ -65,18 +65,6 @@ pub fn check_name(name: &str) -> Result<(), TideError> {
 pub const MAX_COMMAND_LEN: usize = 1_048_576;
 /// The longest readiness check accepted.
 pub const MAX_CHECK_LEN: usize = 65_536;
-
-/// Refuses text longer than `max` characters, naming the parameter (not quoting the value).
-pub fn check_len(param: &'static str, value: &str, max: usize) -> Result<(), TideError> {
-    // Counting bytes first keeps a huge value cheap to refuse.
-    if value.len() > max {
-        let len = value.chars().count();
-        if len > max {
-            return Err(TideError::TooLong { param, len, max });
-        }
-    }
-    Ok(())
-}
 
 /// The overlap policies of a task's scheduled runs.
 pub fn parse_overlap(s: &str) -> Result<&'static str, TideError> {

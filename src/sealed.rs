@@ -72,22 +72,9 @@ pub fn mark_executor() {
     IN_EXECUTOR.with(|e| e.set(true));
 }
 
-/// Installs the transaction callback that forgets seals a failed transaction left.
-pub fn install() {
-    // SAFETY: registered once per process from _PG_init.
-    unsafe { pg_sys::RegisterXactCallback(Some(at_transaction_end), std::ptr::null_mut()) };
-}
-
-#[pg_guard]
-unsafe extern "C-unwind" fn at_transaction_end(
-    event: pg_sys::XactEvent::Type,
-    _arg: *mut std::ffi::c_void,
-) {
-    if matches!(
-        event,
-        pg_sys::XactEvent::XACT_EVENT_ABORT | pg_sys::XactEvent::XACT_EVENT_PARALLEL_ABORT
-    ) && SEALS.with(|s| !s.borrow().is_empty())
-    {
+/// Forgets the seals a failed transaction left (called at every transaction abort).
+pub fn forget_after_abort() {
+    if SEALS.with(|s| !s.borrow().is_empty()) {
         SEALS.with(|s| s.borrow_mut().clear());
         CURRENT_RUN.with(|r| r.set(None));
         // SAFETY: disarming a timer that may still be armed.
@@ -240,7 +227,6 @@ fn seal_abort(key: Option<i64>) {
 /// Inside a task's command or readiness check: the id of the run being executed; NULL
 /// elsewhere. Set by pg_tide's executor while the run's code runs, not by any setting.
 #[pg_extern(stable, parallel_restricted, schema = "tide")]
-#[search_path(pg_catalog, pg_temp)]
 fn run_id() -> Option<i64> {
     CURRENT_RUN.with(Cell::get)
 }
@@ -248,7 +234,6 @@ fn run_id() -> Option<i64> {
 /// Inside a task's command: the counts its completion is checked against; actual < expected
 /// ends the run in need_check.
 #[pg_extern(volatile, schema = "tide")]
-#[search_path(pg_catalog, pg_temp)]
 fn report(expected: Option<i64>, actual: Option<i64>) {
     if CURRENT_RUN.with(Cell::get).is_none() {
         raise(

@@ -264,6 +264,10 @@ fn fire_task(client: &mut SpiClient, task: &DueTask, now: DateTime<Utc>) -> Resu
         if f > now {
             break;
         }
+        // A long outage of a frequent schedule is a long walk: it stays cancellable.
+        if fires.len() % 1024 == 0 {
+            pgrx::check_for_interrupts!();
+        }
         fires.push(f);
         iter.next();
         if (fires.len() >= cap && missed(fires[cap - 1])) || fires.len() >= MAX_LOOKAHEAD {

@@ -31,7 +31,6 @@ fn check_count(n: i32, function: &'static str) -> usize {
 /// The next `n` fire instants of a cron expression in a time zone, strictly after `after`.
 /// `dst_gap` and `dst_overlap` set the DST policy of fixed-time schedules (see the README).
 #[pg_extern(stable, parallel_safe, schema = "tide")]
-#[search_path(pg_catalog, pg_temp)]
 fn next_fires(
     schedule: Option<&str>,
     tz: default!(Option<&str>, "'UTC'"),

@@ -298,7 +298,6 @@ fn check_one() -> bool {
 /// claimed by an executor records the executor's pid and start, so the scheduler sees at once
 /// when that process is gone (pids are reused; a pid and its start time are not).
 #[pg_extern(stable, parallel_restricted, schema = "tide", name = "_backend_start")]
-#[search_path(pg_catalog, pg_temp)]
 fn backend_start() -> pgrx::datum::TimestampWithTimeZone {
     // SAFETY: MyStartTimestamp is set once when the process starts.
     let start = unsafe { pg_sys::MyStartTimestamp };

@@ -36,14 +36,7 @@ impl Schedule {
     /// Parses a cron expression: five fields (minute hour day-of-month month day-of-week), or
     /// six with a leading seconds field, or one of the `@` macros.
     pub fn parse(expr: &str) -> Result<Schedule, TideError> {
-        let len = expr.chars().count();
-        if len > MAX_CRON_LEN {
-            return Err(TideError::TooLong {
-                param: "schedule",
-                len,
-                max: MAX_CRON_LEN,
-            });
-        }
+        crate::error::check_len("schedule", expr, MAX_CRON_LEN)?;
         let bad = |reason: &str| TideError::BadCron {
             expr: expr.to_string(),
             reason: reason.to_string(),

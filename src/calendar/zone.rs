@@ -12,14 +12,7 @@ pub const MAX_ZONE_LEN: usize = 64;
 /// spelling is returned through `Tz::name()`. A name longer than any zone's is refused before
 /// anything else looks at it (the typo hint compares a name with every zone).
 pub fn parse_zone(name: &str) -> Result<Tz, TideError> {
-    let len = name.chars().count();
-    if len > MAX_ZONE_LEN {
-        return Err(TideError::TooLong {
-            param: "tz",
-            len,
-            max: MAX_ZONE_LEN,
-        });
-    }
+    crate::error::check_len("tz", name, MAX_ZONE_LEN)?;
     let trimmed = name.trim();
     trimmed
         .parse::<Tz>()
