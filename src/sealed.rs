@@ -10,10 +10,10 @@
 //! starts from the executor's own settings (postgresql.conf, `ALTER DATABASE/ROLE ... SET`), not
 //! from the pinned `search_path` of the pg_tide function that runs it. The restricted
 //! operation refuses what would outlive the run in the session: temporary tables and functions
-//! (`pg_temp` could otherwise shadow another owner's tables), `LISTEN`, cursors `WITH HOLD`,
-//! `SET ROLE` and `SET SESSION AUTHORIZATION`. What it allows but a pg_tide executor must not
-//! keep is dropped after each run: session-level advisory locks, prepared statements and
-//! sequence caches (`lastval()`).
+//! (`pg_temp` could otherwise shadow another owner's tables), `LISTEN`, `PREPARE`, cursors
+//! `WITH HOLD`, `SET ROLE` and `SET SESSION AUTHORIZATION`. What it allows but a pg_tide executor
+//! must not keep is dropped after each run: session-level advisory locks and sequence caches
+//! (`lastval()`); prepared statements too, should a PostgreSQL version allow them.
 //!
 //! The user's SQL itself is executed by PL/pgSQL (`tide._execute`, `tide._check_ready`) between
 //! `tide._seal_begin` and `tide._seal_end`: an error in it must reach the PL/pgSQL handler as
