@@ -80,7 +80,7 @@ BEGIN
     END IF;
     PERFORM tide._bounded('max_silence', monitor.max_silence, true);
     PERFORM tide._text_arg('task', monitor.task, 200, 'pass the name of one of your tasks');
-    SELECT * INTO t FROM tide.task x WHERE x.name = monitor.task AND x.owner = tide._caller() FOR UPDATE;
+    SELECT * INTO t FROM tide.task x WHERE x.name = monitor.task AND x.owner = tide._caller() FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'no task named "%"', monitor.task USING ERRCODE = 'undefined_object',
             HINT = 'list your tasks with: SELECT name FROM tide.task';

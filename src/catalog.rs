@@ -53,7 +53,10 @@ pub fn rule_text(row: &SpiHeapTupleData, first: usize, function: &'static str) -
 pub fn load_task(name: &str, lock: bool) -> Result<TaskRow, TideError> {
     let query = format!(
         "SELECT task_id, {RULE_COLUMNS}, paused FROM tide.task WHERE name = $1 AND owner = $2 {}",
-        if lock { "FOR UPDATE" } else { "" }
+        // NO KEY UPDATE: it serialises changes of the task without blocking the inserts of its
+        // runs, whose foreign-key checks take KEY SHARE (a role's open transaction after
+        // tide.pause would otherwise block the emits, and ticks, that create its runs).
+        if lock { "FOR NO KEY UPDATE" } else { "" }
     );
     const F: &str = "load_task";
     // `connect_mut`: a read-only SPI connection refuses the row lock.

@@ -169,7 +169,7 @@ fn due_tasks(client: &mut SpiClient, now: TimestampWithTimeZone) -> Vec<DueTask>
             AND (tick_retry_at IS NULL OR tick_retry_at <= $1)
           ORDER BY next_fire_at
           LIMIT $2
-            FOR UPDATE SKIP LOCKED"
+            FOR NO KEY UPDATE SKIP LOCKED"
     );
     let rows = client
         .update(&query, None, &[now.into(), TASKS_PER_TICK.into()])

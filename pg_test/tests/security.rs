@@ -390,6 +390,75 @@ fn d5_claims_cannot_be_frozen(cluster: &Cluster) -> Result<(), Failed> {
     Ok(())
 }
 
+/// D5, the row-lock side: a role's open transaction that holds its own task's row and its own
+/// lock key (mid-claim, say) delays that role's runs only; the executors go on with everyone
+/// else's, even when the held runs come first in priority.
+fn d5_a_roles_open_transaction_delays_only_its_own_runs(cluster: &Cluster) -> Result<(), Failed> {
+    let mut admin = cluster.workers_db()?;
+    roles(&mut admin, WORKERS_DB)?;
+    exec(&mut admin, "DROP TABLE IF EXISTS d5b_done")?;
+    exec(
+        &mut admin,
+        "CREATE TABLE d5b_done (who text); GRANT INSERT ON d5b_done TO mallory, alice;",
+    )?;
+    let mut mallory = cluster.connect_as(WORKERS_DB, "mallory")?;
+    exec(&mut mallory, "SET statement_timeout = '30s'")?;
+    exec(
+        &mut mallory,
+        "SELECT tide.schedule('d5b_conc', NULL, topics => ARRAY['d5b.conc'], priority => 1000,
+             overlap => 'allow', max_concurrency => 1,
+             command => $c$INSERT INTO d5b_done VALUES ('mallory conc')$c$);
+         SELECT tide.schedule('d5b_keyed', NULL, topics => ARRAY['d5b.keyed'], priority => 1000,
+             lock_key => 'acct:1', command => $c$INSERT INTO d5b_done VALUES ('mallory keyed')$c$);
+         SELECT tide.schedule('d5b_ext', NULL, topics => ARRAY['d5b.ext'], lock_key => 'acct:1', queue => 'd5b');",
+    )?;
+    // Mallory's worker claims the external run (taking lock acct:1) and stays in its
+    // transaction; another session of hers holds her task's row.
+    exec(&mut mallory, "SELECT tide.emit('d5b.ext')")?;
+    exec(
+        &mut mallory,
+        "BEGIN; SELECT * FROM tide.claim('d5b', worker => 'slow');",
+    )?;
+    let mut mallory2 = cluster.connect_as(WORKERS_DB, "mallory")?;
+    exec(&mut mallory2, "BEGIN; SELECT tide.pause('d5b_conc');")?;
+    let mut mallory3 = cluster.connect_as(WORKERS_DB, "mallory")?;
+    exec(&mut mallory3, "SET statement_timeout = '30s'")?;
+    exec(
+        &mut mallory3,
+        "SELECT tide.emit('d5b.conc'); SELECT tide.emit('d5b.keyed');",
+    )?;
+    let mut alice = cluster.connect_as(WORKERS_DB, "alice")?;
+    exec(
+        &mut alice,
+        "SELECT tide.schedule('d5b_alice', NULL, topics => ARRAY['d5b.alice'],
+             command => $c$INSERT INTO d5b_done VALUES ('alice')$c$);
+         SELECT tide.emit('d5b.alice') FROM generate_series(1, 5);",
+    )?;
+    wait_runs(
+        &mut alice,
+        "d5b_alice",
+        "succeeded",
+        5,
+        Duration::from_secs(30),
+    )?;
+    // Once mallory's transactions end, her runs go too.
+    exec(&mut mallory, "COMMIT")?;
+    exec(&mut mallory2, "ROLLBACK")?;
+    wait_runs(
+        &mut mallory3,
+        "d5b_conc",
+        "succeeded",
+        1,
+        Duration::from_secs(90),
+    )?;
+    let done: String = one(
+        &mut admin,
+        "SELECT string_agg(DISTINCT who, ',' ORDER BY who) FROM d5b_done",
+    )?;
+    assert!(done.starts_with("alice,mallory conc"), "{done}");
+    Ok(())
+}
+
 /// D6: step records carry their owner and cannot be forged: mallory cannot mark the
 /// superuser's charge step done.
 fn d6_steps_cannot_be_forged(cluster: &Cluster) -> Result<(), Failed> {
@@ -965,6 +1034,10 @@ fn main() {
             d4_one_bad_task_cannot_stop_the_tick,
         ),
         ("d5_claims_cannot_be_frozen", d5_claims_cannot_be_frozen),
+        (
+            "d5_a_roles_open_transaction_delays_only_its_own_runs",
+            d5_a_roles_open_transaction_delays_only_its_own_runs,
+        ),
         ("d6_steps_cannot_be_forged", d6_steps_cannot_be_forged),
         (
             "d7_names_belong_to_their_owner",
