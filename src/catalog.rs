@@ -584,16 +584,9 @@ fn resume(name: Option<&str>) -> bool {
 #[pg_extern(immutable, parallel_safe, schema = "tide", name = "_bounded")]
 fn bounded(param: &str, value: Option<Interval>, zero_ok: bool) -> Option<Interval> {
     let value = value?;
-    // The parameter names the PL/pgSQL functions pass are fixed strings; an unknown one gets
-    // the plain positive check.
-    let param: &'static str = match param {
-        "lease" => "lease",
-        "timeout" => "timeout",
-        "max_silence" => "max_silence",
-        "grace" => "grace",
-        "period" => "period",
-        _ => "interval",
-    };
+    // The PL/pgSQL functions pass the names of documented options; an unknown one gets the
+    // plain positive check.
+    let param = crate::rules::interval_option(param).unwrap_or("interval");
     crate::rules::check_interval(param, span_of(&value), zero_ok).or_raise("tide._bounded");
     Some(value)
 }

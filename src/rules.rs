@@ -310,35 +310,34 @@ pub const MAX_ATTEMPTS: i32 = 100;
 /// The most missed windows one outage may catch up.
 pub const MAX_CATCH_UP: i32 = 10_000;
 
-/// The longest interval each option accepts, in days; `None` for no such option. These maxima
-/// keep every instant pg_tide computes from them (`now() + timeout`, `fire - retention`) far
-/// inside PostgreSQL's and chrono's ranges, so no arithmetic can overflow at run time.
-pub fn max_days(param: &str) -> Option<i64> {
-    Some(match param {
-        // A timeout arms a timer counted in milliseconds in an int: at most 24.8 days.
-        "timeout" => 7,
-        "lease" | "backoff_base" | "backoff_cap" => 30,
-        "recheck_interval" => 31,
-        "pause" => 1,
-        "misfire_threshold" | "ready_timeout" | "grace" => 366,
-        "max_silence" | "period" => 3660,
-        "source_retention" => 36_525,
-        _ => return None,
-    })
+/// Each interval option's bounds: its name, the longest interval it accepts in days, and what an
+/// error says it must be. These maxima keep every instant pg_tide computes from them
+/// (`now() + timeout`, `fire - retention`) far inside PostgreSQL's and chrono's ranges, so no
+/// arithmetic can overflow at run time.
+const INTERVAL_BOUNDS: &[(&str, i64, &str)] = &[
+    // A timeout arms a timer counted in milliseconds in an int: at most 24.8 days.
+    ("timeout", 7, "a positive interval of at most 7 days"),
+    ("lease", 30, "a positive interval of at most 30 days"),
+    ("backoff_base", 30, "a positive interval of at most 30 days"),
+    ("backoff_cap", 30, "a positive interval of at most 30 days"),
+    ("recheck_interval", 31, "a positive interval of at most 31 days"),
+    ("pause", 1, "an interval of 0 to 1 day"),
+    ("misfire_threshold", 366, "a positive interval of at most 366 days"),
+    ("ready_timeout", 366, "a positive interval of at most 366 days"),
+    ("grace", 366, "a positive interval of at most 366 days"),
+    ("max_silence", 3660, "a positive interval of at most 3660 days (10 years)"),
+    ("period", 3660, "a positive interval of at most 3660 days (10 years)"),
+    ("source_retention", 36_525, "a positive interval of at most 36525 days (100 years)"),
+];
+
+/// The bounds of an interval option (see `INTERVAL_BOUNDS`); `None` for no such option.
+fn bounds_of(param: &str) -> Option<&'static (&'static str, i64, &'static str)> {
+    INTERVAL_BOUNDS.iter().find(|(name, _, _)| *name == param)
 }
 
-/// The bounds of each interval option, as said in errors and the README.
-fn bounds_text(param: &str) -> &'static str {
-    match max_days(param) {
-        Some(7) => "a positive interval of at most 7 days",
-        Some(30) => "a positive interval of at most 30 days",
-        Some(31) => "a positive interval of at most 31 days",
-        Some(1) => "an interval of 0 to 1 day",
-        Some(366) => "a positive interval of at most 366 days",
-        Some(3660) => "a positive interval of at most 3660 days (10 years)",
-        Some(36_525) => "a positive interval of at most 36525 days (100 years)",
-        _ => "a positive interval",
-    }
+/// The name of an interval option with documented bounds, as a static string for errors.
+pub fn interval_option(param: &str) -> Option<&'static str> {
+    bounds_of(param).map(|(name, _, _)| *name)
 }
 
 /// Checks an interval option: one sign throughout (PostgreSQL keeps months, days and time
@@ -358,12 +357,13 @@ pub fn check_interval(param: &'static str, span: Span, zero_ok: bool) -> Result<
         });
     }
     let micros = span.approx_micros();
-    let max = max_days(param).map_or(i128::MAX, |d| i128::from(d) * 86_400_000_000);
+    let bounds = bounds_of(param);
+    let max = bounds.map_or(i128::MAX, |(_, days, _)| i128::from(*days) * 86_400_000_000);
     if micros > max || micros < 0 || (micros == 0 && !zero_ok) {
         return Err(TideError::OutOfRange {
             param,
             value: span.describe(),
-            expected: bounds_text(param),
+            expected: bounds.map_or("a positive interval", |(_, _, text)| *text),
         });
     }
     Ok(())
@@ -890,5 +890,21 @@ mod tests {
             "task \"on_signup\" has no schedule, so it has no windows"
         );
         assert!(e.hint().contains("tide.alter('on_signup', schedule =>"));
+    }
+
+    #[test]
+    fn every_bound_says_its_maximum() {
+        for (name, days, text) in INTERVAL_BOUNDS {
+            assert!(text.contains(&format!("{days} day")), "{name}: {text}");
+            assert_eq!(interval_option(name), Some(*name));
+            let over = Span {
+                months: 0,
+                days: i32::try_from(*days).unwrap() + 1,
+                micros: 0,
+            };
+            let e = check_interval(name, over, true).unwrap_err();
+            assert_eq!(e.to_string(), format!("{name} must be {text}, got {} days", days + 1));
+        }
+        assert_eq!(interval_option("nonsense"), None);
     }
 }
