@@ -138,7 +138,8 @@ RETURNS TABLE (task text, status text, severity tide.severity, last_success time
                consecutive_skips integer, retries_24h integer, backlog integer, oldest_ready interval,
                dead integer, need_check integer, catch_up_limited_24h integer, not_ready_24h integer,
                p50_duration interval, p95_duration interval, p95_queue_wait interval,
-               next_fire_at timestamptz, paused boolean, task_id bigint, owner name)
+               next_fire_at timestamptz, paused boolean, task_id bigint, owner name,
+               tick_error text, tick_error_at timestamptz, tick_retry_at timestamptz)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 -- Its cost estimate is high (a lateral join per task), but each part is a short index scan:
@@ -219,7 +220,8 @@ SELECT h.name,
        coalesce(h.backlog, 0)::integer, h.oldest_ready, coalesce(h.dead, 0)::integer,
        coalesce(h.need_check, 0)::integer, coalesce(h.catch_up_limited, 0)::integer,
        coalesce(h.not_ready, 0)::integer, h.p50, h.p95, h.wait95,
-       CASE WHEN h.paused THEN NULL ELSE h.next_fire_at END, h.paused, h.task_id, h.owner
+       CASE WHEN h.paused THEN NULL ELSE h.next_fire_at END, h.paused, h.task_id, h.owner,
+       h.tick_error, h.tick_error_at, h.tick_retry_at
   FROM h
 $$;
 COMMENT ON FUNCTION tide._health(timestamptz) IS 'Internal: tide.health at an instant (the tick evaluates alerts with it).';
@@ -501,14 +503,10 @@ AS $$
          WHERE (NOT h.paused AND tide._silence_level(h.silence, h.max_silence) > 0)
             OR h.consecutive_failures >= cfg.failures OR h.dead > 0 OR h.need_check > 0
             OR h.consecutive_skips > cfg.skips OR h.retries_24h >= cfg.retries OR h.backlog >= cfg.backlog
-            OR h.catch_up_limited_24h > 0 OR h.not_ready_24h > 0
-            OR EXISTS (SELECT 1 FROM tide.task t WHERE t.task_id = h.task_id AND t.tick_error IS NOT NULL)
+            OR h.catch_up_limited_24h > 0 OR h.not_ready_24h > 0 OR h.tick_error IS NOT NULL
     )
     SELECT 'task', h.task, c.kind, h.severity, c.details, h.owner
-      FROM h CROSS JOIN cfg
-      LEFT JOIN LATERAL (SELECT t.tick_error, t.tick_error_at, t.tick_retry_at FROM tide.task t
-                          WHERE t.task_id = h.task_id) e ON true
-     CROSS JOIN LATERAL (VALUES
+      FROM h CROSS JOIN cfg CROSS JOIN LATERAL (VALUES
         ('silence'::tide.alert_kind, h.level >= 1,
          jsonb_build_object('silence', h.silence, 'max_silence', h.max_silence, 'last_success', h.last_success)),
         ('down', h.level = 2,
@@ -523,8 +521,8 @@ AS $$
         ('catch_up_limit', h.catch_up_limited_24h > 0,
          jsonb_build_object('windows_skipped_24h', h.catch_up_limited_24h)),
         ('not_ready', h.not_ready_24h > 0, jsonb_build_object('not_ready_24h', h.not_ready_24h)),
-        ('schedule_error', e.tick_error IS NOT NULL,
-         jsonb_build_object('error', e.tick_error, 'since', e.tick_error_at, 'retry_at', e.tick_retry_at))
+        ('schedule_error', h.tick_error IS NOT NULL,
+         jsonb_build_object('error', h.tick_error, 'since', h.tick_error_at, 'retry_at', h.tick_retry_at))
       ) AS c(kind, hit, details)
      WHERE c.hit
     UNION ALL
