@@ -73,14 +73,14 @@ tmp=$(mktemp -d)
 # works between the two); completion is by id.
 cat > "$tmp/tide.sql" <<'SQL'
 SELECT array_agg(run_id)::text AS ids, array_agg(lease_token)::text AS tokens
-  FROM tide.claim('bench', 'bench', :batch) \gset
-SELECT count(tide.complete(u.run_id, u.token))
+  FROM tide.claim_runs('bench', 'bench', :batch) \gset
+SELECT count(tide.complete_run(u.run_id, u.token))
   FROM unnest(':ids'::bigint[], ':tokens'::bigint[]) AS u(run_id, token);
 SQL
 cat > "$tmp/tide_many.sql" <<'SQL'
 SELECT array_agg(run_id)::text AS ids, array_agg(lease_token)::text AS tokens
-  FROM tide.claim('bench', 'bench', :batch) \gset
-SELECT tide.complete_many(':ids'::bigint[], ':tokens'::bigint[]);
+  FROM tide.claim_runs('bench', 'bench', :batch) \gset
+SELECT tide.complete_runs(':ids'::bigint[], ':tokens'::bigint[]);
 SQL
 cat > "$tmp/baseline.sql" <<'SQL'
 WITH c AS MATERIALIZED (
@@ -168,8 +168,8 @@ base_emit_tps=$(tps "$tmp/base_emit.sql" 1 2000)
 # Event claim + complete_many at batch 50, on emitted runs.
 cat > "$tmp/event_many.sql" <<'SQL'
 SELECT array_agg(run_id)::text AS ids, array_agg(lease_token)::text AS tokens
-  FROM tide.claim('bench_ev', 'bench', :batch) \gset
-SELECT tide.complete_many(':ids'::bigint[], ':tokens'::bigint[]);
+  FROM tide.claim_runs('bench_ev', 'bench', :batch) \gset
+SELECT tide.complete_runs(':ids'::bigint[], ':tokens'::bigint[]);
 SQL
 "${PSQL[@]}" -d postgres -c "ALTER DATABASE $DB SET pg_tide.log_runs = off" >/dev/null
 "${PSQL[@]}" -d "$DB" -v ON_ERROR_STOP=1 -v n=$((CLIENTS * TX_BATCH50 * 50)) <<'SQL' >/dev/null

@@ -145,14 +145,14 @@ SELECT run_id, task, version, biz_date, args, attempts, last_error_kind, last_er
   FROM tide.dead_letter WHERE run_id = :run_id;
 \x off
 UPDATE demo_customers SET billing_address = '1 Harbour Road' WHERE id = 42;
-SELECT tide.replay(:run_id);
+SELECT tide.replay_run(:run_id);
 CALL demo_wait($$(SELECT state = 'succeeded' FROM tide.run WHERE run_id = $$ || :run_id || $$)$$);
 \echo '   its whole history, from tide.run_event:'
 SELECT to_char(at, 'HH24:MI:SS.MS') AS at, from_state, to_state, reason
   FROM tide.run_event WHERE run_id = :run_id ORDER BY event_id;
 \echo '   a second replay of a succeeded run is refused unless forced (it would write again):'
 \set ON_ERROR_STOP 0
-SELECT tide.replay(:run_id);
+SELECT tide.replay_run(:run_id);
 \set ON_ERROR_STOP 1
 SELECT * FROM demo_invoices;
 
@@ -164,7 +164,7 @@ CREATE TABLE demo_shipments (order_id int PRIMARY KEY, customer int, seq bigint 
 SELECT tide.schedule('ship_order', NULL, topics => ARRAY['order.changed'], lock_key => 'customer:{key}',
     command => $$INSERT INTO demo_shipments (order_id, customer)
                  VALUES ((tide.payload()->'row'->>'id')::int, tide.event_key()::int) ON CONFLICT DO NOTHING$$);
-SELECT tide.emit_on_change('demo_orders', 'order.changed', 'customer');
+SELECT tide.create_emit_trigger('demo_orders', 'order.changed', 'customer');
 INSERT INTO demo_orders VALUES (1, 7, 10), (2, 7, 20), (3, 8, 30);
 BEGIN;
 INSERT INTO demo_orders VALUES (4, 9, 40);
@@ -176,8 +176,8 @@ SELECT r.run_id, r.event_key AS customer, r.payload->'row'->>'id' AS order_id, r
   FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'ship_order' ORDER BY r.run_id;
 SELECT order_id, customer, seq FROM demo_shipments ORDER BY seq;
 \echo '   the same event twice with a dedupe key: the second emit creates nothing'
-SELECT tide.emit('order.changed', '{"row": {"id": 5}}', key => '8', dedupe => 'order:5') AS first,
-       tide.emit('order.changed', '{"row": {"id": 5}}', key => '8', dedupe => 'order:5') AS again;
+SELECT tide.emit('order.changed', '{"row": {"id": 5}}', event_key => '8', dedupe_key => 'order:5') AS first,
+       tide.emit('order.changed', '{"row": {"id": 5}}', event_key => '8', dedupe_key => 'order:5') AS again;
 
 \echo
 \echo '== A long task: a backfill of 1000 rows in batches of 100, at most 5 batches a second,'
@@ -193,7 +193,7 @@ BEGIN
     RETURN jsonb_build_object('last_id', last + 100);
 END $$;
 SELECT tide.schedule('backfill_region', NULL, 'SELECT demo_backfill(tide.checkpoint())',
-                     topics => ARRAY['backfill.region'], long => true, rate => 5);
+                     topics => ARRAY['backfill.region'], long => true, batch_rate => 5);
 SELECT tide.emit('backfill.region');
 SELECT r.run_id AS long_run FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'backfill_region' \gset
 CALL demo_wait($$(SELECT batches >= 2 FROM tide.run WHERE run_id = $$ || :long_run || $$)$$);
@@ -212,8 +212,8 @@ SELECT tide.schedule('partner_import', '0 4 * * *', biz_window => 'day',
     command => $$SELECT tide.business_error('partner file for ' || tide.biz_date() || ' is malformed')$$);
 SELECT tide.monitor('partner_import', severity => 'critical');
 \echo '   a heartbeat check for a backup script that runs outside pg_tide, and its first beat:'
-SELECT tide.check('offsite_backup', '1 day', grace => '2 hours');
-SELECT tide.beat('offsite_backup', message => 'rsync ok, 12 GB');
+SELECT tide.create_check('offsite_backup', '1 day', grace => '2 hours');
+SELECT tide.heartbeat_check('offsite_backup', message => 'rsync ok, 12 GB');
 LISTEN pg_tide_alert;
 SELECT tide.rerun('partner_import', biz_date => DATE '2026-11-01') AS run_id \gset
 \echo '   the alert opens within pg_tide.monitor_interval (10 s) of the dead letter:'

@@ -20,7 +20,7 @@ fi
 # called from functions that pin search_path. A changed signature drops out of this list and
 # fails the check.
 inlined=(
-    "tide.task_rules(t tide.task)"
+    "tide._task_rules(t tide.task)"
     "tide._executor_of(command text)"
     "tide._open_state(rules jsonb)"
     "tide._lease_length(p_executor tide.executor,rules jsonb,p_lease interval)"

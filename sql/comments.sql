@@ -3,16 +3,16 @@ COMMENT ON FUNCTION tide.next_fires(text, text, timestamptz, integer, text, text
     'next_fires(schedule, tz => ''UTC'', after => now(), n => 5, dst_gap => ''shift'', dst_overlap => ''once''): the next n fire instants of a cron expression in a time zone, strictly after "after".';
 COMMENT ON FUNCTION tide.preview(text, integer, timestamptz) IS
     'preview(task, n => 5, after => now()): the next n fires of a task with their local time, business window and biz_date.';
-COMMENT ON FUNCTION tide.schedule(text, text, text, text, text, text, jsonb, text, text, interval, interval, integer, integer, interval, double precision, interval, text, text, interval, integer, interval, text, text, interval, interval, text, text, integer, text, text[], boolean, double precision, interval) IS
-    'schedule(name, schedule, command => NULL, tz => ''UTC'', biz_window => ''fire'', queue => ''default'', args => ''{}'', dst_gap => ''shift'', dst_overlap => ''once'', timeout => ''1 hour'', lease => ''5 minutes'', priority => 0, max_attempts => 5, backoff_base => ''10 seconds'', backoff_factor => 2, backoff_cap => ''1 hour'', jitter => ''full'', misfire => ''catch_up'', misfire_threshold => ''60 seconds'', catch_up_max => 100, source_retention => NULL, ready_dataset => NULL, ready_check => NULL, ready_timeout => NULL, recheck_interval => ''1 minute'', not_ready_policy => ''next_window'', overlap => ''queue'', max_concurrency => NULL, lock_key => NULL, topics => ''{}'', long => false, rate => NULL, pause => NULL): creates a task (schedule NULL: an event task that runs only on tide.emit of its topics); returns its task_id.';
+COMMENT ON FUNCTION tide.schedule(text, text, text, text, text, text, jsonb, text, text, interval, interval, integer, integer, interval, double precision, interval, text, text, interval, integer, interval, text, text, interval, interval, text, text, integer, text, text[], boolean, double precision, interval, boolean, text) IS
+    'schedule(task, schedule, command => NULL, tz => ''UTC'', biz_window => ''fire'', queue => ''default'', args => ''{}'', dst_gap => ''shift'', dst_overlap => ''once'', timeout => ''1 hour'', lease => ''5 minutes'', priority => 0, max_attempts => 5, backoff_base => ''10 seconds'', backoff_factor => 2, backoff_cap => ''1 hour'', jitter => ''full'', misfire => ''catch_up'', misfire_threshold => ''60 seconds'', catch_up_max => 100, source_retention => NULL, ready_dataset => NULL, ready_check => NULL, ready_timeout => NULL, recheck_interval => ''1 minute'', not_ready_policy => ''next_window'', overlap => ''queue'', max_concurrency => NULL, lock_key => NULL, topics => ''{}'', long => false, batch_rate => NULL, batch_pause => NULL, replace => false, pending => ''hold''): creates a task (schedule NULL: an event task that runs only on tide.emit of its topics); returns its task_id. On a name the caller already has: the same definition is a no-op returning the same task_id; a different one is refused (23505) unless replace => true, which makes it the task''s next rule version (unstarted runs follow pending, as in tide.alter).';
 COMMENT ON FUNCTION tide.alter(text, text, text, text, text, text, jsonb, text, text, interval, interval, integer, integer, interval, double precision, interval, text, text, interval, integer, interval, text, text, interval, interval, text, text, text, integer, text, text[], boolean, double precision, interval) IS
-    'alter(name, ..., pending => ''hold''): changes only the options given (schedule, command, ready_dataset, ready_check or lock_key => '''' removes it; max_concurrency, rate => 0 and pause => ''0'' remove the limit); returns the rule version, one higher if any rule changed. Unstarted runs of older versions are held for tide.confirm (pending => ''hold''), take the new rules (''adopt'') or keep theirs (''keep'').';
+    'alter(task, ..., pending => ''hold''): changes only the options given (schedule, command, ready_dataset, ready_check or lock_key => '''' removes it; max_concurrency, batch_rate => 0 and batch_pause => ''0'' remove the limit); returns the rule version, one higher if any rule changed. Unstarted runs of older versions are held for tide.confirm (pending => ''hold''), take the new rules (''adopt'') or keep theirs (''keep'').';
 COMMENT ON FUNCTION tide.unschedule(text) IS
-    'unschedule(name): deletes a task and its rule versions.';
+    'unschedule(task): deletes a task and its rule versions; false if the caller has no task of that name.';
 COMMENT ON FUNCTION tide.pause(text) IS
-    'pause(name): stops a task firing (no new rule version); false if it was already paused.';
+    'pause(task): stops a task firing (no new rule version); false if it was already paused.';
 COMMENT ON FUNCTION tide.resume(text) IS
-    'resume(name): lets a paused task fire again from the next fire after now, without catching up the paused time; false if it was not paused.';
+    'resume(task): lets a paused task fire again from the next fire after now, without catching up the paused time; false if it was not paused.';
 COMMENT ON FUNCTION tide.tick(timestamptz) IS
     'tick(now => now()): the scheduler''s whole job at instant now, in one transaction: creates due runs (applying misfire policies to missed windows), moves due retries, takes back expired leases, releases ready runs. Returns counts. The scheduler worker calls it every pg_tide.tick_interval.';
 COMMENT ON FUNCTION tide.rerun(text, date, timestamptz, text, boolean) IS
@@ -21,8 +21,8 @@ COMMENT ON FUNCTION tide.backoff_delay(integer, interval, double precision, inte
     'backoff_delay(tries, base, factor, cap, jitter, unit): the retry delay after tries failed tries: min(cap, base * factor^(tries-1)), spread by jitter (full: [0, d]; equal: [d/2, d]; none: d) using unit in [0, 1).';
 COMMENT ON FUNCTION tide.error_kind_of(text) IS
     'error_kind_of(sqlstate): how a command error is treated: transient (connection, serialization, deadlock, lock or statement timeout, resources, shutdown), not_ready (TDNR0) or business (everything else).';
-COMMENT ON FUNCTION tide.error_kind_from(text) IS
-    'error_kind_from(kind): checks an error kind given to tide.fail; returns its canonical spelling.';
+COMMENT ON FUNCTION tide._error_kind_from(text) IS
+    'Internal (tide.fail_run): checks an error kind given to tide.fail_run; returns its canonical spelling.';
 
 COMMENT ON FUNCTION tide.run_id() IS
     'Inside a task''s command or readiness check: the id of the run being executed (set by pg_tide''s executor, not by any setting); NULL elsewhere.';

@@ -53,47 +53,50 @@ CREATE TABLE tide.effect (
     UNIQUE (owner, dedupe_key)
 );
 COMMENT ON TABLE tide.effect IS
-    'Side effects recorded with tide.send: one row per dedupe key (per owner), delivered by workers through tide.claim_effects / tide.delivered / tide.undelivered.';
+    'Side effects recorded with tide.create_effect: one row per dedupe key (per owner), delivered by workers through tide.claim_effects / tide.complete_effect / tide.fail_effect.';
 COMMENT ON COLUMN tide.effect.run_id IS 'The run whose command recorded it (inside an SQL command), or NULL.';
 -- Delivery workers claim by channel; the tick takes back expired leases.
 CREATE INDEX effect_claim_idx ON tide.effect (channel, available_at, effect_id) WHERE state = 'pending';
 CREATE INDEX effect_sending_idx ON tide.effect (lease_expires_at) WHERE state = 'sending';
 
-CREATE FUNCTION tide.send(channel text, dedupe_key text, payload jsonb DEFAULT '{}', max_attempts integer DEFAULT 10)
-RETURNS boolean
+CREATE FUNCTION tide.create_effect(channel text, dedupe_key text, payload jsonb DEFAULT '{}', max_attempts integer DEFAULT 10)
+RETURNS bigint
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    recorded boolean;
+    id bigint;
 BEGIN
-    PERFORM tide._channel(send.channel);
-    IF send.dedupe_key IS NULL OR btrim(send.dedupe_key) = '' THEN
-        RAISE EXCEPTION 'dedupe_key must not be empty, got %', coalesce(quote_literal(left(send.dedupe_key, 20)), 'NULL')
+    PERFORM tide._channel(create_effect.channel);
+    IF create_effect.dedupe_key IS NULL OR btrim(create_effect.dedupe_key) = '' THEN
+        RAISE EXCEPTION 'dedupe_key must not be empty, got %', coalesce(quote_literal(left(create_effect.dedupe_key, 20)), 'NULL')
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'derive it from what the message is about, such as ''invoice:'' || invoice_id || '':reminder''';
     END IF;
-    PERFORM tide._text_arg('dedupe_key', send.dedupe_key, 1000,
+    PERFORM tide._text_arg('dedupe_key', create_effect.dedupe_key, 1000,
                            'derive it from what the message is about, such as ''invoice:'' || invoice_id || '':reminder''');
-    PERFORM tide._jsonb_arg('payload', send.payload, 1048576);
-    IF send.payload IS NULL OR send.max_attempts IS NULL OR send.max_attempts NOT BETWEEN 1 AND 100 THEN
+    PERFORM tide._jsonb_arg('payload', create_effect.payload, 1048576);
+    IF create_effect.payload IS NULL OR create_effect.max_attempts IS NULL OR create_effect.max_attempts NOT BETWEEN 1 AND 100 THEN
         RAISE EXCEPTION 'payload must not be NULL and max_attempts must be between 1 and 100, got %',
-            coalesce(send.max_attempts::text, 'NULL')
+            coalesce(create_effect.max_attempts::text, 'NULL')
             USING ERRCODE = 'invalid_parameter_value', HINT = 'pass payload => ''{}'' and max_attempts => 10';
     END IF;
     INSERT INTO tide.effect (channel, dedupe_key, payload, run_id, max_attempts, owner)
-    VALUES (send.channel, send.dedupe_key, send.payload, tide.run_id(), send.max_attempts, tide._caller())
-    ON CONFLICT ON CONSTRAINT effect_owner_dedupe_key_key DO NOTHING;
-    recorded := FOUND;
-    IF recorded THEN
+    VALUES (create_effect.channel, create_effect.dedupe_key, create_effect.payload, tide.run_id(), create_effect.max_attempts, tide._caller())
+    ON CONFLICT ON CONSTRAINT effect_owner_dedupe_key_key DO NOTHING
+    RETURNING effect_id INTO id;
+    IF id IS NOT NULL THEN
         -- One NOTIFY per channel and transaction (PostgreSQL folds identical ones).
-        PERFORM pg_notify('pg_tide_effect', send.channel);
+        PERFORM pg_notify('pg_tide_effect', create_effect.channel);
+        RETURN id;
     END IF;
-    RETURN recorded;
+    SELECT e.effect_id INTO id FROM tide.effect e
+     WHERE e.owner = tide._caller() AND e.dedupe_key = create_effect.dedupe_key;
+    RETURN id;
 END
 $$;
-COMMENT ON FUNCTION tide.send(text, text, jsonb, integer) IS
-    'send(channel, dedupe_key, payload => ''{}'', max_attempts => 10): records a side effect in the caller''s transaction, once per dedupe key (per role): returns true when recorded, false when the key was already recorded (a rerun). Delivery workers take it with tide.claim_effects.';
+COMMENT ON FUNCTION tide.create_effect(text, text, jsonb, integer) IS
+    'create_effect(channel, dedupe_key, payload => ''{}'', max_attempts => 10): records a side effect in the caller''s transaction, once per dedupe key (per role), and returns its effect_id; a key already recorded (a rerun) records nothing and returns the existing effect_id. Delivery workers take it with tide.claim_effects.';
 
 CREATE FUNCTION tide.claim_effects(channel text, worker text DEFAULT NULL, n integer DEFAULT 10,
                                    lease interval DEFAULT '1 minute')
@@ -165,20 +168,21 @@ END
 $$;
 COMMENT ON FUNCTION tide._effect_held(bigint, bigint, text) IS 'Internal: the side effect, if the token still holds it; else a clear error.';
 
-CREATE FUNCTION tide.delivered(effect_id bigint, token bigint) RETURNS void
+CREATE FUNCTION tide.complete_effect(effect_id bigint, lease_token bigint) RETURNS tide.effect_state
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM tide._effect_held(delivered.effect_id, delivered.token, 'tide.delivered');
+    PERFORM tide._effect_held(complete_effect.effect_id, complete_effect.lease_token, 'tide.complete_effect');
     UPDATE tide.effect e SET state = 'delivered', delivered_at = now(), lease_expires_at = NULL, last_error = NULL
-     WHERE e.effect_id = delivered.effect_id;
+     WHERE e.effect_id = complete_effect.effect_id;
+    RETURN 'delivered';
 END
 $$;
-COMMENT ON FUNCTION tide.delivered(bigint, bigint) IS
-    'delivered(effect_id, token): records that a side effect was delivered; it is never handed out again. A stale token is refused.';
+COMMENT ON FUNCTION tide.complete_effect(bigint, bigint) IS
+    'complete_effect(effect_id, lease_token): records that a side effect was delivered; it is never handed out again. A stale lease token is refused. Returns the new state (delivered).';
 
-CREATE FUNCTION tide.undelivered(effect_id bigint, token bigint, error text, permanent boolean DEFAULT false)
+CREATE FUNCTION tide.fail_effect(effect_id bigint, lease_token bigint, error text, permanent boolean DEFAULT false)
 RETURNS tide.effect_state
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -187,40 +191,41 @@ DECLARE
     e tide.effect;
     next_state tide.effect_state;
 BEGIN
-    IF undelivered.error IS NULL THEN
+    IF fail_effect.error IS NULL THEN
         RAISE EXCEPTION 'error must not be NULL' USING ERRCODE = 'null_value_not_allowed',
-            HINT = 'say what went wrong: tide.undelivered(id, token, ''provider answered 503'')';
+            HINT = 'say what went wrong: tide.fail_effect(effect_id, lease_token, ''provider answered 503'')';
     END IF;
-    e := tide._effect_held(undelivered.effect_id, undelivered.token, 'tide.undelivered');
-    next_state := CASE WHEN coalesce(undelivered.permanent, false) OR e.attempts >= e.max_attempts
+    e := tide._effect_held(fail_effect.effect_id, fail_effect.lease_token, 'tide.fail_effect');
+    next_state := CASE WHEN coalesce(fail_effect.permanent, false) OR e.attempts >= e.max_attempts
                        THEN 'dead' ELSE 'pending' END;
     -- Retries back off: 10 s, 20 s, 40 s ... at most an hour, fully jittered.
     UPDATE tide.effect x
-       SET state = next_state, last_error = tide._clip(undelivered.error, 10000), lease_expires_at = NULL,
+       SET state = next_state, last_error = tide._clip(fail_effect.error, 10000), lease_expires_at = NULL,
            available_at = now() + tide.backoff_delay(e.attempts, interval '10 seconds', 2, interval '1 hour', 'full', random())
-     WHERE x.effect_id = undelivered.effect_id;
+     WHERE x.effect_id = fail_effect.effect_id;
     RETURN next_state;
 END
 $$;
-COMMENT ON FUNCTION tide.undelivered(bigint, bigint, text, boolean) IS
-    'undelivered(effect_id, token, error, permanent => false): a failed delivery: retried after a backoff (10 s doubling, at most 1 h, jittered), dead after max_attempts or when permanent. Returns the new state.';
+COMMENT ON FUNCTION tide.fail_effect(bigint, bigint, text, boolean) IS
+    'fail_effect(effect_id, lease_token, error, permanent => false): a failed delivery: retried after a backoff (10 s doubling, at most 1 h, jittered), dead after max_attempts or when permanent. Returns the new state.';
 
-CREATE FUNCTION tide.redeliver(effect_id bigint) RETURNS void
+CREATE FUNCTION tide.replay_effect(effect_id bigint) RETURNS bigint
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     UPDATE tide.effect e SET state = 'pending', available_at = now(), attempts = 0, last_error = NULL
-     WHERE e.effect_id = redeliver.effect_id AND e.state = 'dead' AND tide._may_act(e.owner);
+     WHERE e.effect_id = replay_effect.effect_id AND e.state = 'dead' AND tide._may_act(e.owner);
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'side effect % is not dead', coalesce(redeliver.effect_id::text, 'NULL')
+        RAISE EXCEPTION 'side effect % is not dead', coalesce(replay_effect.effect_id::text, 'NULL')
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = 'only dead side effects are delivered again; a delivered one never is';
     END IF;
+    RETURN replay_effect.effect_id;
 END
 $$;
-COMMENT ON FUNCTION tide.redeliver(bigint) IS
-    'redeliver(effect_id): puts a dead side effect back in line with a fresh attempt budget (a delivered one never goes out again).';
+COMMENT ON FUNCTION tide.replay_effect(bigint) IS
+    'replay_effect(effect_id): puts a dead side effect back in line with a fresh attempt budget (a delivered one never goes out again); returns effect_id.';
 
 -- The tick takes back side effects whose delivery worker's lease expired.
 CREATE FUNCTION tide._tick_effects(p_now timestamptz) RETURNS integer

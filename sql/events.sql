@@ -1,5 +1,5 @@
 -- pg_tide event tasks: tide.emit creates runs in the caller's transaction, once per dedupe key;
--- tide.emit_on_change emits table changes. Their per-key order is kept by the serial groups of
+-- tide.create_emit_trigger emits table changes. Their per-key order is kept by the serial groups of
 -- sql/locks.sql.
 
 CREATE SEQUENCE tide.event_seq;
@@ -23,12 +23,13 @@ COMMENT ON FUNCTION tide._check_topic(text, text) IS 'Internal: refuses a malfor
 
 -- A generic plan always: the custom plan the planner otherwise keeps choosing (its estimate for
 -- the topic lookup is better with the value) costs more to make than to run (measured: 3x).
-CREATE FUNCTION tide.emit(topic text, payload jsonb DEFAULT '{}', key text DEFAULT NULL, dedupe text DEFAULT NULL)
+CREATE FUNCTION tide.emit(topic text, payload jsonb DEFAULT '{}', event_key text DEFAULT NULL, dedupe_key text DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 AS $$
+#variable_conflict use_column
 DECLARE
     ids bigint[];
     queues text[];
@@ -37,15 +38,15 @@ DECLARE
     only_owner name := CASE WHEN tide._caller_is_superuser() THEN NULL ELSE tide._caller() END;
 BEGIN
     PERFORM tide._check_topic(emit.topic, 'tide.emit');
-    IF length(emit.key) > 1000 OR length(emit.dedupe) > 1000 THEN
+    IF length(emit.event_key) > 1000 OR length(emit.dedupe_key) > 1000 THEN
         RAISE EXCEPTION 'tide.emit: % is too long (% characters, at most 1000)',
-            CASE WHEN length(emit.key) > 1000 THEN 'key' ELSE 'dedupe' END,
-            greatest(length(emit.key), length(emit.dedupe))
+            CASE WHEN length(emit.event_key) > 1000 THEN 'event_key' ELSE 'dedupe_key' END,
+            greatest(length(emit.event_key), length(emit.dedupe_key))
             USING ERRCODE = 'invalid_parameter_value', HINT = 'derive keys from ids, such as ''customer:'' || id';
     END IF;
-    IF emit.key = '' OR emit.dedupe = '' OR emit.dedupe LIKE '#%' THEN
-        RAISE EXCEPTION 'tide.emit: % % is not valid', CASE WHEN emit.key = '' THEN 'key' ELSE 'dedupe' END,
-            quote_literal(left(CASE WHEN emit.key = '' THEN emit.key ELSE emit.dedupe END, 100))
+    IF emit.event_key = '' OR emit.dedupe_key = '' OR emit.dedupe_key LIKE '#%' THEN
+        RAISE EXCEPTION 'tide.emit: % % is not valid', CASE WHEN emit.event_key = '' THEN 'event_key' ELSE 'dedupe_key' END,
+            quote_literal(left(CASE WHEN emit.event_key = '' THEN emit.event_key ELSE emit.dedupe_key END, 100))
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'pass NULL or a non-empty text; dedupe keys starting with # are pg_tide''s own';
     END IF;
@@ -57,13 +58,13 @@ BEGIN
     WITH created AS (
         INSERT INTO tide.run (task_id, trigger, dedupe_key, version, state, reason, executor, queue, priority,
                               args, owner, topic, event_key, payload, gate, lock_key, gated)
-        SELECT t.task_id, 'event', coalesce(emit.dedupe, '#' || ev), t.version,
+        SELECT t.task_id, 'event', coalesce(emit.dedupe_key, '#' || ev), t.version,
                tide._open_state(jsonb_build_object('ready_dataset', t.ready_dataset, 'ready_check', t.ready_check)),
-               format('event %s on %s%s', ev, emit.topic, coalesce(' (key ' || emit.key || ')', '')),
+               format('event %s on %s%s', ev, emit.topic, coalesce(' (key ' || emit.event_key || ')', '')),
                tide._executor_of(t.command), t.queue, t.priority, t.args, t.owner,
-               emit.topic, emit.key, coalesce(emit.payload, '{}'), g.gate, g.lock_key, g.gated
+               emit.topic, emit.event_key, coalesce(emit.payload, '{}'), g.gate, g.lock_key, g.gated
           FROM tide.task t
-         CROSS JOIN LATERAL tide._gating_of(t.task_id, t.version, t.args, coalesce(emit.payload, '{}'), emit.key,
+         CROSS JOIN LATERAL tide._gating_of(t.task_id, t.version, t.args, coalesce(emit.payload, '{}'), emit.event_key,
                                             NULL, NULL) g
          WHERE t.topics @> ARRAY[emit.topic] AND (only_owner IS NULL OR t.owner = only_owner)
         ORDER BY t.task_id
@@ -87,7 +88,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide.emit(text, jsonb, text, text) IS
-    'emit(topic, payload => ''{}'', key => NULL, dedupe => NULL): in the caller''s transaction, creates one run of every task of the caller''s subscribed to the topic (a superuser''s emit: every role''s). Runs of one task and key go one at a time, in the order of their runs. A dedupe key already used by a task''s run makes the emit a no-op for that task. Returns how many runs it created.';
+    'emit(topic, payload => ''{}'', event_key => NULL, dedupe_key => NULL): in the caller''s transaction, creates one run of every task of the caller''s subscribed to the topic (a superuser''s emit: every role''s). Runs of one task and key go one at a time, in the order of their runs. A dedupe key already used by a task''s run makes the emit a no-op for that task. Returns how many runs it created.';
 
 CREATE FUNCTION tide._emit_row() RETURNS trigger
 LANGUAGE plpgsql
@@ -107,9 +108,9 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide._emit_row() IS
-    'Trigger (installed by tide.emit_on_change): emits the changed row as {op, table, row} on the topic, keyed by the key column.';
+    'Trigger (installed by tide.create_emit_trigger): emits the changed row as {op, table, row} on the topic, keyed by the key column.';
 
--- emit_on_change runs as the extension's owner: it changes a table's triggers only for a
+-- create_emit_trigger runs as the extension's owner: it changes a table's triggers only for a
 -- caller who may (the table's owner, a member of that role, or a superuser), as CREATE TRIGGER
 -- would check for the caller.
 CREATE FUNCTION tide._own_table(p_table regclass, p_function text) RETURNS void
@@ -132,65 +133,65 @@ CREATE FUNCTION tide._emit_trigger_name(p_topic text) RETURNS name
 LANGUAGE sql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$ SELECT ('tide_emit_' || regexp_replace(p_topic, '[^A-Za-z0-9_]', '_', 'g'))::name $$;
-COMMENT ON FUNCTION tide._emit_trigger_name(text) IS 'Internal: the name of the trigger emit_on_change installs for a topic.';
+COMMENT ON FUNCTION tide._emit_trigger_name(text) IS 'Internal: the name of the trigger create_emit_trigger installs for a topic.';
 
-CREATE FUNCTION tide.emit_on_change("table" regclass, topic text, key_column text DEFAULT NULL) RETURNS name
+CREATE FUNCTION tide.create_emit_trigger("table" regclass, topic text, key_column text DEFAULT NULL) RETURNS name
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     trigger_name name;
 BEGIN
-    IF emit_on_change."table" IS NULL THEN
-        RAISE EXCEPTION 'tide.emit_on_change: table must not be NULL' USING ERRCODE = 'null_value_not_allowed',
-            HINT = 'for example: SELECT tide.emit_on_change(''orders'', ''order.changed'', ''customer_id'')';
+    IF create_emit_trigger."table" IS NULL THEN
+        RAISE EXCEPTION 'tide.create_emit_trigger: table must not be NULL' USING ERRCODE = 'null_value_not_allowed',
+            HINT = 'for example: SELECT tide.create_emit_trigger(''orders'', ''order.changed'', ''customer_id'')';
     END IF;
-    PERFORM tide._check_topic(emit_on_change.topic, 'tide.emit_on_change');
-    PERFORM tide._own_table(emit_on_change."table", 'tide.emit_on_change');
-    IF emit_on_change.key_column IS NOT NULL THEN
-        PERFORM tide._text_arg('key_column', emit_on_change.key_column, 63,
+    PERFORM tide._check_topic(create_emit_trigger.topic, 'tide.create_emit_trigger');
+    PERFORM tide._own_table(create_emit_trigger."table", 'tide.create_emit_trigger');
+    IF create_emit_trigger.key_column IS NOT NULL THEN
+        PERFORM tide._text_arg('key_column', create_emit_trigger.key_column, 63,
                                'pass the column whose value orders the events (runs of one key go one at a time), or NULL');
     END IF;
-    IF emit_on_change.key_column IS NOT NULL AND NOT EXISTS (
+    IF create_emit_trigger.key_column IS NOT NULL AND NOT EXISTS (
            SELECT 1 FROM pg_attribute a
-            WHERE a.attrelid = emit_on_change."table" AND a.attname = emit_on_change.key_column
+            WHERE a.attrelid = create_emit_trigger."table" AND a.attname = create_emit_trigger.key_column
               AND a.attnum > 0 AND NOT a.attisdropped) THEN
-        RAISE EXCEPTION 'table % has no column %', emit_on_change."table", quote_ident(emit_on_change.key_column)
+        RAISE EXCEPTION 'table % has no column %', create_emit_trigger."table", quote_ident(create_emit_trigger.key_column)
             USING ERRCODE = 'undefined_column',
                   HINT = 'pass the column whose value orders the events (runs of one key go one at a time), or NULL';
     END IF;
-    trigger_name := tide._emit_trigger_name(emit_on_change.topic);
+    trigger_name := tide._emit_trigger_name(create_emit_trigger.topic);
     EXECUTE format('CREATE OR REPLACE TRIGGER %I AFTER INSERT OR UPDATE ON %s FOR EACH ROW EXECUTE FUNCTION tide._emit_row(%L, %L)',
-                   trigger_name, emit_on_change."table", emit_on_change.topic, coalesce(emit_on_change.key_column, ''));
+                   trigger_name, create_emit_trigger."table", create_emit_trigger.topic, coalesce(create_emit_trigger.key_column, ''));
     RETURN trigger_name;
 END
 $$;
-COMMENT ON FUNCTION tide.emit_on_change(regclass, text, text) IS
-    'emit_on_change(table, topic, key_column => NULL): installs a trigger that emits each inserted or changed row ({op, table, row}) on the topic, keyed by key_column, in the writing transaction. Calling it again replaces it; tide.drop_emit_on_change removes it. Returns the trigger''s name.';
+COMMENT ON FUNCTION tide.create_emit_trigger(regclass, text, text) IS
+    'create_emit_trigger(table, topic, key_column => NULL): installs a trigger that emits each inserted or changed row ({op, table, row}) on the topic, keyed by key_column, in the writing transaction. Calling it again replaces it; tide.drop_emit_trigger removes it. Returns the trigger''s name.';
 
-CREATE FUNCTION tide.drop_emit_on_change("table" regclass, topic text) RETURNS boolean
+CREATE FUNCTION tide.drop_emit_trigger("table" regclass, topic text) RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     trigger_name name;
 BEGIN
-    IF drop_emit_on_change."table" IS NULL THEN
-        RAISE EXCEPTION 'tide.drop_emit_on_change: table must not be NULL' USING ERRCODE = 'null_value_not_allowed',
-            HINT = 'for example: SELECT tide.drop_emit_on_change(''orders'', ''order.changed'')';
+    IF drop_emit_trigger."table" IS NULL THEN
+        RAISE EXCEPTION 'tide.drop_emit_trigger: table must not be NULL' USING ERRCODE = 'null_value_not_allowed',
+            HINT = 'for example: SELECT tide.drop_emit_trigger(''orders'', ''order.changed'')';
     END IF;
-    PERFORM tide._check_topic(drop_emit_on_change.topic, 'tide.drop_emit_on_change');
-    PERFORM tide._own_table(drop_emit_on_change."table", 'tide.drop_emit_on_change');
-    trigger_name := tide._emit_trigger_name(drop_emit_on_change.topic);
-    IF NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = drop_emit_on_change."table" AND g.tgname = trigger_name) THEN
+    PERFORM tide._check_topic(drop_emit_trigger.topic, 'tide.drop_emit_trigger');
+    PERFORM tide._own_table(drop_emit_trigger."table", 'tide.drop_emit_trigger');
+    trigger_name := tide._emit_trigger_name(drop_emit_trigger.topic);
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = drop_emit_trigger."table" AND g.tgname = trigger_name) THEN
         RETURN false;
     END IF;
-    EXECUTE format('DROP TRIGGER %I ON %s', trigger_name, drop_emit_on_change."table");
+    EXECUTE format('DROP TRIGGER %I ON %s', trigger_name, drop_emit_trigger."table");
     RETURN true;
 END
 $$;
-COMMENT ON FUNCTION tide.drop_emit_on_change(regclass, text) IS
-    'drop_emit_on_change(table, topic): removes the trigger tide.emit_on_change installed; false if there was none.';
+COMMENT ON FUNCTION tide.drop_emit_trigger(regclass, text) IS
+    'drop_emit_trigger(table, topic): removes the trigger tide.create_emit_trigger installed; false if there was none.';
 
 -- Run context of event runs.
 CREATE FUNCTION tide.payload() RETURNS jsonb

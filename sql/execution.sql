@@ -1,6 +1,6 @@
 -- pg_tide execution: claiming, leases and fencing, completion, failure and retry, the SQL
 -- command executor's per-run wrapper, readiness, replay and rerun, rule-version confirmation.
--- Every state change below is an UPDATE of tide.run, checked and recorded by tide.run_changed.
+-- Every state change below is an UPDATE of tide.run, checked and recorded by tide._run_changed.
 --
 -- The public functions here run as the extension's owner (src/caller.rs): each acts only on
 -- runs the caller may act on (tide._may_act: its own, a role it is a member of, or any for a
@@ -71,15 +71,15 @@ DECLARE
     r tide.run;
 BEGIN
     IF p_run_id IS NULL OR p_token IS NULL THEN
-        RAISE EXCEPTION '%: % must not be NULL', p_function, CASE WHEN p_run_id IS NULL THEN 'run_id' ELSE 'token' END
+        RAISE EXCEPTION '%: % must not be NULL', p_function, CASE WHEN p_run_id IS NULL THEN 'run_id' ELSE 'lease_token' END
             USING ERRCODE = 'null_value_not_allowed',
-                  HINT = 'pass the run_id and lease_token that tide.claim returned';
+                  HINT = 'pass the run_id and lease_token that tide.claim_runs returned';
     END IF;
     SELECT * INTO r FROM tide.run x WHERE x.run_id = p_run_id AND tide._may_act(x.owner);
     IF NOT FOUND THEN
         RAISE EXCEPTION 'run % does not exist', p_run_id
             USING ERRCODE = 'undefined_object',
-                  HINT = 'pass the run_id that tide.claim returned; runs of other roles'' tasks are not visible';
+                  HINT = 'pass the run_id that tide.claim_runs returned; runs of other roles'' tasks are not visible';
     END IF;
     RAISE EXCEPTION 'lease token % of run % is stale: the run is now % (%)', p_token, p_run_id, r.state,
         CASE WHEN r.state = 'running' THEN format('held by %s with token %s', coalesce(r.lease_owner, 'another worker'), r.lease_token)
@@ -213,7 +213,7 @@ $$;
 COMMENT ON FUNCTION tide._claim(tide.executor, text, text, integer, interval) IS
     'Internal: the one claim path of external workers and pg_tide''s SQL executors; returns the claim context with the run''s priority, owner and timeout.';
 
-CREATE FUNCTION tide.claim(queue text DEFAULT 'default', worker text DEFAULT NULL, n integer DEFAULT 1,
+CREATE FUNCTION tide.claim_runs(queue text DEFAULT 'default', worker text DEFAULT NULL, n integer DEFAULT 1,
                            lease interval DEFAULT NULL)
 RETURNS TABLE (run_id bigint, lease_token bigint, lease_expires_at timestamptz, task text, args jsonb,
                window_start timestamptz, window_end timestamptz, biz_date date, attempt integer,
@@ -229,10 +229,10 @@ AS $$
       FROM tide._claim('external', queue, worker, n, lease) c
      ORDER BY c.priority DESC, c.run_id
 $$;
-COMMENT ON FUNCTION tide.claim(text, text, integer, interval) IS
-    'claim(queue => ''default'', worker => NULL, n => 1, lease => task''s lease): claims up to n ready runs of the caller''s external tasks (a superuser: any role''s) (FOR UPDATE SKIP LOCKED, priority then oldest) and returns their context with a fencing lease_token (and, for event runs, the topic, event key and payload). Runs of a serial group (overlap queue, one event key), of a task at its max_concurrency or whose lock is busy are not returned (see tide.lock).';
+COMMENT ON FUNCTION tide.claim_runs(text, text, integer, interval) IS
+    'claim_runs(queue => ''default'', worker => NULL, n => 1, lease => task''s lease): claims up to n ready runs of the caller''s external tasks (a superuser: any role''s) (FOR UPDATE SKIP LOCKED, priority then oldest) and returns their context with a fencing lease_token (and, for event runs, the topic, event key and payload). Runs of a serial group (overlap queue, one event key), of a task at its max_concurrency or whose lock is busy are not returned (see tide.lock).';
 
-CREATE FUNCTION tide.heartbeat(run_id bigint, token bigint, progress jsonb DEFAULT NULL) RETURNS timestamptz
+CREATE FUNCTION tide.heartbeat_run(run_id bigint, lease_token bigint, progress jsonb DEFAULT NULL) RETURNS timestamptz
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -240,35 +240,35 @@ DECLARE
     expires timestamptz;
     held_lock text;
 BEGIN
-    PERFORM tide._jsonb_arg('progress', heartbeat.progress, 1048576);
+    PERFORM tide._jsonb_arg('progress', heartbeat_run.progress, 1048576);
     UPDATE tide.run r
        SET lease_expires_at = now() + r.lease_length,
-           checkpoint = coalesce(heartbeat.progress, r.checkpoint),
+           checkpoint = coalesce(heartbeat_run.progress, r.checkpoint),
            updated_at = now()
-     WHERE r.run_id = heartbeat.run_id AND r.lease_token = heartbeat.token AND r.state = 'running'
+     WHERE r.run_id = heartbeat_run.run_id AND r.lease_token = heartbeat_run.lease_token AND r.state = 'running'
        AND r.control IS NULL AND tide._may_act(r.owner)
     RETURNING r.lease_expires_at, r.lock_key INTO expires, held_lock;
     IF NOT FOUND THEN
         PERFORM 1 FROM tide.run r
-         WHERE r.run_id = heartbeat.run_id AND r.lease_token = heartbeat.token AND r.state = 'running'
+         WHERE r.run_id = heartbeat_run.run_id AND r.lease_token = heartbeat_run.lease_token AND r.state = 'running'
            AND tide._may_act(r.owner);
         IF FOUND THEN
             -- tide.pause_run / tide.cancel_run asked it to stop: it stops here, keeping progress.
-            PERFORM tide._stop_run(heartbeat.run_id, heartbeat.progress);
+            PERFORM tide._stop_run(heartbeat_run.run_id, heartbeat_run.progress);
             RETURN NULL;
         END IF;
-        PERFORM tide._refuse_stale(heartbeat.run_id, heartbeat.token, 'tide.heartbeat');
+        PERFORM tide._refuse_stale(heartbeat_run.run_id, heartbeat_run.lease_token, 'tide.heartbeat_run');
     END IF;
     IF held_lock IS NOT NULL THEN
-        UPDATE tide.lock l SET expires_at = expires WHERE l.run_id = heartbeat.run_id AND l.token = heartbeat.token;
+        UPDATE tide.lock l SET expires_at = expires WHERE l.run_id = heartbeat_run.run_id AND l.lease_token = heartbeat_run.lease_token;
     END IF;
     RETURN expires;
 END
 $$;
-COMMENT ON FUNCTION tide.heartbeat(bigint, bigint, jsonb) IS
-    'heartbeat(run_id, token, progress => NULL): extends the lease (and the run''s lock) by its length and stores progress as the checkpoint; returns the new expiry. Returns NULL when tide.pause_run or tide.cancel_run stopped the run: stop working (progress is kept). A stale token is refused.';
+COMMENT ON FUNCTION tide.heartbeat_run(bigint, bigint, jsonb) IS
+    'heartbeat_run(run_id, lease_token, progress => NULL): extends the lease (and the run''s lock) by its length and stores progress as the checkpoint; returns the new expiry. Returns NULL when tide.pause_run or tide.cancel_run stopped the run: stop working (progress is kept). A stale lease token is refused.';
 
-CREATE FUNCTION tide.complete(run_id bigint, token bigint, result jsonb DEFAULT NULL,
+CREATE FUNCTION tide.complete_run(run_id bigint, lease_token bigint, result jsonb DEFAULT NULL,
                               expected bigint DEFAULT NULL, actual bigint DEFAULT NULL)
 RETURNS tide.run_state
 LANGUAGE plpgsql
@@ -276,7 +276,7 @@ SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-    short boolean := complete.actual < complete.expected;
+    short boolean := complete_run.actual < complete_run.expected;
     done tide.run_state;
     attempt_no integer;
     why text;
@@ -290,55 +290,55 @@ DECLARE
     caller name := tide._caller();
     any_owner boolean := tide._caller_is_superuser();
 BEGIN
-    IF complete.expected < 0 OR complete.actual < 0 THEN
+    IF complete_run.expected < 0 OR complete_run.actual < 0 THEN
         RAISE EXCEPTION 'expected and actual must not be negative, got expected %, actual %',
-            complete.expected, complete.actual
+            complete_run.expected, complete_run.actual
             USING ERRCODE = 'invalid_parameter_value', HINT = 'pass the number of records the run should have and did process';
     END IF;
-    PERFORM tide._jsonb_arg('result', complete.result, 1048576);
+    PERFORM tide._jsonb_arg('result', complete_run.result, 1048576);
     -- The hot path of every worker: plain statements (cheaper here than data-modifying CTEs),
     -- and the history row written here rather than by the trigger.
     ignored := set_config('tide.history', 'written', true);
     UPDATE tide.run r
        SET state = CASE WHEN short THEN 'need_check' ELSE 'succeeded' END::tide.run_state,
-           result = complete.result,
-           expected = complete.expected,
-           actual = complete.actual,
+           result = complete_run.result,
+           expected = complete_run.expected,
+           actual = complete_run.actual,
            finished_at = now(),
            updated_at = now(),
            lease_expires_at = NULL,
            reason = CASE WHEN short
-                         THEN format('completed short: expected %s, actual %s', complete.expected, complete.actual)
+                         THEN format('completed short: expected %s, actual %s', complete_run.expected, complete_run.actual)
                          ELSE format('completed by %s', coalesce(r.lease_owner, 'a worker')) END
-     WHERE r.run_id = complete.run_id AND r.lease_token = complete.token AND r.state = 'running'
+     WHERE r.run_id = complete_run.run_id AND r.lease_token = complete_run.lease_token AND r.state = 'running'
        AND (any_owner OR r.owner = caller OR tide._may_act(r.owner))
     RETURNING r.state, r.attempts, r.reason, r.owner, r.lease_owner, r.claimed_at
          INTO done, attempt_no, why, who, worker, claimed;
     ignored := set_config('tide.history', '', true);
     IF NOT FOUND THEN
-        PERFORM tide._refuse_stale(complete.run_id, complete.token, 'tide.complete');
+        PERFORM tide._refuse_stale(complete_run.run_id, complete_run.lease_token, 'tide.complete_run');
     END IF;
     IF short THEN
-        UPDATE tide.pending p SET state = 'need_check', due_at = NULL WHERE p.run_id = complete.run_id
+        UPDATE tide.pending p SET state = 'need_check', due_at = NULL WHERE p.run_id = complete_run.run_id
         RETURNING p.gated INTO gated;
     ELSE
-        DELETE FROM tide.pending p WHERE p.run_id = complete.run_id RETURNING p.gated INTO gated;
+        DELETE FROM tide.pending p WHERE p.run_id = complete_run.run_id RETURNING p.gated INTO gated;
     END IF;
     IF gated THEN
-        PERFORM tide._release(ARRAY[complete.run_id]);
+        PERFORM tide._release(ARRAY[complete_run.run_id]);
     END IF;
     INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner, attempt, worker, lease_token,
                                 claimed_at, outcome)
-    VALUES (complete.run_id, 'running', done, why, who, attempt_no, worker, complete.token, claimed,
+    VALUES (complete_run.run_id, 'running', done, why, who, attempt_no, worker, complete_run.lease_token, claimed,
             CASE WHEN short THEN 'need_check' ELSE 'succeeded' END::tide.attempt_outcome);
-    PERFORM tide._log_runs(CASE WHEN short THEN 'need_check' ELSE 'success' END, ARRAY[complete.run_id]);
+    PERFORM tide._log_runs(CASE WHEN short THEN 'need_check' ELSE 'success' END, ARRAY[complete_run.run_id]);
     RETURN done;
 END
 $$;
-COMMENT ON FUNCTION tide.complete(bigint, bigint, jsonb, bigint, bigint) IS
-    'complete(run_id, token, result => NULL, expected => NULL, actual => NULL): finishes a claimed run: succeeded, or need_check when actual < expected. A stale token is refused and nothing changes.';
+COMMENT ON FUNCTION tide.complete_run(bigint, bigint, jsonb, bigint, bigint) IS
+    'complete_run(run_id, lease_token, result => NULL, expected => NULL, actual => NULL): finishes a claimed run: succeeded, or need_check when actual < expected. A stale lease token is refused and nothing changes.';
 
-CREATE FUNCTION tide.complete_many(run_ids bigint[], tokens bigint[], results jsonb[] DEFAULT NULL)
+CREATE FUNCTION tide.complete_runs(run_ids bigint[], lease_tokens bigint[], results jsonb[] DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -352,29 +352,29 @@ DECLARE
     caller name := tide._caller();
     any_owner boolean := tide._caller_is_superuser();
 BEGIN
-    IF coalesce(cardinality(complete_many.run_ids), 0) = 0
-       AND coalesce(cardinality(complete_many.tokens), 0) = 0 THEN
+    IF coalesce(cardinality(complete_runs.run_ids), 0) = 0
+       AND coalesce(cardinality(complete_runs.lease_tokens), 0) = 0 THEN
         RETURN 0;  -- an empty claim: nothing to complete
     END IF;
-    IF complete_many.run_ids IS NULL OR complete_many.tokens IS NULL
-       OR cardinality(complete_many.run_ids) <> cardinality(complete_many.tokens)
-       OR cardinality(complete_many.results) <> cardinality(complete_many.run_ids) THEN
-        RAISE EXCEPTION 'run_ids, tokens and results must be arrays of the same length, got %, % and %',
-            coalesce(cardinality(complete_many.run_ids)::text, 'NULL'), coalesce(cardinality(complete_many.tokens)::text, 'NULL'),
-            coalesce(cardinality(complete_many.results)::text, 'no results')
+    IF complete_runs.run_ids IS NULL OR complete_runs.lease_tokens IS NULL
+       OR cardinality(complete_runs.run_ids) <> cardinality(complete_runs.lease_tokens)
+       OR cardinality(complete_runs.results) <> cardinality(complete_runs.run_ids) THEN
+        RAISE EXCEPTION 'run_ids, lease_tokens and results must be arrays of the same length, got %, % and %',
+            coalesce(cardinality(complete_runs.run_ids)::text, 'NULL'), coalesce(cardinality(complete_runs.lease_tokens)::text, 'NULL'),
+            coalesce(cardinality(complete_runs.results)::text, 'no results')
             USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'pass the run_id and lease_token columns of tide.claim as arrays, in the same order';
+                  HINT = 'pass the run_id and lease_token columns of tide.claim_runs as arrays, in the same order';
     END IF;
-    IF cardinality(complete_many.run_ids) > 1000 THEN
-        RAISE EXCEPTION 'complete at most 1000 runs at a time, got %', cardinality(complete_many.run_ids)
-            USING ERRCODE = 'invalid_parameter_value', HINT = 'tide.claim hands out at most 1000 runs at a time';
+    IF cardinality(complete_runs.run_ids) > 1000 THEN
+        RAISE EXCEPTION 'complete at most 1000 runs at a time, got %', cardinality(complete_runs.run_ids)
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'tide.claim_runs hands out at most 1000 runs at a time';
     END IF;
     -- All runs and their history (with the attempts they end) in one statement: the batch path
     -- of a busy worker.
     ignored := set_config('tide.history', 'written', true);
     WITH input AS (
-        SELECT i.run_id, i.token, complete_many.results[i.n] AS result
-          FROM unnest(complete_many.run_ids, complete_many.tokens) WITH ORDINALITY AS i(run_id, token, n)
+        SELECT i.run_id, i.token, complete_runs.results[i.n] AS result
+          FROM unnest(complete_runs.run_ids, complete_runs.lease_tokens) WITH ORDINALITY AS i(run_id, token, n)
     ), done_run AS (
         UPDATE tide.run r
            SET state = 'succeeded', result = i.result, finished_at = now(), updated_at = now(),
@@ -396,13 +396,13 @@ BEGIN
     SELECT array_agg(d.run_id), array_agg(d.run_id) FILTER (WHERE d.gated)
       INTO done_ids, gated_ids FROM done_run d;
     ignored := set_config('tide.history', '', true);
-    IF coalesce(cardinality(done_ids), 0) < cardinality(complete_many.run_ids) THEN
+    IF coalesce(cardinality(done_ids), 0) < cardinality(complete_runs.run_ids) THEN
         -- All or nothing: raising undoes the completions above.
         SELECT i.run_id, i.token INTO stale
-          FROM unnest(complete_many.run_ids, complete_many.tokens) AS i(run_id, token)
+          FROM unnest(complete_runs.run_ids, complete_runs.lease_tokens) AS i(run_id, token)
          WHERE i.run_id <> ALL (coalesce(done_ids, '{}')) LIMIT 1;
         IF FOUND THEN
-            PERFORM tide._refuse_stale(stale.run_id, stale.token, 'tide.complete_many');
+            PERFORM tide._refuse_stale(stale.run_id, stale.token, 'tide.complete_runs');
         END IF;
         RAISE EXCEPTION 'run_ids must not repeat a run' USING ERRCODE = 'invalid_parameter_value',
             HINT = 'complete each claimed run once';
@@ -414,10 +414,10 @@ BEGIN
     RETURN cardinality(done_ids);
 END
 $$;
-COMMENT ON FUNCTION tide.complete_many(bigint[], bigint[], jsonb[]) IS
-    'complete_many(run_ids, tokens, results => NULL): completes a batch of claimed runs as succeeded in one call, all or nothing: one stale token refuses the whole batch. Returns how many (0 for empty arrays, as an empty claim aggregates to).';
+COMMENT ON FUNCTION tide.complete_runs(bigint[], bigint[], jsonb[]) IS
+    'complete_runs(run_ids, lease_tokens, results => NULL): completes a batch of claimed runs as succeeded in one call, all or nothing: one stale lease token refuses the whole batch. Returns how many (0 for empty arrays, as an empty claim aggregates to).';
 
--- The one failure path: a worker's tide.fail, an SQL command's error, a lost lease.
+-- The one failure path: a worker's tide.fail_run, an SQL command's error, a lost lease.
 CREATE FUNCTION tide._fail(p_run_id bigint, p_error text, p_kind tide.error_kind, p_sqlstate text,
                            p_outcome tide.attempt_outcome, p_now timestamptz)
 RETURNS tide.run_state
@@ -495,7 +495,7 @@ $$;
 COMMENT ON FUNCTION tide._fail(bigint, text, tide.error_kind, text, tide.attempt_outcome, timestamptz) IS
     'Internal: records a failed attempt and decides retry (with backoff), wait (not ready) or dead letter.';
 
-CREATE FUNCTION tide.fail(run_id bigint, token bigint, error text, kind text DEFAULT 'transient')
+CREATE FUNCTION tide.fail_run(run_id bigint, lease_token bigint, error text, kind text DEFAULT 'transient')
 RETURNS tide.run_state
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -503,25 +503,25 @@ AS $$
 DECLARE
     k tide.error_kind;
 BEGIN
-    IF fail.run_id IS NULL OR fail.token IS NULL OR fail.error IS NULL OR fail.kind IS NULL THEN
+    IF fail_run.run_id IS NULL OR fail_run.lease_token IS NULL OR fail_run.error IS NULL OR fail_run.kind IS NULL THEN
         RAISE EXCEPTION '% must not be NULL',
-            CASE WHEN fail.run_id IS NULL THEN 'run_id' WHEN fail.token IS NULL THEN 'token'
-                 WHEN fail.error IS NULL THEN 'error' ELSE 'kind' END
-            USING ERRCODE = 'null_value_not_allowed', HINT = 'say what went wrong: tide.fail(run_id, token, ''timeout calling the bank'')';
+            CASE WHEN fail_run.run_id IS NULL THEN 'run_id' WHEN fail_run.lease_token IS NULL THEN 'lease_token'
+                 WHEN fail_run.error IS NULL THEN 'error' ELSE 'kind' END
+            USING ERRCODE = 'null_value_not_allowed', HINT = 'say what went wrong: tide.fail_run(run_id, lease_token, ''timeout calling the bank'')';
     END IF;
-    k := tide.error_kind_from(tide._text_arg('kind', fail.kind, 20, 'use ''transient'', ''business'' or ''not_ready'''))::tide.error_kind;
+    k := tide._error_kind_from(tide._text_arg('kind', fail_run.kind, 20, 'use ''transient'', ''business'' or ''not_ready'''))::tide.error_kind;
     PERFORM 1 FROM tide.run r
-     WHERE r.run_id = fail.run_id AND r.lease_token = fail.token AND r.state = 'running'
+     WHERE r.run_id = fail_run.run_id AND r.lease_token = fail_run.lease_token AND r.state = 'running'
        AND tide._may_act(r.owner)
        FOR UPDATE;
     IF NOT FOUND THEN
-        PERFORM tide._refuse_stale(fail.run_id, fail.token, 'tide.fail');
+        PERFORM tide._refuse_stale(fail_run.run_id, fail_run.lease_token, 'tide.fail_run');
     END IF;
-    RETURN tide._fail(fail.run_id, fail.error, k, NULL, 'failed', now());
+    RETURN tide._fail(fail_run.run_id, fail_run.error, k, NULL, 'failed', now());
 END
 $$;
-COMMENT ON FUNCTION tide.fail(bigint, bigint, text, text) IS
-    'fail(run_id, token, error, kind => ''transient''): records a failed attempt. transient = retry with backoff up to max_attempts; business = dead letter at once; not_ready = wait for the next window. Returns the run''s new state.';
+COMMENT ON FUNCTION tide.fail_run(bigint, bigint, text, text) IS
+    'fail_run(run_id, lease_token, error, kind => ''transient''): records a failed attempt. transient = retry with backoff up to max_attempts; business = dead letter at once; not_ready = wait for the next window. Returns the run''s new state.';
 
 -- The SQL executor's body for one claimed run, called by a pg_tide executor (a superuser).
 -- The command runs sealed as the task's owner (between tide._seal_begin and tide._seal_end,
@@ -580,14 +580,14 @@ BEGIN
             IF next_checkpoint IS NOT NULL THEN
                 -- One batch done: a heartbeat commits its checkpoint with its work and renews
                 -- the lease and lock; a pause or cancel asked for meanwhile stops the run here.
-                IF tide.heartbeat(p_run_id, p_token, next_checkpoint) IS NULL THEN
+                IF tide.heartbeat_run(p_run_id, p_token, next_checkpoint) IS NULL THEN
                     RETURN (SELECT x.state::text FROM tide.run x WHERE x.run_id = p_run_id);
                 END IF;
-                RETURN 'more ' || coalesce(round(1000 / (rules->>'rate')::float8)::bigint,
-                                           (extract(epoch FROM (rules->>'pause')::interval) * 1000)::bigint, 0);
+                RETURN 'more ' || coalesce(round(1000 / (rules->>'batch_rate')::float8)::bigint,
+                                           (extract(epoch FROM (rules->>'batch_pause')::interval) * 1000)::bigint, 0);
             END IF;
         END IF;
-        final := tide.complete(p_run_id, p_token,
+        final := tide.complete_run(p_run_id, p_token,
                                CASE WHEN long THEN jsonb_build_object('batches', r.batches + 1)
                                     ELSE jsonb_build_object('row_count', n) END,
                                reported.expected, reported.actual);
@@ -770,7 +770,7 @@ AS $$
 $$;
 COMMENT ON FUNCTION tide._open_state(jsonb) IS 'Internal: waiting if the rules declare readiness, else ready.';
 
--- Reopens a finished run: the shared path of tide.replay, tide.rerun and tide.resolve.
+-- Reopens a finished run: the shared path of tide.replay_run, tide.rerun and tide.resolve_run.
 CREATE FUNCTION tide._reopen(p_run_id bigint, p_trigger tide.run_trigger, p_version text, p_force boolean,
                              p_function text)
 RETURNS bigint
@@ -843,20 +843,20 @@ $$;
 COMMENT ON FUNCTION tide._reopen(bigint, tide.run_trigger, text, boolean, text) IS
     'Internal: reopens a finished run (the shared path of replay, rerun and resolve).';
 
-CREATE FUNCTION tide.replay(run_id bigint, version text DEFAULT NULL, force boolean DEFAULT false) RETURNS bigint
+CREATE FUNCTION tide.replay_run(run_id bigint, version text DEFAULT NULL, force boolean DEFAULT false) RETURNS bigint
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF replay.run_id IS NULL THEN
+    IF replay_run.run_id IS NULL THEN
         RAISE EXCEPTION 'run_id must not be NULL' USING ERRCODE = 'null_value_not_allowed',
             HINT = 'pick one from tide.dead_letter';
     END IF;
-    RETURN tide._reopen(replay.run_id, 'replay', replay.version, replay.force, 'tide.replay');
+    RETURN tide._reopen(replay_run.run_id, 'replay', replay_run.version, replay_run.force, 'tide.replay_run');
 END
 $$;
-COMMENT ON FUNCTION tide.replay(bigint, text, boolean) IS
-    'replay(run_id, version => ''original''|''current'', force => false): puts a dead, need_check, cancelled or skipped run back in line through the normal path. A succeeded run needs force => true. When the task''s rules changed since the run, version must be chosen.';
+COMMENT ON FUNCTION tide.replay_run(bigint, text, boolean) IS
+    'replay_run(run_id, version => ''original''|''current'', force => false): puts a dead, need_check, cancelled or skipped run back in line through the normal path. A succeeded run needs force => true. When the task''s rules changed since the run, version must be chosen.';
 
 CREATE FUNCTION tide._rerun(p_task_id bigint, p_fire timestamptz, p_start timestamptz, p_end timestamptz,
                             p_biz_date date, p_version text, p_force boolean)
@@ -876,7 +876,7 @@ BEGIN
     END IF;
     INSERT INTO tide.run (task_id, trigger, fire_at, window_start, window_end, biz_date, version, state, reason,
                           executor, queue, priority, args, owner)
-    SELECT t.task_id, 'manual', p_fire, p_start, p_end, p_biz_date, t.version, tide._open_state(tide.task_rules(t)),
+    SELECT t.task_id, 'manual', p_fire, p_start, p_end, p_biz_date, t.version, tide._open_state(tide._task_rules(t)),
            format('manual rerun by %s', tide._caller()),
            tide._executor_of(t.command),
            t.queue, t.priority, t.args, t.owner
@@ -893,38 +893,38 @@ $$;
 COMMENT ON FUNCTION tide._rerun(bigint, timestamptz, timestamptz, timestamptz, date, text, boolean) IS
     'Internal: creates or reopens the run of one window (tide.rerun after the window is computed).';
 
-CREATE FUNCTION tide.resolve(run_id bigint, decision text) RETURNS tide.run_state
+CREATE FUNCTION tide.resolve_run(run_id bigint, decision text) RETURNS tide.run_state
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     r tide.run;
 BEGIN
-    SELECT * INTO r FROM tide.run x WHERE x.run_id = resolve.run_id AND tide._may_act(x.owner) FOR UPDATE;
+    SELECT * INTO r FROM tide.run x WHERE x.run_id = resolve_run.run_id AND tide._may_act(x.owner) FOR UPDATE;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'run % does not exist', resolve.run_id USING ERRCODE = 'undefined_object',
+        RAISE EXCEPTION 'run % does not exist', resolve_run.run_id USING ERRCODE = 'undefined_object',
             HINT = 'runs waiting for a decision: SELECT run_id FROM tide.run WHERE state = ''need_check''';
     END IF;
     IF r.state <> 'need_check' THEN
         RAISE EXCEPTION 'run % is %, not need_check', r.run_id, r.state USING ERRCODE = 'object_not_in_prerequisite_state',
-            HINT = 'tide.resolve settles runs that completed short (actual < expected); use tide.replay for other runs';
+            HINT = 'tide.resolve_run settles runs that completed short (actual < expected); use tide.replay_run for other runs';
     END IF;
-    CASE lower(coalesce(resolve.decision, ''))
+    CASE lower(coalesce(resolve_run.decision, ''))
     WHEN 'accept' THEN
         UPDATE tide.run x SET state = 'succeeded', updated_at = now(),
                reason = format('accepted by %s: expected %s, actual %s', tide._caller(), x.expected, x.actual)
          WHERE x.run_id = r.run_id;
     WHEN 'replay' THEN
-        PERFORM tide._reopen(r.run_id, 'replay', 'original', false, 'tide.resolve');
+        PERFORM tide._reopen(r.run_id, 'replay', 'original', false, 'tide.resolve_run');
     ELSE
-        RAISE EXCEPTION 'unknown decision "%"', left(resolve.decision, 20) USING ERRCODE = 'invalid_parameter_value',
+        RAISE EXCEPTION 'unknown decision "%"', left(resolve_run.decision, 20) USING ERRCODE = 'invalid_parameter_value',
             HINT = 'use ''accept'' (the short count is right) or ''replay'' (run it again)';
     END CASE;
     RETURN (SELECT x.state FROM tide.run x WHERE x.run_id = r.run_id);
 END
 $$;
-COMMENT ON FUNCTION tide.resolve(bigint, text) IS
-    'resolve(run_id, ''accept''|''replay''): settles a need_check run: accept its short count as succeeded, or replay it.';
+COMMENT ON FUNCTION tide.resolve_run(bigint, text) IS
+    'resolve_run(run_id, ''accept''|''replay''): settles a need_check run: accept its short count as succeeded, or replay it.';
 
 -- Unstarted runs of a task whose rules just changed (called by tide.alter).
 CREATE FUNCTION tide._apply_pending(p_task_id bigint, p_version integer, p_mode text) RETURNS integer
@@ -1008,31 +1008,31 @@ $$;
 COMMENT ON FUNCTION tide.confirm(text, integer) IS
     'confirm(task, version): releases the task''s held runs to run under the given rule version; returns how many.';
 
-CREATE FUNCTION tide.cancel(run_id bigint, reason text DEFAULT NULL) RETURNS boolean
+CREATE FUNCTION tide._cancel_waiting(p_run_id bigint, p_reason text) RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF cancel.reason IS NOT NULL THEN
-        PERFORM tide._text_arg('reason', cancel.reason, 1000, 'say in a sentence why the run is cancelled');
+    IF p_reason IS NOT NULL THEN
+        PERFORM tide._text_arg('reason', p_reason, 1000, 'say in a sentence why the run is cancelled');
     END IF;
     UPDATE tide.run r
        SET state = 'cancelled', finished_at = now(), updated_at = now(), lease_expires_at = NULL,
-           reason = format('cancelled by %s%s', tide._caller(), coalesce(': ' || cancel.reason, ''))
-     WHERE r.run_id = cancel.run_id AND r.state IN ('waiting', 'ready', 'retry', 'held', 'paused')
+           reason = format('cancelled by %s%s', tide._caller(), coalesce(': ' || p_reason, ''))
+     WHERE r.run_id = p_run_id AND r.state IN ('waiting', 'ready', 'retry', 'held', 'paused')
        AND tide._may_act(r.owner);
     IF FOUND THEN
         RETURN true;
     END IF;
-    IF NOT EXISTS (SELECT 1 FROM tide.run r WHERE r.run_id = cancel.run_id AND tide._may_act(r.owner)) THEN
-        RAISE EXCEPTION 'run % does not exist', cancel.run_id USING ERRCODE = 'undefined_object',
+    IF NOT EXISTS (SELECT 1 FROM tide.run r WHERE r.run_id = p_run_id AND tide._may_act(r.owner)) THEN
+        RAISE EXCEPTION 'run % does not exist', p_run_id USING ERRCODE = 'undefined_object',
             HINT = 'see SELECT run_id, state FROM tide.run';
     END IF;
     RETURN false;
 END
 $$;
-COMMENT ON FUNCTION tide.cancel(bigint, text) IS
-    'cancel(run_id, reason => NULL): cancels a run that has not started (waiting, ready, retry, held, paused); false if it is running or finished (tide.cancel_run stops a running one).';
+COMMENT ON FUNCTION tide._cancel_waiting(bigint, text) IS
+    'Internal (tide.cancel_run): cancels a run that has not started (waiting, ready, retry, held, paused); false if it is running or finished.';
 
 -- The tick's work on existing runs, all at the instant p_now. Each step works on the rows it
 -- can lock at once (SKIP LOCKED: a run held by a role's open transaction waits for the next
@@ -1194,5 +1194,5 @@ SELECT r.run_id, t.name AS task, r.version, r.trigger, r.biz_date, r.window_star
   JOIN tide.task_version v ON v.task_id = r.task_id AND v.version = r.version
  WHERE r.state = 'dead';
 COMMENT ON VIEW tide.dead_letter IS
-    'Dead runs with their full context: task, rule version and rules, window, args, and every attempt''s error. Replay one with tide.replay(run_id).';
+    'Dead runs with their full context: task, rule version and rules, window, args, and every attempt''s error. Replay one with tide.replay_run(run_id).';
 GRANT SELECT ON tide.dead_letter TO PUBLIC;

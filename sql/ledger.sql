@@ -14,7 +14,7 @@ CREATE TYPE tide.run_state AS ENUM (
     'running',     -- claimed under a lease
     'retry',       -- failed transiently; becomes ready when its backoff (run_after) has passed
     'succeeded',
-    'need_check',  -- finished, but actual < expected: a human or tide.resolve decides
+    'need_check',  -- finished, but actual < expected: a human or tide.resolve_run decides
     'dead',        -- dead letter: business error, retries exhausted, or never ready
     'skipped',     -- not run, with skip_reason
     'cancelled',
@@ -26,7 +26,7 @@ COMMENT ON TYPE tide.run_state IS
 
 CREATE TYPE tide.run_trigger AS ENUM ('scheduled', 'catch_up', 'manual', 'replay', 'backfill', 'event');
 COMMENT ON TYPE tide.run_trigger IS
-    'What last put the run in line: scheduled fire, catch-up of a missed window, tide.rerun (manual), tide.replay, a backfill, an event.';
+    'What last put the run in line: scheduled fire, catch-up of a missed window, tide.rerun (manual), tide.replay_run, a backfill, an event.';
 
 CREATE TYPE tide.skip_reason AS ENUM (
     'paused', 'misfire', 'superseded', 'coalesced', 'catch_up_limit', 'beyond_retention', 'not_ready',
@@ -41,7 +41,7 @@ COMMENT ON TYPE tide.error_kind IS
 
 CREATE TYPE tide.executor AS ENUM ('sql', 'external');
 COMMENT ON TYPE tide.executor IS
-    'Who runs a run: sql = pg_tide''s executor workers run the task''s command; external = a worker calling tide.claim.';
+    'Who runs a run: sql = pg_tide''s executor workers run the task''s command; external = a worker calling tide.claim_runs.';
 
 CREATE TYPE tide.attempt_outcome AS ENUM ('succeeded', 'need_check', 'failed', 'lost');
 COMMENT ON TYPE tide.attempt_outcome IS
@@ -99,7 +99,7 @@ CREATE TABLE tide.run (
     topic            text,
     event_key        text,
     payload          jsonb,
-    -- Computed when the run is created (tide.run_gating): the serial group it goes through one
+    -- Computed when the run is created (tide._run_gating): the serial group it goes through one
     -- at a time (overlap queue; an event key), the business object it locks, and whether it
     -- needs any check when claimed.
     gate             text,
@@ -160,7 +160,7 @@ COMMENT ON COLUMN tide.run.claimed_at IS 'When the current (or last) attempt was
 -- The unfinished runs (waiting, ready, running, retry, held) and the unresolved ones (dead,
 -- need_check: they wait for a person), narrow: what claims, the tick and task health scan, kept
 -- small however long the history grows. Maintained with every state change: by the
--- hot paths themselves, by tide.run_changed for the rest, by tide._record_created for new runs.
+-- hot paths themselves, by tide._run_changed for the rest, by tide._record_created for new runs.
 CREATE TABLE tide.pending (
     run_id   bigint PRIMARY KEY,
     task_id  bigint NOT NULL,
@@ -286,7 +286,7 @@ AS $$ SELECT ARRAY[
     'waiting>paused', 'ready>paused', 'retry>paused',
     'paused>ready', 'paused>waiting', 'paused>cancelled', 'paused>held',
     'held>ready', 'held>waiting', 'held>cancelled',
-    -- Reopening finished runs (tide.replay / tide.rerun; succeeded only with force).
+    -- Reopening finished runs (tide.replay_run / tide.rerun; succeeded only with force).
     'succeeded>ready', 'succeeded>waiting',
     'need_check>ready', 'need_check>waiting', 'need_check>succeeded',
     'dead>ready', 'dead>waiting',
@@ -310,14 +310,14 @@ COMMENT ON VIEW tide.run_transition IS 'The allowed run state changes; anything 
 -- records every change (and every new reason) in tide.run_event, and wakes claimers of newly
 -- ready runs (NOTIFY of the same channel and payload is delivered once per transaction, its
 -- lock taken once, at commit). Every UPDATE of tide.run passes it — whichever function or
--- hand-written statement makes it — except the paths that start and end attempts, tide.claim,
--- tide.complete, tide.complete_many and tide._fail: their changes are legal by construction
+-- hand-written statement makes it — except the paths that start and end attempts, tide.claim_runs,
+-- tide.complete_run, tide.complete_runs and tide._fail: their changes are legal by construction
 -- (ready to running; running to succeeded, need_check, retry, dead or waiting, guarded by their
 -- WHERE clauses), and they write their history rows themselves (with the attempt they end), one
 -- statement per batch, saying so with the transaction-local setting tide.history = 'written'
 -- while they update. The WHEN clause (evaluated without calling the
 -- function) skips those rows, and heartbeats, which change neither state nor reason.
-CREATE FUNCTION tide.run_changed() RETURNS trigger
+CREATE FUNCTION tide._run_changed() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -341,7 +341,7 @@ BEGIN
     RETURN NULL;
 END
 $$;
-COMMENT ON FUNCTION tide.run_changed() IS
+COMMENT ON FUNCTION tide._run_changed() IS
     'Trigger: refuses run state changes not in tide.run_transition, records them in tide.run_event, keeps tide.pending in step, NOTIFYs pg_tide_ready with the queue of newly ready runs.';
 -- The setting only ever skips the hot paths' own legal changes: forging it cannot get an
 -- illegal change past the check.
@@ -353,9 +353,9 @@ CREATE TRIGGER run_changed AFTER UPDATE ON tide.run
           AND NOT (current_setting('tide.history', true) IS NOT DISTINCT FROM 'written'
                    AND ((OLD.state = 'ready' AND NEW.state = 'running')
                         OR (OLD.state = 'running' AND NEW.state IN ('succeeded', 'need_check', 'retry', 'dead', 'waiting')))))
-    EXECUTE FUNCTION tide.run_changed();
+    EXECUTE FUNCTION tide._run_changed();
 
-CREATE FUNCTION tide.run_deleted() RETURNS trigger
+CREATE FUNCTION tide._run_deleted() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -367,11 +367,11 @@ BEGIN
     RETURN NULL;
 END
 $$;
-COMMENT ON FUNCTION tide.run_deleted() IS
+COMMENT ON FUNCTION tide._run_deleted() IS
     'Trigger: deleting runs deletes their history (with their attempts), steps and tide.pending rows (the foreign keys they do not have).';
 CREATE TRIGGER run_deleted AFTER DELETE ON tide.run
     REFERENCING OLD TABLE AS old_runs
-    FOR EACH STATEMENT EXECUTE FUNCTION tide.run_deleted();
+    FOR EACH STATEMENT EXECUTE FUNCTION tide._run_deleted();
 
 -- Creation is recorded by the creators (the tick, tide.rerun) calling this, not by an INSERT
 -- trigger: pg_dump restores tide.run with COPY, and a trigger would record every restored run
@@ -400,7 +400,7 @@ $$;
 COMMENT ON FUNCTION tide._record_created(bigint[]) IS
     'Internal: records the creation of new runs in tide.run_event and tide.pending, and wakes claimers of ready ones.';
 
-CREATE FUNCTION tide.run_event_immutable() RETURNS trigger
+CREATE FUNCTION tide._run_event_immutable() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -410,9 +410,9 @@ BEGIN
               HINT = 'run events are written by pg_tide; history is pruned by retention, not edited';
 END
 $$;
-COMMENT ON FUNCTION tide.run_event_immutable() IS 'Trigger: refuses updates of tide.run_event.';
+COMMENT ON FUNCTION tide._run_event_immutable() IS 'Trigger: refuses updates of tide.run_event.';
 CREATE TRIGGER run_event_immutable BEFORE UPDATE ON tide.run_event
-    FOR EACH ROW EXECUTE FUNCTION tide.run_event_immutable();
+    FOR EACH ROW EXECUTE FUNCTION tide._run_event_immutable();
 
 -- Each role reads only the runs of its own tasks, their history, bookkeeping and its markers
 -- (superusers read all); nobody but the extension's owner writes them, and roles cannot use

@@ -23,17 +23,17 @@ CREATE TABLE tide.lock (
     key         text NOT NULL,
     run_id      bigint NOT NULL,
     task_id     bigint NOT NULL,
-    token       bigint NOT NULL,
+    lease_token bigint NOT NULL,
     acquired_at timestamptz NOT NULL DEFAULT now(),
     expires_at  timestamptz NOT NULL,
     PRIMARY KEY (owner, key)
 );
 CREATE INDEX lock_run_idx ON tide.lock (run_id);
 COMMENT ON TABLE tide.lock IS
-    'Per-object locks: one row per business object (key) held by a running run, with the run''s fencing token and an expiry that tide.heartbeat renews. Taken when a run is claimed, released when it ends; an expired lock is taken over and its old holder fenced out. Keys are shared by all tasks of one role.';
+    'Per-object locks: one row per business object (key) held by a running run, with the run''s fencing token and an expiry that tide.heartbeat_run renews. Taken when a run is claimed, released when it ends; an expired lock is taken over and its old holder fenced out. Keys are shared by all tasks of one role.';
 COMMENT ON COLUMN tide.lock.key IS 'The business object, from the task''s lock_key template (such as account:42).';
-COMMENT ON COLUMN tide.lock.token IS 'Fencing token of the holding claim (tide.run.lease_token).';
-COMMENT ON COLUMN tide.lock.expires_at IS 'The holder''s lease expiry; renewed by tide.heartbeat (and each batch of a long task).';
+COMMENT ON COLUMN tide.lock.lease_token IS 'Fencing token of the holding claim (tide.run.lease_token).';
+COMMENT ON COLUMN tide.lock.expires_at IS 'The holder''s lease expiry; renewed by tide.heartbeat_run (and each batch of a long task).';
 ALTER TABLE tide.lock ENABLE ROW LEVEL SECURITY;
 CREATE POLICY lock_owner ON tide.lock FOR SELECT USING (owner = current_user);
 GRANT SELECT ON tide.lock TO PUBLIC;
@@ -127,7 +127,7 @@ COMMENT ON FUNCTION tide._gating_of(bigint, integer, jsonb, jsonb, text, date, t
 -- restores runs with COPY. (No UPDATE trigger: a BEFORE UPDATE row trigger makes every update
 -- of a run fetch and lock the old row first, claims and completions included; the few paths
 -- that change a run's version or args call tide._regate.)
-CREATE FUNCTION tide.run_gating() RETURNS trigger
+CREATE FUNCTION tide._run_gating() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -140,10 +140,10 @@ BEGIN
     RETURN NEW;
 END
 $$;
-COMMENT ON FUNCTION tide.run_gating() IS
+COMMENT ON FUNCTION tide._run_gating() IS
     'Trigger: computes a new run''s serial group (gate), lock key and gated flag from its rule version, args and event.';
 CREATE TRIGGER run_gating_insert BEFORE INSERT ON tide.run
-    FOR EACH ROW EXECUTE FUNCTION tide.run_gating();
+    FOR EACH ROW EXECUTE FUNCTION tide._run_gating();
 
 -- Runs whose rule version or args changed (reopened, adopted, confirmed) take the gating of
 -- their new rules.
@@ -252,7 +252,7 @@ COMMENT ON FUNCTION tide._wake(bigint[]) IS
     'Internal: unparks the runs that may go now that these runs moved: the next of their serial groups, the oldest waiter of their freed lock keys, waiters for free slots of their tasks.';
 
 -- A run that stopped running gives back its lock and wakes who waits. (Called for runs that no
--- longer run: completed, failed, or moved by tide.run_changed to a state other than running.)
+-- longer run: completed, failed, or moved by tide._run_changed to a state other than running.)
 CREATE FUNCTION tide._release(p_run_ids bigint[]) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -340,18 +340,18 @@ BEGIN
                         PERFORM tide._defer(c.run_id, c.lock_key, l.run_id, l.expires_at);
                         CONTINUE;
                     END IF;
-                    PERFORM 1 FROM tide.run x WHERE x.run_id = l.run_id AND x.state = 'running' AND x.lease_token = l.token
+                    PERFORM 1 FROM tide.run x WHERE x.run_id = l.run_id AND x.state = 'running' AND x.lease_token = l.lease_token
                         FOR UPDATE;
                     IF FOUND THEN
                         PERFORM tide._fail(l.run_id, format('lock %s expired (token %s) and was taken over by run %s',
-                                                            c.lock_key, l.token, c.run_id),
+                                                            c.lock_key, l.lease_token, c.run_id),
                                            'transient', NULL, 'lost', now());
                     END IF;
                 END IF;
-                INSERT INTO tide.lock AS x (owner, key, run_id, task_id, token, acquired_at, expires_at)
+                INSERT INTO tide.lock AS x (owner, key, run_id, task_id, lease_token, acquired_at, expires_at)
                 VALUES (c.owner, c.lock_key, c.run_id, c.task_id, p_token, now(), now() + tide._lease_length(p_executor, c.rules, p_lease))
                 ON CONFLICT ON CONSTRAINT lock_pkey DO UPDATE
-                   SET run_id = EXCLUDED.run_id, task_id = EXCLUDED.task_id, token = EXCLUDED.token,
+                   SET run_id = EXCLUDED.run_id, task_id = EXCLUDED.task_id, lease_token = EXCLUDED.lease_token,
                        acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at
                  WHERE x.run_id = EXCLUDED.run_id OR x.expires_at <= now()
                 RETURNING x.run_id INTO taken;

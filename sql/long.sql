@@ -114,7 +114,7 @@ BEGIN
     IF r.state = 'running' THEN
         UPDATE tide.run x SET control = 'cancel', updated_at = now() WHERE x.run_id = r.run_id;
         RETURN 'cancelling';
-    ELSIF r.state = 'cancelled' OR tide.cancel(r.run_id, cancel_run.reason) THEN
+    ELSIF r.state = 'cancelled' OR tide._cancel_waiting(r.run_id, cancel_run.reason) THEN
         RETURN 'cancelled';
     END IF;
     RAISE EXCEPTION 'run % already ended (%)', r.run_id, r.state

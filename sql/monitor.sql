@@ -33,7 +33,7 @@ COMMENT ON FUNCTION tide._short(interval) IS 'A duration in at most 5 characters
 
 -- ---------------------------------------------------------------------------------------------
 -- Task monitoring settings. The longest gap between fires is kept up to date with the schedule.
-CREATE FUNCTION tide.task_fire_gap() RETURNS trigger
+CREATE FUNCTION tide._task_fire_gap() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -42,10 +42,10 @@ BEGIN
     RETURN NEW;
 END
 $$;
-COMMENT ON FUNCTION tide.task_fire_gap() IS
+COMMENT ON FUNCTION tide._task_fire_gap() IS
     'Trigger: keeps tide.task.fire_gap (the longest gap between fires) in step with the schedule.';
 CREATE TRIGGER task_fire_gap BEFORE INSERT OR UPDATE OF schedule, tz, dst_gap, dst_overlap ON tide.task
-    FOR EACH ROW EXECUTE FUNCTION tide.task_fire_gap();
+    FOR EACH ROW EXECUTE FUNCTION tide._task_fire_gap();
 
 CREATE FUNCTION tide._severity(value text, param text) RETURNS tide.severity
 LANGUAGE plpgsql IMMUTABLE
@@ -273,9 +273,9 @@ CREATE TABLE tide.check (
     CONSTRAINT check_owner_name_key UNIQUE (owner, name)
 );
 COMMENT ON TABLE tide.check IS
-    'Heartbeat checks (tide.check): each expects a beat (tide.beat) every period, or at each fire of a cron schedule, within a grace time.';
+    'Heartbeat checks (tide.check): each expects a beat (tide.heartbeat_check) every period, or at each fire of a cron schedule, within a grace time.';
 
-CREATE FUNCTION tide.check(name text, schedule text, grace interval DEFAULT '1 hour', tz text DEFAULT 'UTC',
+CREATE FUNCTION tide.create_check(name text, schedule text, grace interval DEFAULT '1 hour', tz text DEFAULT 'UTC',
                            severity text DEFAULT 'warning')
 RETURNS bigint
 LANGUAGE plpgsql
@@ -333,31 +333,31 @@ BEGIN
     RETURN id;
 END
 $$;
-COMMENT ON FUNCTION tide.check(text, text, interval, text, text) IS
-    'check(name, schedule, grace => ''1 hour'', tz => ''UTC'', severity => ''warning''): declares (or changes) one of the caller''s heartbeat checks (names are per role): a beat is expected every period (schedule = ''1 day'') or at each fire of a cron schedule (''0 3 * * *'' in tz), within grace. Returns its check_id.';
+COMMENT ON FUNCTION tide.create_check(text, text, interval, text, text) IS
+    'create_check(name, schedule, grace => ''1 hour'', tz => ''UTC'', severity => ''warning''): declares (or changes) one of the caller''s heartbeat checks (names are per role): a beat is expected every period (schedule = ''1 day'') or at each fire of a cron schedule (''0 3 * * *'' in tz), within grace. Returns its check_id.';
 
-CREATE FUNCTION tide.beat(name text, ok boolean DEFAULT true, message text DEFAULT NULL) RETURNS timestamptz
+CREATE FUNCTION tide.heartbeat_check(name text, ok boolean DEFAULT true, message text DEFAULT NULL) RETURNS timestamptz
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     c tide.check;
 BEGIN
-    PERFORM tide._text_arg('name', beat.name, 200, 'pass the name of one of your checks');
+    PERFORM tide._text_arg('name', heartbeat_check.name, 200, 'pass the name of one of your checks');
     UPDATE tide.check x
-       SET last_beat_at = now(), last_beat_ok = coalesce(beat.ok, true),
-           last_message = tide._clip(beat.message, 10000), beats = x.beats + 1
-     WHERE x.name = beat.name AND x.owner = tide._caller()
+       SET last_beat_at = now(), last_beat_ok = coalesce(heartbeat_check.ok, true),
+           last_message = tide._clip(heartbeat_check.message, 10000), beats = x.beats + 1
+     WHERE x.name = heartbeat_check.name AND x.owner = tide._caller()
     RETURNING * INTO c;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'no check named "%"', beat.name USING ERRCODE = 'undefined_object',
-            HINT = 'declare it first: SELECT tide.check(''name'', ''1 day'')';
+        RAISE EXCEPTION 'no check named "%"', heartbeat_check.name USING ERRCODE = 'undefined_object',
+            HINT = 'declare it first: SELECT tide.create_check(''name'', ''1 day'')';
     END IF;
     RETURN tide._expected_beat(c);
 END
 $$;
-COMMENT ON FUNCTION tide.beat(text, boolean, text) IS
-    'beat(name, ok => true, message => NULL): records a beat of a check (ok => false reports a failure: the check is down at once). Returns when the next beat is expected.';
+COMMENT ON FUNCTION tide.heartbeat_check(text, boolean, text) IS
+    'heartbeat_check(name, ok => true, message => NULL): records a beat of a check (ok => false reports a failure: the check is down at once). Returns when the next beat is expected.';
 
 CREATE FUNCTION tide._expected_beat(c tide.check) RETURNS timestamptz
 LANGUAGE sql STABLE
@@ -369,7 +369,7 @@ AS $$
 $$;
 COMMENT ON FUNCTION tide._expected_beat(tide.check) IS 'Internal: when a check expects its next beat.';
 
-CREATE FUNCTION tide._set_check_paused(p_name text, p_paused boolean) RETURNS void
+CREATE FUNCTION tide._set_check_paused(p_name text, p_paused boolean) RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -379,40 +379,41 @@ BEGIN
     UPDATE tide.check x SET paused = p_paused,
                             last_beat_at = CASE WHEN p_paused OR x.last_beat_at IS NULL THEN x.last_beat_at ELSE now() END,
                             last_beat_ok = CASE WHEN p_paused OR x.last_beat_at IS NULL THEN x.last_beat_ok ELSE true END
-     WHERE x.name = p_name AND x.owner = tide._caller();
-    IF NOT FOUND THEN
+     WHERE x.name = p_name AND x.owner = tide._caller() AND x.paused IS DISTINCT FROM p_paused;
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM tide.check x WHERE x.name = p_name AND x.owner = tide._caller()) THEN
         RAISE EXCEPTION 'no check named "%"', p_name USING ERRCODE = 'undefined_object',
             HINT = 'list your checks with: SELECT name FROM tide.check';
     END IF;
+    RETURN false;
 END
 $$;
-COMMENT ON FUNCTION tide._set_check_paused(text, boolean) IS 'Internal: pauses or resumes a check.';
+COMMENT ON FUNCTION tide._set_check_paused(text, boolean) IS 'Internal: pauses or resumes a check; false if it already was.';
 
-CREATE FUNCTION tide.pause_check(name text) RETURNS void
+CREATE FUNCTION tide.pause_check(name text) RETURNS boolean
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
 AS $$ SELECT tide._set_check_paused(name, true) $$;
-COMMENT ON FUNCTION tide.pause_check(text) IS 'pause_check(name): the check is paused: no alerts until tide.resume_check.';
-CREATE FUNCTION tide.resume_check(name text) RETURNS void
+COMMENT ON FUNCTION tide.pause_check(text) IS 'pause_check(name): the check is paused: no alerts until tide.resume_check. False if it already was.';
+CREATE FUNCTION tide.resume_check(name text) RETURNS boolean
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
 AS $$ SELECT tide._set_check_paused(name, false) $$;
-COMMENT ON FUNCTION tide.resume_check(text) IS 'resume_check(name): resumes a paused check; the next beat is expected one period (or fire) from now.';
+COMMENT ON FUNCTION tide.resume_check(text) IS 'resume_check(name): resumes a paused check; the next heartbeat is expected one period (or fire) from now. False if it was not paused.';
 
-CREATE FUNCTION tide.drop_check(name text) RETURNS void
+CREATE FUNCTION tide.drop_check(name text) RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM tide._text_arg('name', drop_check.name, 200, 'pass the name of one of your checks');
     DELETE FROM tide.check x WHERE x.name = drop_check.name AND x.owner = tide._caller();
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'no check named "%"', drop_check.name USING ERRCODE = 'undefined_object',
-            HINT = 'list your checks with: SELECT name FROM tide.check';
-    END IF;
+    RETURN FOUND;
 END
 $$;
-COMMENT ON FUNCTION tide.drop_check(text) IS 'drop_check(name): deletes a check; its open alerts resolve at the next evaluation.';
+COMMENT ON FUNCTION tide.drop_check(text) IS 'drop_check(name): deletes a check (its open alerts resolve at the next evaluation); false if there was none by that name.';
 
 -- The status of every check at an instant.
 CREATE FUNCTION tide._checks(p_now timestamptz)
@@ -551,49 +552,48 @@ CREATE TABLE tide.alert_route (
 COMMENT ON TABLE tide.alert_route IS
     'Where alerts are delivered: each opening (and, with resolved, each resolution) of an alert of at least min_severity (and of one of kinds, when set) becomes one side effect on the channel. A route receives its owner''s alerts (a superuser''s route receives all).';
 
-CREATE FUNCTION tide.route_alerts(channel text, min_severity text DEFAULT 'warning', kinds text[] DEFAULT NULL,
+CREATE FUNCTION tide.create_alert_route(channel text, min_severity text DEFAULT 'warning', kinds text[] DEFAULT NULL,
                                   resolved boolean DEFAULT true)
-RETURNS void
+RETURNS text
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     bad text;
 BEGIN
-    PERFORM tide._channel(route_alerts.channel);
-    IF cardinality(route_alerts.kinds) > 100 THEN
-        RAISE EXCEPTION 'kinds has % entries, at most 100', cardinality(route_alerts.kinds)
+    PERFORM tide._channel(create_alert_route.channel);
+    IF cardinality(create_alert_route.kinds) > 100 THEN
+        RAISE EXCEPTION 'kinds has % entries, at most 100', cardinality(create_alert_route.kinds)
             USING ERRCODE = 'invalid_parameter_value', HINT = 'kinds are ' || array_to_string(enum_range(NULL::tide.alert_kind), ', ');
     END IF;
-    SELECT string_agg(coalesce(quote_literal(left(x, 40)), 'NULL'), ', ') INTO bad FROM unnest(route_alerts.kinds) x
+    SELECT string_agg(coalesce(quote_literal(left(x, 40)), 'NULL'), ', ') INTO bad FROM unnest(create_alert_route.kinds) x
      WHERE x IS NULL OR x NOT IN (SELECT e::text FROM unnest(enum_range(NULL::tide.alert_kind)) e);
     IF bad IS NOT NULL THEN
         RAISE EXCEPTION 'unknown alert kind %', bad USING ERRCODE = 'invalid_parameter_value',
             HINT = 'kinds are ' || array_to_string(enum_range(NULL::tide.alert_kind), ', ');
     END IF;
     INSERT INTO tide.alert_route AS r (channel, min_severity, kinds, resolved, owner)
-    VALUES (route_alerts.channel, tide._severity(coalesce(route_alerts.min_severity, 'warning'), 'min_severity'),
-            route_alerts.kinds::tide.alert_kind[], coalesce(route_alerts.resolved, true), tide._caller())
+    VALUES (create_alert_route.channel, tide._severity(coalesce(create_alert_route.min_severity, 'warning'), 'min_severity'),
+            create_alert_route.kinds::tide.alert_kind[], coalesce(create_alert_route.resolved, true), tide._caller())
     ON CONFLICT ON CONSTRAINT alert_route_pkey DO UPDATE
        SET min_severity = EXCLUDED.min_severity, kinds = EXCLUDED.kinds, resolved = EXCLUDED.resolved;
+    RETURN create_alert_route.channel;
 END
 $$;
-COMMENT ON FUNCTION tide.route_alerts(text, text, text[], boolean) IS
-    'route_alerts(channel, min_severity => ''warning'', kinds => NULL (all), resolved => true): delivers alerts to a side-effect channel, once per opening (and resolution): a delivery worker takes them with tide.claim_effects(channel).';
+COMMENT ON FUNCTION tide.create_alert_route(text, text, text[], boolean) IS
+    'create_alert_route(channel, min_severity => ''warning'', kinds => NULL (all), resolved => true): delivers alerts to a side-effect channel, once per opening (and resolution): a delivery worker takes them with tide.claim_effects(channel).';
 
-CREATE FUNCTION tide.unroute_alerts(channel text) RETURNS void
+CREATE FUNCTION tide.drop_alert_route(channel text) RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    DELETE FROM tide.alert_route r WHERE r.channel = unroute_alerts.channel AND r.owner = tide._caller();
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'no alert route to channel %', coalesce(quote_literal(left(unroute_alerts.channel, 100)), 'NULL')
-            USING ERRCODE = 'undefined_object', HINT = 'list routes with: SELECT * FROM tide.alert_route';
-    END IF;
+    PERFORM tide._channel(drop_alert_route.channel);
+    DELETE FROM tide.alert_route r WHERE r.channel = drop_alert_route.channel AND r.owner = tide._caller();
+    RETURN FOUND;
 END
 $$;
-COMMENT ON FUNCTION tide.unroute_alerts(text) IS 'unroute_alerts(channel): stops delivering alerts to a channel.';
+COMMENT ON FUNCTION tide.drop_alert_route(text) IS 'drop_alert_route(channel): stops delivering alerts to a channel; false if there was no route to it.';
 
 -- Opens the alerts whose cause holds and resolves those whose cause is gone; NOTIFYs
 -- pg_tide_alert and writes a log line for each opening and resolution. Returns the counts.
@@ -803,8 +803,8 @@ BEGIN
         story := story || format('checkpoint: %s', r.checkpoint);
     END IF;
     story := story || CASE r.state
-        WHEN 'dead' THEN format('next: fix the cause, then SELECT tide.replay(%s)', r.run_id)
-        WHEN 'need_check' THEN format('next: check the data, then SELECT tide.resolve(%s, ''accept'') or tide.resolve(%s, ''replay'')', r.run_id, r.run_id)
+        WHEN 'dead' THEN format('next: fix the cause, then SELECT tide.replay_run(%s)', r.run_id)
+        WHEN 'need_check' THEN format('next: check the data, then SELECT tide.resolve_run(%s, ''accept'') or tide.resolve_run(%s, ''replay'')', r.run_id, r.run_id)
         WHEN 'retry' THEN format('next: retried after %s', r.run_after)
         WHEN 'waiting' THEN format('next: waits for readiness (deadline %s)', coalesce(r.ready_deadline::text, 'none'))
         WHEN 'held' THEN format('next: held until SELECT tide.confirm(%s, version)', quote_literal(t.name))

@@ -76,8 +76,8 @@ CREATE TABLE tide.task (
     lock_key          text,
     topics            text[] NOT NULL DEFAULT '{}',
     long              boolean NOT NULL DEFAULT false,
-    rate              double precision CHECK (rate > 0),
-    pause             interval CHECK (pause > interval '0'),
+    batch_rate        double precision CHECK (batch_rate > 0),
+    batch_pause       interval CHECK (batch_pause > interval '0'),
     -- Monitoring (set with tide.monitor): not rules, so changing them makes no new version.
     max_silence  interval CHECK (max_silence > interval '0'),
     severity     tide.severity NOT NULL DEFAULT 'warning',
@@ -106,15 +106,15 @@ COMMENT ON COLUMN tide.task.max_concurrency IS 'With overlap allow: the most run
 COMMENT ON COLUMN tide.task.lock_key IS 'Template of the business object a run locks, such as ''account:{args.account_id}''; runs with the same key (of any task) never run at once.';
 COMMENT ON COLUMN tide.task.topics IS 'Topics whose tide.emit creates a run of this task (an event task).';
 COMMENT ON COLUMN tide.task.long IS 'The command does one batch per call and returns the next checkpoint (jsonb; NULL when done); pg_tide calls it until done.';
-COMMENT ON COLUMN tide.task.rate IS 'Long tasks: at most this many batches per second.';
-COMMENT ON COLUMN tide.task.pause IS 'Long tasks: time to wait between two batches.';
+COMMENT ON COLUMN tide.task.batch_rate IS 'Long tasks: at most this many batches per second.';
+COMMENT ON COLUMN tide.task.batch_pause IS 'Long tasks: time to wait between two batches.';
 COMMENT ON COLUMN tide.task.command IS 'SQL the in-database executors run for each run; NULL = run by external workers.';
 COMMENT ON COLUMN tide.task.tz IS 'IANA time zone of the schedule and of the business calendar.';
 COMMENT ON COLUMN tide.task.biz_window IS 'Which business window each fire covers.';
 COMMENT ON COLUMN tide.task.queue IS 'Queue that executors claim this task''s runs from.';
 COMMENT ON COLUMN tide.task.args IS 'JSON object handed to every run.';
 COMMENT ON COLUMN tide.task.timeout IS 'Longest a run may take: statement_timeout of an SQL command; the lease of in-database executors.';
-COMMENT ON COLUMN tide.task.lease IS 'Default lease of an external worker''s claim; tide.heartbeat extends it.';
+COMMENT ON COLUMN tide.task.lease IS 'Default lease of an external worker''s claim; tide.heartbeat_run extends it.';
 COMMENT ON COLUMN tide.task.max_attempts IS 'Attempts before a run goes to the dead letters (never unbounded).';
 COMMENT ON COLUMN tide.task.misfire IS 'Policy for missed windows; see type tide.misfire.';
 COMMENT ON COLUMN tide.task.source_retention IS 'How far back the source keeps data; older windows are not caught up or rerun.';
@@ -154,7 +154,7 @@ COMMENT ON TABLE tide.task_version IS
 -- Inlined into its callers (on the hot paths of claims, emits and the tick), so it has no SET
 -- clause, which would forbid inlining: its body names everything with its schema instead, so it
 -- is safe under any search_path (scripts/pgspot.sh lists it).
-CREATE FUNCTION tide.task_rules(t tide.task) RETURNS jsonb
+CREATE FUNCTION tide._task_rules(t tide.task) RETURNS jsonb
 LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
     SELECT pg_catalog.to_jsonb(t) OPERATOR(pg_catalog.-)
@@ -162,19 +162,19 @@ AS $$
                  'created_at', 'updated_at', 'max_silence', 'severity', 'fire_gap', 'tick_error',
                  'tick_error_at', 'tick_retry_at']::pg_catalog.text[]
 $$;
-COMMENT ON FUNCTION tide.task_rules(tide.task) IS
+COMMENT ON FUNCTION tide._task_rules(tide.task) IS
     'The rule snapshot of a task row, as stored in tide.task_version.rules.';
 
 -- Versioning of changes lives in triggers so that no UPDATE can change rules without a new
 -- version. Version 1 is written by tide.schedule itself, not by an INSERT trigger: pg_dump
 -- restores tide.task and tide.task_version with COPY, and an INSERT trigger would collide with
 -- the restored versions.
-CREATE FUNCTION tide.task_bump_version() RETURNS trigger
+CREATE FUNCTION tide._task_bump_version() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF tide.task_rules(NEW) IS DISTINCT FROM tide.task_rules(OLD) THEN
+    IF tide._task_rules(NEW) IS DISTINCT FROM tide._task_rules(OLD) THEN
         NEW.version := OLD.version + 1;
         NEW.updated_at := now();
     ELSE
@@ -184,20 +184,20 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION tide.task_snapshot_version() RETURNS trigger
+CREATE FUNCTION tide._task_snapshot_version() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF NEW.version <> OLD.version THEN
         INSERT INTO tide.task_version (task_id, version, rules, owner, created_by)
-        VALUES (NEW.task_id, NEW.version, tide.task_rules(NEW), NEW.owner, tide._caller());
+        VALUES (NEW.task_id, NEW.version, tide._task_rules(NEW), NEW.owner, tide._caller());
     END IF;
     RETURN NULL;
 END
 $$;
 
-CREATE FUNCTION tide.task_version_immutable() RETURNS trigger
+CREATE FUNCTION tide._task_version_immutable() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -208,19 +208,19 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION tide.task_bump_version() IS
+COMMENT ON FUNCTION tide._task_bump_version() IS
     'Trigger: raises tide.task.version by one when an UPDATE changes any rule.';
-COMMENT ON FUNCTION tide.task_snapshot_version() IS
+COMMENT ON FUNCTION tide._task_snapshot_version() IS
     'Trigger: records the rules of a new version in tide.task_version.';
-COMMENT ON FUNCTION tide.task_version_immutable() IS
+COMMENT ON FUNCTION tide._task_version_immutable() IS
     'Trigger: refuses updates of tide.task_version.';
 
 CREATE TRIGGER task_bump_version BEFORE UPDATE ON tide.task
-    FOR EACH ROW EXECUTE FUNCTION tide.task_bump_version();
+    FOR EACH ROW EXECUTE FUNCTION tide._task_bump_version();
 CREATE TRIGGER task_snapshot_version AFTER UPDATE ON tide.task
-    FOR EACH ROW EXECUTE FUNCTION tide.task_snapshot_version();
+    FOR EACH ROW EXECUTE FUNCTION tide._task_snapshot_version();
 CREATE TRIGGER task_version_immutable BEFORE UPDATE ON tide.task_version
-    FOR EACH ROW EXECUTE FUNCTION tide.task_version_immutable();
+    FOR EACH ROW EXECUTE FUNCTION tide._task_version_immutable();
 
 -- Each role reads only its own tasks and versions; superusers (and the extension owner) read
 -- all. Nobody but the extension's owner writes them: roles change tasks through tide.schedule,
@@ -257,15 +257,15 @@ BEGIN
     IF t.long AND t.command IS NULL THEN
         RAISE EXCEPTION 'task "%": long => true needs an SQL command', t.name
             USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'the command does one batch and returns the next checkpoint; external workers of long runs send progress with tide.heartbeat instead';
+                  HINT = 'the command does one batch and returns the next checkpoint; external workers of long runs send progress with tide.heartbeat_run instead';
     END IF;
-    IF (t.rate IS NOT NULL OR t.pause IS NOT NULL) AND NOT t.long THEN
-        RAISE EXCEPTION 'task "%": rate and pause apply to long tasks only', t.name
+    IF (t.batch_rate IS NOT NULL OR t.batch_pause IS NOT NULL) AND NOT t.long THEN
+        RAISE EXCEPTION 'task "%": batch_rate and batch_pause apply to long tasks only', t.name
             USING ERRCODE = 'invalid_parameter_value', HINT = 'pass long => true with them, or leave them out';
     END IF;
-    IF t.rate IS NOT NULL AND t.pause IS NOT NULL THEN
-        RAISE EXCEPTION 'task "%": pass rate or pause, not both (got rate %, pause %)', t.name, t.rate, t.pause
-            USING ERRCODE = 'invalid_parameter_value', HINT = 'rate => 2 means at most 2 batches a second; pause => ''1 second'' waits between batches';
+    IF t.batch_rate IS NOT NULL AND t.batch_pause IS NOT NULL THEN
+        RAISE EXCEPTION 'task "%": pass batch_rate or batch_pause, not both (got batch_rate %, batch_pause %)', t.name, t.batch_rate, t.batch_pause
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'batch_rate => 2 means at most 2 batches a second; batch_pause => ''1 second'' waits between batches';
     END IF;
 END
 $$;

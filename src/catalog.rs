@@ -122,8 +122,8 @@ fn exec_args(o: &ExecOptions) -> Vec<DatumWithOid<'static>> {
         o.lock_key.clone().into(),
         o.topics.clone().into(),
         o.long.into(),
-        o.rate.into(),
-        interval_of(o.pause).into(),
+        o.batch_rate.into(),
+        interval_of(o.batch_pause).into(),
     ]
 }
 
@@ -151,8 +151,8 @@ const EXEC_COLUMNS: [(&str, &str); 24] = [
     ("lock_key", ""),
     ("topics", "::text[]"),
     ("long", ""),
-    ("rate", ""),
-    ("pause", ""),
+    ("batch_rate", ""),
+    ("batch_pause", ""),
 ];
 
 /// Options where a given "nothing" value ('' / 0 / empty) removes the setting, so NULL can keep
@@ -161,8 +161,8 @@ fn stored(col: &str, p: &str) -> String {
     match col {
         "ready_dataset" | "ready_check" | "lock_key" => format!("nullif({p}, '')"),
         "max_concurrency" => format!("nullif({p}, 0)"),
-        "rate" => format!("nullif({p}, 0)"),
-        "pause" => format!("nullif({p}, interval '0')"),
+        "batch_rate" => format!("nullif({p}, 0)"),
+        "batch_pause" => format!("nullif({p}, interval '0')"),
         _ => p.to_string(),
     }
 }
@@ -174,8 +174,8 @@ struct Guarantees<'a> {
     lock_key: Option<&'a str>,
     topics: Option<Vec<Option<String>>>,
     long: Option<bool>,
-    rate: Option<f64>,
-    pause: Option<Interval>,
+    batch_rate: Option<f64>,
+    batch_pause: Option<Interval>,
 }
 
 /// Checks what involves several options at once (`tide._check_task`), after a write: an error
@@ -235,20 +235,21 @@ fn exec_options(
             .topics
             .map(|t| t.into_iter().map(Option::unwrap_or_default).collect()),
         long: guarantees.long,
-        rate: guarantees.rate,
-        pause: span(guarantees.pause),
+        batch_rate: guarantees.batch_rate,
+        batch_pause: span(guarantees.batch_pause),
     }
     .validate()
     .or_raise(function)
 }
 
 /// Creates a task and returns its id. Every option is validated before anything is written;
-/// a bad one is refused with SQLSTATE 22023 (23505 for a name that is taken).
+/// a bad one is refused with SQLSTATE 22023. On a name the caller has, the same definition
+/// returns the same id; another is refused (23505) unless `replace`.
 #[allow(clippy::too_many_arguments)]
 #[pg_extern(volatile, schema = "tide")]
 #[search_path(pg_catalog, pg_temp)]
 fn schedule(
-    name: Option<&str>,
+    task: Option<&str>,
     schedule: Option<&str>,
     command: default!(Option<&str>, "NULL"),
     tz: default!(Option<&str>, "'UTC'"),
@@ -279,10 +280,14 @@ fn schedule(
     lock_key: default!(Option<&str>, "NULL"),
     topics: default!(Option<Vec<Option<String>>>, "'{}'"),
     long: default!(Option<bool>, false),
-    rate: default!(Option<f64>, "NULL"),
-    pause: default!(Option<Interval>, "NULL"),
+    batch_rate: default!(Option<f64>, "NULL"),
+    batch_pause: default!(Option<Interval>, "NULL"),
+    replace: default!(Option<bool>, false),
+    pending: default!(Option<&str>, "'hold'"),
 ) -> i64 {
     const F: &str = "tide.schedule";
+    let replace = required(replace, "replace", F);
+    let pending = pending_policy(pending, F);
     let exec = exec_options(
         Some(required(timeout, "timeout", F)),
         Some(required(lease, "lease", F)),
@@ -307,12 +312,12 @@ fn schedule(
             lock_key,
             topics: Some(required(topics, "topics", F)),
             long: Some(required(long, "long", F)),
-            rate,
-            pause,
+            batch_rate,
+            batch_pause,
         },
         F,
     );
-    let name = required(name, "name", F);
+    let name = required(task, "task", F);
     check_name(name).or_raise(F);
     let text = RuleText {
         // NULL: an event task without a schedule (tide._check_task wants topics then).
@@ -349,7 +354,7 @@ fn schedule(
              RETURNING *
          ), snapshot AS (
              INSERT INTO tide.task_version (task_id, version, rules, owner, created_by)
-             SELECT t.task_id, t.version, tide.task_rules(t::tide.task), t.owner, t.owner FROM task t
+             SELECT t.task_id, t.version, tide._task_rules(t::tide.task), t.owner, t.owner FROM task t
          )
          SELECT task_id FROM task",
         columns.join(", "),
@@ -362,13 +367,83 @@ fn schedule(
             .next()
             .map(|row| row.get::<i64>(1).or_raise(F))
     });
-    match id {
-        Some(Some(id)) => {
-            check_task(id, F);
-            id
-        }
-        _ => raise(TideError::DuplicateTask(name.to_string()), F),
+    if let Some(Some(id)) = id {
+        check_task(id, F);
+        return id;
     }
+    // The name is taken: the same definition is a no-op (a deploy script runs it every time);
+    // another one is refused unless replace => true makes it the task's next rule version.
+    let rule_columns = "schedule, command, tz, biz_window, queue, args, dst_gap, dst_overlap";
+    let new_values = "$2, $3, $4, $5::tide.biz_window, $6, $7::jsonb, $8::tide.dst_gap, $9::tide.dst_overlap";
+    let query = format!(
+        "SELECT task_id,
+                ({rule_columns}, {cols}) IS NOT DISTINCT FROM ({new_values}, {vals}),
+                (schedule, tz, dst_gap, dst_overlap) IS NOT DISTINCT FROM ($2, $4, $8::tide.dst_gap, $9::tide.dst_overlap)
+           FROM tide.task WHERE name = $1 AND owner = $11::name
+            FOR NO KEY UPDATE",
+        cols = columns.join(", "),
+        vals = values.join(", ")
+    );
+    let found = Spi::connect_mut(|client| {
+        let rows = client.update(&query, Some(1), &args).or_raise(F);
+        rows.into_iter().next().map(|row| {
+            (
+                row.get::<i64>(1).or_raise(F).unwrap_or_default(),
+                row.get::<bool>(2).or_raise(F).unwrap_or_default(),
+                row.get::<bool>(3).or_raise(F).unwrap_or_default(),
+            )
+        })
+    });
+    let Some((task_id, same, same_timing)) = found else {
+        // Deleted between the insert and this look: a rare race; the caller may retry.
+        raise(TideError::DuplicateTask(name.to_string()), F)
+    };
+    if same {
+        return task_id;
+    }
+    if !replace {
+        raise(TideError::DuplicateTask(name.to_string()), F);
+    }
+    let sets: Vec<String> = columns
+        .iter()
+        .zip(values.iter())
+        .map(|(c, v)| format!("{c} = {v}"))
+        .collect();
+    let update = format!(
+        "UPDATE tide.task
+            SET ({rule_columns}) = ({new_values}),
+                next_fire_at = CASE WHEN {keep} THEN next_fire_at ELSE $10 END,
+                {sets}
+          WHERE task_id = (SELECT t.task_id FROM tide.task t WHERE t.name = $1 AND t.owner = $11::name)
+          RETURNING version",
+        keep = same_timing,
+        sets = sets.join(",\n                ")
+    );
+    let version = Spi::connect_mut(|client| {
+        let updated = client.update(&update, None, &args).or_raise(F);
+        updated
+            .into_iter()
+            .next()
+            .and_then(|row| row.get::<i32>(1).or_raise(F))
+            .unwrap_or_else(|| raise(TideError::NoSuchTask(name.to_string()), F))
+    });
+    check_task(task_id, F);
+    Spi::run_with_args(
+        "SELECT tide._apply_pending($1, $2, $3)",
+        &[task_id.into(), version.into(), pending.into()],
+    )
+    .or_raise(F);
+    task_id
+}
+
+/// The `pending` option of tide.alter and tide.schedule(replace => true): what unstarted runs
+/// created under older rules do.
+fn pending_policy(pending: Option<&str>, function: &'static str) -> String {
+    let pending = required(pending, "pending", function).trim().to_ascii_lowercase();
+    if !matches!(pending.as_str(), "hold" | "adopt" | "keep") {
+        raise(TideError::BadPending(pending), function);
+    }
+    pending
 }
 
 /// Changes only the options given (NULL leaves one as it is; `command => ''` removes the
@@ -377,7 +452,7 @@ fn schedule(
 #[pg_extern(volatile, schema = "tide")]
 #[search_path(pg_catalog, pg_temp)]
 fn alter(
-    name: Option<&str>,
+    task: Option<&str>,
     schedule: default!(Option<&str>, "NULL"),
     command: default!(Option<&str>, "NULL"),
     tz: default!(Option<&str>, "NULL"),
@@ -409,15 +484,12 @@ fn alter(
     lock_key: default!(Option<&str>, "NULL"),
     topics: default!(Option<Vec<Option<String>>>, "NULL"),
     long: default!(Option<bool>, "NULL"),
-    rate: default!(Option<f64>, "NULL"),
-    pause: default!(Option<Interval>, "NULL"),
+    batch_rate: default!(Option<f64>, "NULL"),
+    batch_pause: default!(Option<Interval>, "NULL"),
 ) -> i32 {
     const F: &str = "tide.alter";
-    let name = required(name, "name", F);
-    let pending = required(pending, "pending", F).trim().to_ascii_lowercase();
-    if !matches!(pending.as_str(), "hold" | "adopt" | "keep") {
-        raise(TideError::BadPending(pending), F);
-    }
+    let name = required(task, "task", F);
+    let pending = pending_policy(pending, F);
     let exec = exec_options(
         timeout,
         lease,
@@ -442,8 +514,8 @@ fn alter(
             lock_key,
             topics,
             long,
-            rate,
-            pause,
+            batch_rate,
+            batch_pause,
         },
         F,
     );
@@ -514,12 +586,13 @@ fn alter(
     version
 }
 
-/// Deletes a task and its rule versions. Returns true; an unknown name is an error.
+/// Deletes a task and its rule versions. Returns false when the caller has no task of that
+/// name (like every removal verb, so a teardown script can run twice).
 #[pg_extern(volatile, schema = "tide")]
 #[search_path(pg_catalog, pg_temp)]
-fn unschedule(name: Option<&str>) -> bool {
+fn unschedule(task: Option<&str>) -> bool {
     const F: &str = "tide.unschedule";
-    let name = required(name, "name", F);
+    let name = required(task, "task", F);
     check_name(name).or_raise(F);
     let deleted = Spi::connect_mut(|client| {
         client
@@ -531,19 +604,16 @@ fn unschedule(name: Option<&str>) -> bool {
             .or_raise(F)
             .len()
     });
-    if deleted == 0 {
-        raise(TideError::NoSuchTask(name.to_string()), F);
-    }
-    true
+    deleted > 0
 }
 
 /// Stops a task from firing. Not a rule change: no new version. Returns false if it was
 /// already paused.
 #[pg_extern(volatile, schema = "tide")]
 #[search_path(pg_catalog, pg_temp)]
-fn pause(name: Option<&str>) -> bool {
+fn pause(task: Option<&str>) -> bool {
     const F: &str = "tide.pause";
-    let name = required(name, "name", F);
+    let name = required(task, "task", F);
     let task = load_task(name, true).or_raise(F);
     if task.paused {
         return false;
@@ -560,9 +630,9 @@ fn pause(name: Option<&str>) -> bool {
 /// as skipped (paused) by the next tick. Returns false if it was not paused.
 #[pg_extern(volatile, schema = "tide")]
 #[search_path(pg_catalog, pg_temp)]
-fn resume(name: Option<&str>) -> bool {
+fn resume(task: Option<&str>) -> bool {
     const F: &str = "tide.resume";
-    let name = required(name, "name", F);
+    let name = required(task, "task", F);
     let task = load_task(name, true).or_raise(F);
     if !task.paused {
         return false;

@@ -53,7 +53,7 @@ pub enum TideError {
     #[error("queue name \"{}\" is not valid", short(.0))]
     BadQueue(String),
 
-    #[error("task \"{}\" already exists", short(.0))]
+    #[error("task \"{}\" already exists with a different definition", short(.0))]
     DuplicateTask(String),
 
     #[error("task \"{}\" does not exist", short(.0))]
@@ -159,7 +159,7 @@ impl TideError {
                 "a queue name is 1 to 63 characters: letters, digits, '_', '-' or '.'".to_string()
             }
             TideError::DuplicateTask(name) => format!(
-                "use tide.alter('{name}', ...) to change it, or tide.unschedule('{name}') first"
+                "the same definition again is a no-op; to change it use tide.alter('{name}', ...), or pass replace => true to make this definition its next rule version"
             ),
             TideError::NoSuchTask(_) => {
                 "list your tasks with: SELECT name FROM tide.task".to_string()
@@ -191,8 +191,12 @@ mod tests {
     fn duplicate_is_unique_violation_and_hint_names_the_fix() {
         let e = TideError::DuplicateTask("daily_bill".into());
         assert_eq!(e.sqlstate(), SqlState::UniqueViolation);
-        assert_eq!(e.to_string(), "task \"daily_bill\" already exists");
+        assert_eq!(
+            e.to_string(),
+            "task \"daily_bill\" already exists with a different definition"
+        );
         assert!(e.hint().contains("tide.alter('daily_bill'"));
+        assert!(e.hint().contains("replace => true"));
     }
 
     #[test]

@@ -58,9 +58,9 @@ fn error_kind_of(sqlstate: &str) -> &'static str {
 }
 
 /// Checks an error kind given by a worker and returns its canonical spelling.
-#[pg_extern(immutable, parallel_safe, schema = "tide")]
+#[pg_extern(immutable, parallel_safe, schema = "tide", name = "_error_kind_from")]
 fn error_kind_from(kind: &str) -> &'static str {
-    ErrorKind::parse(kind).or_raise("tide.fail").as_str()
+    ErrorKind::parse(kind).or_raise("tide.fail_run").as_str()
 }
 
 /// The window of a task whose business date is `biz_date`: the one window of the task's

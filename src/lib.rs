@@ -55,7 +55,7 @@ mod tide {}
     name = "execution",
     requires = ["ledger"]
 );
-// Deduplicated side effects (an outbox): tide.send, delivered by workers per channel.
+// Deduplicated side effects (an outbox): tide.create_effect, delivered by workers per channel.
 ::pgrx::extension_sql_file!(
     "../sql/effects.sql",
     name = "effects",
@@ -65,7 +65,7 @@ mod tide {}
 ::pgrx::extension_sql_file!("../sql/steps.sql", name = "steps", requires = ["execution"]);
 // Per-object locks, overlap control and serial groups: what a claim checks for gated runs.
 ::pgrx::extension_sql_file!("../sql/locks.sql", name = "locks", requires = ["execution"]);
-// Event tasks: tide.emit, tide.emit_on_change.
+// Event tasks: tide.emit, tide.create_emit_trigger.
 ::pgrx::extension_sql_file!("../sql/events.sql", name = "events", requires = ["locks"]);
 // Long runs: the checkpoint, pause_run / resume_run / cancel_run.
 ::pgrx::extension_sql_file!("../sql/long.sql", name = "long", requires = ["execution"]);

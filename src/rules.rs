@@ -301,8 +301,8 @@ pub struct ExecOptions {
     pub lock_key: Option<String>,
     pub topics: Option<Vec<String>>,
     pub long: Option<bool>,
-    pub rate: Option<f64>,
-    pub pause: Option<Span>,
+    pub batch_rate: Option<f64>,
+    pub batch_pause: Option<Span>,
 }
 
 /// The most attempts a task may allow: retries are always bounded (R6.1, R14).
@@ -321,7 +321,7 @@ const INTERVAL_BOUNDS: &[(&str, i64, &str)] = &[
     ("backoff_base", 30, "a positive interval of at most 30 days"),
     ("backoff_cap", 30, "a positive interval of at most 30 days"),
     ("recheck_interval", 31, "a positive interval of at most 31 days"),
-    ("pause", 1, "an interval of 0 to 1 day"),
+    ("batch_pause", 1, "an interval of 0 to 1 day"),
     ("misfire_threshold", 366, "a positive interval of at most 366 days"),
     ("ready_timeout", 366, "a positive interval of at most 366 days"),
     ("grace", 366, "a positive interval of at most 366 days"),
@@ -459,17 +459,17 @@ impl ExecOptions {
         if let Some(topics) = &self.topics {
             self.topics = Some(check_topics(topics)?);
         }
-        if let Some(r) = self.rate {
+        if let Some(r) = self.batch_rate {
             if !(0.0..=10_000.0).contains(&r) {
                 return Err(TideError::OutOfRange {
-                    param: "rate",
+                    param: "batch_rate",
                     value: r.to_string(),
                     expected: "between 0 and 10000 batches per second (0: no limit)",
                 });
             }
         }
-        if let Some(p) = self.pause {
-            check_interval("pause", p, true)?;
+        if let Some(p) = self.batch_pause {
+            check_interval("batch_pause", p, true)?;
         }
         if let Some(d) = &self.ready_dataset {
             check_len("ready_dataset", d, MAX_NAME_LEN)?;
@@ -675,10 +675,10 @@ mod tests {
             ),
             (
                 ExecOptions {
-                    pause: Some(Span::seconds(86_401)),
+                    batch_pause: Some(Span::seconds(86_401)),
                     ..Default::default()
                 },
-                "pause must be an interval of 0 to 1 day, got 86401 seconds",
+                "batch_pause must be an interval of 0 to 1 day, got 86401 seconds",
             ),
             (
                 ExecOptions {
@@ -790,8 +790,8 @@ mod tests {
             topics: Some(vec!["b.x".into(), "a:y".into(), "b.x".into()]),
             lock_key: Some("account:{args.id}".into()),
             max_concurrency: Some(0),
-            rate: Some(0.5),
-            pause: Some(Span::seconds(0)),
+            batch_rate: Some(0.5),
+            batch_pause: Some(Span::seconds(0)),
             ..Default::default()
         }
         .validate()
@@ -843,24 +843,24 @@ mod tests {
             ),
             (
                 ExecOptions {
-                    rate: Some(-2.0),
+                    batch_rate: Some(-2.0),
                     ..Default::default()
                 },
-                "rate must be between 0 and 10000",
+                "batch_rate must be between 0 and 10000",
             ),
             (
                 ExecOptions {
-                    rate: Some(f64::NAN),
+                    batch_rate: Some(f64::NAN),
                     ..Default::default()
                 },
-                "rate must be between 0 and 10000",
+                "batch_rate must be between 0 and 10000",
             ),
             (
                 ExecOptions {
-                    pause: Some(Span::seconds(-1)),
+                    batch_pause: Some(Span::seconds(-1)),
                     ..Default::default()
                 },
-                "pause must be an interval of 0 to 1 day, got -1 seconds",
+                "batch_pause must be an interval of 0 to 1 day, got -1 seconds",
             ),
         ];
         for (options, needle) in cases {

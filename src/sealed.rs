@@ -25,7 +25,7 @@
 //!
 //! The run context (`tide.run_id()` and the functions built on it) lives here too, in process
 //! memory set only while a run's code runs, so no setting a user can write decides which run
-//! `tide.args()` or `tide.step(name)` refer to.
+//! `tide.args()` or `tide.start_step(name)` refer to.
 
 use std::cell::{Cell, RefCell};
 use std::ffi::{c_int, CString};
@@ -239,7 +239,7 @@ fn report(expected: Option<i64>, actual: Option<i64>) {
         raise(
             PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             "tide.report is only meaningful inside a task's command".to_string(),
-            "external workers pass expected and actual to tide.complete(run_id, token, ...)",
+            "external workers pass expected and actual to tide.complete_run(run_id, token, ...)",
         );
     }
     if expected.is_some_and(|e| e < 0) || actual.is_some_and(|a| a < 0) {

@@ -200,8 +200,18 @@ mod tests {
                 "22023",
                 "[1]",
             ),
-            ("SELECT tide.schedule(NULL, '0 1 * * *')", "22004", "name"),
+            ("SELECT tide.schedule(NULL, '0 1 * * *')", "22004", "task"),
             ("SELECT tide.schedule('t1', NULL)", "22004", "schedule"),
+            (
+                "SELECT tide.schedule('t1', '@daily', replace => NULL)",
+                "22004",
+                "replace",
+            ),
+            (
+                "SELECT tide.schedule('taken', '@hourly', replace => true, pending => 'later')",
+                "22023",
+                "\"later\"",
+            ),
         ];
         for (sql, state, names) in cases {
             assert_refused(sql, state, names);
@@ -209,6 +219,41 @@ mod tests {
         let tasks: i64 = one("SELECT count(*) FROM tide.task");
         let versions: i64 = one("SELECT count(*) FROM tide.task_version");
         assert_eq!((tasks, versions), (1, 1));
+    }
+
+    #[pg_test]
+    fn schedule_again_is_a_no_op_and_replace_makes_a_new_version() {
+        let define = "SELECT tide.schedule('deploy', '0 2 * * *', 'SELECT 1', tz => 'europe/berlin',
+                                          max_attempts => 3, lock_key => 'k')";
+        let id: i64 = one(define);
+        let next: String = one("SELECT next_fire_at::text FROM tide.task");
+        // The same definition, written differently (the zone's case), is the same task.
+        assert_eq!(one::<i64>(define), id, "the same definition returns the same task_id");
+        assert_eq!(one::<i32>("SELECT max(version) FROM tide.task_version"), 1);
+        // A different one is refused with a hint, and changes nothing.
+        let refused = error_of("SELECT tide.schedule('deploy', '0 3 * * *', 'SELECT 1', tz => 'Europe/Berlin')");
+        assert!(
+            refused.starts_with("23505|task \"deploy\" already exists with a different definition|"),
+            "{refused}"
+        );
+        assert!(refused.contains("replace => true"), "{refused}");
+        let unchanged: String = one("SELECT concat_ws(',', schedule, max_attempts, lock_key, version) FROM tide.task");
+        assert_eq!(unchanged, "0 2 * * *,3,k,1");
+        // replace => true: the definition given, whole (options left out take their defaults).
+        let replaced: i64 = one(
+            "SELECT tide.schedule('deploy', '0 3 * * *', 'SELECT 2', tz => 'Europe/Berlin', replace => true)",
+        );
+        assert_eq!(replaced, id);
+        let row: String = one(
+            "SELECT concat_ws(',', schedule, command, max_attempts, coalesce(lock_key, '-'), version, next_fire_at::text <> $1)
+               FROM tide.task"
+                .replace("$1", &format!("'{next}'"))
+                .as_str(),
+        );
+        assert_eq!(row, "0 3 * * *,SELECT 2,5,-,2,t", "new rules, version 2, next fire moved");
+        // Replacing with what is there already makes no version.
+        one::<i64>("SELECT tide.schedule('deploy', '0 3 * * *', 'SELECT 2', tz => 'Europe/Berlin', replace => true)");
+        assert_eq!(one::<i32>("SELECT max(version) FROM tide.task_version"), 2);
     }
 
     #[pg_test]
@@ -261,7 +306,7 @@ mod tests {
             "42704",
             "\"nope\"",
         );
-        assert_refused("SELECT tide.alter(NULL)", "22004", "name");
+        assert_refused("SELECT tide.alter(NULL)", "22004", "task");
         let row: String =
             one("SELECT concat_ws(',', schedule, tz, version) FROM tide.task WHERE name = 'sync'");
         assert_eq!(row, "0 * * * *,America/New_York,1");
@@ -292,7 +337,11 @@ mod tests {
             "SELECT (SELECT count(*) FROM tide.task) + (SELECT count(*) FROM tide.task_version)",
         );
         assert_eq!(left, 0);
-        assert_refused("SELECT tide.unschedule('gone')", "42704", "\"gone\"");
+        assert!(
+            !one::<bool>("SELECT tide.unschedule('gone')"),
+            "nothing by that name: false, so a teardown can run twice"
+        );
+        assert_refused("SELECT tide.unschedule(NULL)", "22004", "task");
     }
 
     #[pg_test]
@@ -327,10 +376,9 @@ mod tests {
             "42704",
             "\"alice_job\"",
         );
-        assert_refused(
-            "SELECT tide.unschedule('alice_job')",
-            "42704",
-            "\"alice_job\"",
+        assert!(
+            !one::<bool>("SELECT tide.unschedule('alice_job')"),
+            "another role's task is not there to remove"
         );
         assert_refused("SELECT tide.pause('alice_job')", "42704", "\"alice_job\"");
         // A role writes pg_tide's tables only through its functions.

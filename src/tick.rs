@@ -418,11 +418,11 @@ fn insert_runs(
              SELECT t.task_id, u.trigger::tide.run_trigger, u.fire_at, u.window_start,
                     u.window_end, u.biz_date, t.version,
                     CASE WHEN u.skip IS NOT NULL THEN 'skipped'
-                         ELSE tide._open_state(tide.task_rules(t)) END,
+                         ELSE tide._open_state(tide._task_rules(t)) END,
                     u.skip::tide.skip_reason, u.reason,
                     tide._executor_of(t.command),
                     t.queue, t.priority, t.args, t.owner,
-                    CASE WHEN u.skip IS NULL AND tide._open_state(tide.task_rules(t)) = 'waiting'
+                    CASE WHEN u.skip IS NULL AND tide._open_state(tide._task_rules(t)) = 'waiting'
                          THEN coalesce(u.fire_at + t.ready_timeout, u.following) END,
                     CASE WHEN u.skip IS NOT NULL THEN now() END
                FROM tide.task t,

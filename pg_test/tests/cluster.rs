@@ -138,10 +138,10 @@ fn pg_dump_keeps_tasks_versions_and_runs(cluster: &Cluster) -> Result<(), Failed
     c.batch_execute(
         "SELECT tide.rerun('ny_sync', window_start => date_trunc('hour', now()) - interval '3 hours');
          SELECT tide.rerun('ny_sync', window_start => date_trunc('hour', now()) - interval '2 hours');
-         SELECT tide.complete(run_id, lease_token) FROM tide.claim(n => 1);
-         SELECT tide.fail(run_id, lease_token, 'timeout') FROM tide.claim(n => 1);
+         SELECT tide.complete_run(run_id, lease_token) FROM tide.claim_runs(n => 1);
+         SELECT tide.fail_run(run_id, lease_token, 'timeout') FROM tide.claim_runs(n => 1);
          SELECT tide.schedule('on_signup', NULL, topics => ARRAY['signup']);
-         SELECT tide.emit('signup', '{\"id\": 1}', key => 'u1');",
+         SELECT tide.emit('signup', '{\"id\": 1}', event_key => 'u1');",
     )
     .map_err(db_err)?;
     let runs = "SELECT concat_ws('|', (SELECT string_agg(state::text, ',' ORDER BY run_id) FROM tide.run),
@@ -186,13 +186,13 @@ fn pg_dump_keeps_tasks_versions_and_runs(cluster: &Cluster) -> Result<(), Failed
     // Fencing tokens continue after the restore: a new claim gets a larger token.
     dst.batch_execute("SELECT tide.tick(now() + interval '1 hour')")
         .map_err(db_err)?;
-    let token: i64 = one(&mut dst, "SELECT lease_token FROM tide.claim(n => 1)")?;
+    let token: i64 = one(&mut dst, "SELECT lease_token FROM tide.claim_runs(n => 1)")?;
     let max_token: i64 = one(&mut c, "SELECT max(lease_token) FROM tide.attempt")?;
     assert!(token > max_token, "token {token} <= {max_token}");
     // Event ids continue too: a new event is not taken for the restored one (its key is #id).
     let emitted: i32 = one(
         &mut dst,
-        "SELECT tide.emit('signup', '{\"id\": 2}', key => 'u2')",
+        "SELECT tide.emit('signup', '{\"id\": 2}', event_key => 'u2')",
     )?;
     assert_eq!(emitted, 1, "a new event after the restore is a new run");
     let id: i64 = one(

@@ -214,7 +214,7 @@ fn pause_resume_records_the_paused_windows(cluster: &Cluster) -> Result<(), Fail
 fn claim(c: &mut Client, extra: &str) -> Result<Option<(i64, i64)>, Failed> {
     let rows = c
         .query(
-            &format!("SELECT run_id, lease_token FROM tide.claim(worker => 'w1'{extra})"),
+            &format!("SELECT run_id, lease_token FROM tide.claim_runs(worker => 'w1'{extra})"),
             &[],
         )
         .map_err(db_err)?;
@@ -246,7 +246,7 @@ fn retries_back_off_then_dead_letter_then_replay(cluster: &Cluster) -> Result<()
         assert_eq!(id, run);
         let state: String = one(
             &mut c,
-            &format!("SELECT tide.fail({id}, {token}, 'bank timeout')::text"),
+            &format!("SELECT tide.fail_run({id}, {token}, 'bank timeout')::text"),
         )?;
         if attempt == 3 {
             assert_eq!(state, "dead", "max_attempts reached");
@@ -289,7 +289,7 @@ fn retries_back_off_then_dead_letter_then_replay(cluster: &Cluster) -> Result<()
     assert_eq!(dead, "flaky|1|7|3|bank timeout|3");
 
     // Replay from psql: back in line with a fresh budget, through the same claim path.
-    let replayed: i64 = one(&mut c, &format!("SELECT tide.replay({run})"))?;
+    let replayed: i64 = one(&mut c, &format!("SELECT tide.replay_run({run})"))?;
     assert_eq!(replayed, run);
     let (id, token) = claim(&mut c, "")?.ok_or("replayed run not claimable")?;
     let attempt: i32 = one(
@@ -299,16 +299,16 @@ fn retries_back_off_then_dead_letter_then_replay(cluster: &Cluster) -> Result<()
     assert_eq!(attempt, 4, "attempts keep counting across a replay");
     let state: String = one(
         &mut c,
-        &format!("SELECT tide.complete({id}, {token})::text"),
+        &format!("SELECT tide.complete_run({id}, {token})::text"),
     )?;
     assert_eq!(state, "succeeded");
 
     // A succeeded run is not replayed by accident (R4.6), only when forced.
-    let (code, message, hint) = refused(&mut c, &format!("SELECT tide.replay({run})"))?;
+    let (code, message, hint) = refused(&mut c, &format!("SELECT tide.replay_run({run})"))?;
     assert_eq!(code, "55000");
     assert!(message.contains("already succeeded"), "{message}");
     assert!(hint.contains("force => true"), "{hint}");
-    exec(&mut c, &format!("SELECT tide.replay({run}, force => true)"))?;
+    exec(&mut c, &format!("SELECT tide.replay_run({run}, force => true)"))?;
     let history: String = one(
         &mut c,
         &format!(
@@ -338,13 +338,13 @@ fn error_kinds_choose_the_path(cluster: &Cluster) -> Result<(), Failed> {
     assert_eq!((ida, idb), (a, b), "oldest first");
     let state: String = one(
         &mut c,
-        &format!("SELECT tide.fail({a}, {ta}, 'account closed', 'business')::text"),
+        &format!("SELECT tide.fail_run({a}, {ta}, 'account closed', 'business')::text"),
     )?;
     assert_eq!(state, "dead", "a business error is not retried");
 
     let (code, message, hint) = refused(
         &mut c,
-        &format!("SELECT tide.fail({b}, {tb}, 'x', 'sideways')"),
+        &format!("SELECT tide.fail_run({b}, {tb}, 'x', 'sideways')"),
     )?;
     assert_eq!(code, "22023");
     assert_eq!(message, "unknown error kind \"sideways\"");
@@ -357,7 +357,7 @@ fn error_kinds_choose_the_path(cluster: &Cluster) -> Result<(), Failed> {
 
     let state: String = one(
         &mut c,
-        &format!("SELECT tide.fail({b}, {tb}, 'orders not loaded', 'not_ready')::text"),
+        &format!("SELECT tide.fail_run({b}, {tb}, 'orders not loaded', 'not_ready')::text"),
     )?;
     assert_eq!(state, "waiting");
     let next = next_fire(&mut c, "k")?;
@@ -405,9 +405,9 @@ fn stale_lease_tokens_are_fenced(cluster: &Cluster) -> Result<(), Failed> {
     )?;
     assert_eq!(lost, "retry/lost", "the lost attempt counts");
     for call in [
-        format!("SELECT tide.complete({run}, {old})"),
-        format!("SELECT tide.heartbeat({run}, {old})"),
-        format!("SELECT tide.fail({run}, {old}, 'late')"),
+        format!("SELECT tide.complete_run({run}, {old})"),
+        format!("SELECT tide.heartbeat_run({run}, {old})"),
+        format!("SELECT tide.fail_run({run}, {old}, 'late')"),
     ] {
         let (code, message, hint) = refused(&mut c, &call)?;
         assert_eq!(code, "55000", "{call}");
@@ -423,24 +423,24 @@ fn stale_lease_tokens_are_fenced(cluster: &Cluster) -> Result<(), Failed> {
     assert!(new > old, "fencing tokens only grow");
     let expires: bool = one(
         &mut c,
-        &format!("SELECT tide.heartbeat({run}, {new}, '{{\"offset\": 300}}') > now()"),
+        &format!("SELECT tide.heartbeat_run({run}, {new}, '{{\"offset\": 300}}') > now()"),
     )?;
     assert!(expires);
-    let (code, _, _) = refused(&mut c, &format!("SELECT tide.complete({run}, {old})"))?;
+    let (code, _, _) = refused(&mut c, &format!("SELECT tide.complete_run({run}, {old})"))?;
     assert_eq!(code, "55000", "the old holder still cannot commit");
     exec(
         &mut c,
-        &format!("SELECT tide.complete({run}, {new}, '{{\"rows\": 3}}')"),
+        &format!("SELECT tide.complete_run({run}, {new}, '{{\"rows\": 3}}')"),
     )?;
     let done: String = one(
         &mut c,
         &format!("SELECT state || '|' || result::text || '|' || checkpoint::text FROM tide.run WHERE run_id = {run}"),
     )?;
     assert_eq!(done, "succeeded|{\"rows\": 3}|{\"offset\": 300}");
-    let (code, message, _) = refused(&mut c, &format!("SELECT tide.complete({run}, {new})"))?;
+    let (code, message, _) = refused(&mut c, &format!("SELECT tide.complete_run({run}, {new})"))?;
     assert_eq!(code, "55000");
     assert!(message.contains("now succeeded"), "{message}");
-    let (code, _, _) = refused(&mut c, "SELECT tide.complete(999999, 1)")?;
+    let (code, _, _) = refused(&mut c, "SELECT tide.complete_run(999999, 1)")?;
     assert_eq!(code, "42704");
 
     // Two claimers racing: SKIP LOCKED gives them different runs.
@@ -456,7 +456,7 @@ fn stale_lease_tokens_are_fenced(cluster: &Cluster) -> Result<(), Failed> {
     // A batch completion is all or nothing: one stale token refuses the whole batch.
     let (code, message, _) = refused(
         &mut c,
-        &format!("SELECT tide.complete_many(ARRAY[{first}, {second}], ARRAY[{t1}, {old}])"),
+        &format!("SELECT tide.complete_runs(ARRAY[{first}, {second}], ARRAY[{t1}, {old}])"),
     )?;
     assert_eq!(code, "55000");
     assert!(
@@ -470,18 +470,18 @@ fn stale_lease_tokens_are_fenced(cluster: &Cluster) -> Result<(), Failed> {
     assert_eq!(untouched, "running,running");
     let (code, _, _) = refused(
         &mut c,
-        &format!("SELECT tide.complete_many(ARRAY[{first}], ARRAY[{t1}, {t2}])"),
+        &format!("SELECT tide.complete_runs(ARRAY[{first}], ARRAY[{t1}, {t2}])"),
     )?;
     assert_eq!(code, "22023");
     let n: i32 = one(
         &mut c,
-        &format!("SELECT tide.complete_many(ARRAY[{first}, {second}], ARRAY[{t1}, {t2}], ARRAY['{{\"n\": 1}}', NULL]::jsonb[])"),
+        &format!("SELECT tide.complete_runs(ARRAY[{first}, {second}], ARRAY[{t1}, {t2}], ARRAY['{{\"n\": 1}}', NULL]::jsonb[])"),
     )?;
     assert_eq!(n, 2);
     // An empty claim aggregates to NULL arrays: completing it is a no-op, not an error.
     let none: i32 = one(
         &mut c,
-        "SELECT tide.complete_many(array_agg(run_id), array_agg(lease_token)) FROM tide.claim(queue => 'empty')",
+        "SELECT tide.complete_runs(array_agg(run_id), array_agg(lease_token)) FROM tide.claim_runs(queue => 'empty')",
     )?;
     assert_eq!(none, 0);
     let results: String = one(
@@ -524,7 +524,7 @@ fn rerun_by_business_date(cluster: &Cluster) -> Result<(), Failed> {
     )?;
     assert_eq!(same, run, "one window, one run");
     let (id, token) = claim(&mut c, "")?.ok_or("claim")?;
-    exec(&mut c, &format!("SELECT tide.complete({id}, {token})"))?;
+    exec(&mut c, &format!("SELECT tide.complete_run({id}, {token})"))?;
 
     let (code, message, hint) = refused(
         &mut c,
@@ -589,7 +589,7 @@ fn rerun_by_business_date(cluster: &Cluster) -> Result<(), Failed> {
         "SELECT tide.alter('daily', source_retention => '30 days', pending => 'keep')",
     )?;
     let (id, token) = claim(&mut c, "")?.ok_or("claim forced")?;
-    exec(&mut c, &format!("SELECT tide.complete({id}, {token})"))?;
+    exec(&mut c, &format!("SELECT tide.complete_run({id}, {token})"))?;
     let (code, message, hint) = refused(
         &mut c,
         &format!("SELECT tide.rerun('daily', biz_date => '{day}', force => true)"),
@@ -660,7 +660,7 @@ fn readiness_marker_and_deadline(cluster: &Cluster) -> Result<(), Failed> {
     let (id, token) = claim(&mut c, "")?.ok_or("claim the marked run")?;
     let state: String = one(
         &mut c,
-        &format!("SELECT tide.fail({id}, {token}, 'orders incomplete', 'not_ready')::text"),
+        &format!("SELECT tide.fail_run({id}, {token}, 'orders incomplete', 'not_ready')::text"),
     )?;
     assert_eq!(state, "waiting");
     tick(
@@ -702,22 +702,22 @@ fn short_counts_need_a_check(cluster: &Cluster) -> Result<(), Failed> {
         assert_eq!(id, run);
         let state: String = one(
             &mut c,
-            &format!("SELECT tide.complete({id}, {token}, expected => 10, actual => 7)::text"),
+            &format!("SELECT tide.complete_run({id}, {token}, expected => 10, actual => 7)::text"),
         )?;
         assert_eq!(state, "need_check", "a shortfall is not success");
     }
-    let accepted: String = one(&mut c, &format!("SELECT tide.resolve({a}, 'accept')::text"))?;
+    let accepted: String = one(&mut c, &format!("SELECT tide.resolve_run({a}, 'accept')::text"))?;
     assert_eq!(accepted, "succeeded");
-    let replayed: String = one(&mut c, &format!("SELECT tide.resolve({b}, 'replay')::text"))?;
+    let replayed: String = one(&mut c, &format!("SELECT tide.resolve_run({b}, 'replay')::text"))?;
     assert_eq!(replayed, "ready");
-    let (code, _, _) = refused(&mut c, &format!("SELECT tide.resolve({b}, 'accept')"))?;
+    let (code, _, _) = refused(&mut c, &format!("SELECT tide.resolve_run({b}, 'accept')"))?;
     assert_eq!(code, "55000", "only need_check runs are resolved");
-    let (code, message, hint) = refused(&mut c, &format!("SELECT tide.resolve({a}, 'maybe')"))?;
+    let (code, message, hint) = refused(&mut c, &format!("SELECT tide.resolve_run({a}, 'maybe')"))?;
     assert_eq!(code, "55000", "{message}");
     assert!(!hint.is_empty());
     let (code, _, _) = refused(
         &mut c,
-        "SELECT tide.complete(1, 1, expected => -1, actual => 0)",
+        "SELECT tide.complete_run(1, 1, expected => -1, actual => 0)",
     )?;
     assert_eq!(code, "22023");
     pending_in_step(&mut c)?;
@@ -809,7 +809,7 @@ fn illegal_transitions_are_refused(cluster: &Cluster) -> Result<(), Failed> {
     let (_, token) = claim(&mut c, "")?.ok_or("claim")?;
     exec(
         &mut c,
-        &format!("SELECT tide.complete({run}, {token}); SELECT tide.unschedule('t')"),
+        &format!("SELECT tide.complete_run({run}, {token}); SELECT tide.unschedule('t')"),
     )?;
     let left: String = one(
         &mut c,
@@ -871,17 +871,17 @@ fn small_functions_happy_paths_and_bad_input(cluster: &Cluster) -> Result<(), Fa
             "now is out of range (infinity)",
         ),
         (
-            "SELECT tide.replay(NULL)",
+            "SELECT tide.replay_run(NULL)",
             "22004",
             "run_id must not be NULL",
         ),
         (
-            "SELECT tide.replay(999999)",
+            "SELECT tide.replay_run(999999)",
             "42704",
             "run 999999 does not exist",
         ),
         (
-            "SELECT tide.cancel(999999)",
+            "SELECT tide.cancel_run(999999)",
             "42704",
             "run 999999 does not exist",
         ),
@@ -901,7 +901,7 @@ fn small_functions_happy_paths_and_bad_input(cluster: &Cluster) -> Result<(), Fa
             "unknown jitter \"random\"",
         ),
         (
-            "SELECT tide.error_kind_from('later')",
+            "SELECT tide._error_kind_from('later')",
             "22023",
             "unknown error kind \"later\"",
         ),
@@ -920,18 +920,20 @@ fn small_functions_happy_paths_and_bad_input(cluster: &Cluster) -> Result<(), Fa
 
     // Their happy paths.
     let run = rerun_hours_ago(&mut c, "s", 2)?;
-    let cancelled: bool = one(&mut c, &format!("SELECT tide.cancel({run}, 'not needed')"))?;
-    assert!(cancelled);
+    let cancelled: String = one(&mut c, &format!("SELECT tide.cancel_run({run}, 'not needed')"))?;
+    assert_eq!(cancelled, "cancelled");
     let state: String = one(
         &mut c,
         &format!("SELECT state || '|' || reason FROM tide.run WHERE run_id = {run}"),
     )?;
     assert_eq!(state, "cancelled|cancelled by postgres: not needed");
-    let again: bool = one(&mut c, &format!("SELECT tide.cancel({run})"))?;
-    assert!(!again, "a finished run is not cancelled again");
+    let again: String = one(&mut c, &format!("SELECT tide.cancel_run({run})"))?;
+    assert_eq!(again, "cancelled", "cancelling a cancelled run again changes nothing");
+    let reason: String = one(&mut c, &format!("SELECT reason FROM tide.run WHERE run_id = {run}"))?;
+    assert_eq!(reason, "cancelled by postgres: not needed");
     let (code, message, hint) = refused(
         &mut c,
-        &format!("SELECT tide.replay({run}, version => 'newest')"),
+        &format!("SELECT tide.replay_run({run}, version => 'newest')"),
     )?;
     assert_eq!(
         (code.as_str(), message.as_str()),
@@ -940,7 +942,7 @@ fn small_functions_happy_paths_and_bad_input(cluster: &Cluster) -> Result<(), Fa
     assert!(hint.contains("'original'"), "{hint}");
     exec(
         &mut c,
-        &format!("SELECT tide.replay({run}, version => 'original')"),
+        &format!("SELECT tide.replay_run({run}, version => 'original')"),
     )?;
     let replayed: String = one(
         &mut c,
@@ -967,7 +969,7 @@ fn small_functions_happy_paths_and_bad_input(cluster: &Cluster) -> Result<(), Fa
     let kinds: String = one(
         &mut c,
         "SELECT concat_ws('|', tide.error_kind_of('40001'), tide.error_kind_of('23505'),
-                          tide.error_kind_of('TDNR0'), tide.error_kind_from(' Business '))",
+                          tide.error_kind_of('TDNR0'), tide._error_kind_from(' Business '))",
     )?;
     assert_eq!(kinds, "transient|business|not_ready|business");
     let outside: String = one(
@@ -1008,11 +1010,11 @@ fn bad_options_are_refused(cluster: &Cluster) -> Result<(), Failed> {
             "backoff_factor must be between 1 and 100, got 0.5",
         ),
         (
-            "SELECT * FROM tide.claim(n => 0)",
+            "SELECT * FROM tide.claim_runs(n => 0)",
             "n must be between 1 and 1000, got 0",
         ),
         (
-            "SELECT * FROM tide.claim(lease => '-1 minute')",
+            "SELECT * FROM tide.claim_runs(lease => '-1 minute')",
             "lease must be a positive interval of at most 30 days, got -60 seconds",
         ),
     ];
@@ -1021,7 +1023,7 @@ fn bad_options_are_refused(cluster: &Cluster) -> Result<(), Failed> {
         assert_eq!((code.as_str(), message.as_str()), ("22023", want), "{sql}");
         assert!(!hint.is_empty(), "{sql}");
     }
-    let (code, _, _) = refused(&mut c, "SELECT * FROM tide.claim(queue => NULL)")?;
+    let (code, _, _) = refused(&mut c, "SELECT * FROM tide.claim_runs(queue => NULL)")?;
     assert_eq!(code, "22004");
     let tasks: i64 = one(&mut c, "SELECT count(*) FROM tide.task")?;
     assert_eq!(tasks, 0, "nothing was written");

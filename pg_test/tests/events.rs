@@ -20,7 +20,7 @@ fn exec(c: &mut Client, sql: &str) -> Result<(), Failed> {
 fn claim(c: &mut Client, n: i32) -> Result<Vec<(i64, i64, Option<String>)>, Failed> {
     Ok(c
         .query(
-            &format!("SELECT run_id, lease_token, event_key FROM tide.claim(worker => 'w', n => {n}) ORDER BY run_id"),
+            &format!("SELECT run_id, lease_token, event_key FROM tide.claim_runs(worker => 'w', n => {n}) ORDER BY run_id"),
             &[],
         )
         .map_err(db_err)?
@@ -30,7 +30,7 @@ fn claim(c: &mut Client, n: i32) -> Result<Vec<(i64, i64, Option<String>)>, Fail
 }
 
 fn complete(c: &mut Client, run: i64, token: i64) -> Result<(), Failed> {
-    exec(c, &format!("SELECT tide.complete({run}, {token})"))
+    exec(c, &format!("SELECT tide.complete_run({run}, {token})"))
 }
 
 fn emit_creates_runs_in_the_callers_transaction(cluster: &Cluster) -> Result<(), Failed> {
@@ -43,12 +43,12 @@ fn emit_creates_runs_in_the_callers_transaction(cluster: &Cluster) -> Result<(),
     )?;
     let n: i32 = one(
         &mut c,
-        "SELECT tide.emit('user.created', '{\"id\": 1}', dedupe => 'user:1')",
+        "SELECT tide.emit('user.created', '{\"id\": 1}', dedupe_key => 'user:1')",
     )?;
     assert_eq!(n, 2, "one run per subscribed task");
     let again: i32 = one(
         &mut c,
-        "SELECT tide.emit('user.created', '{\"id\": 1}', dedupe => 'user:1')",
+        "SELECT tide.emit('user.created', '{\"id\": 1}', dedupe_key => 'user:1')",
     )?;
     assert_eq!(again, 0, "a repeated dedupe key is a no-op");
     exec(
@@ -98,7 +98,7 @@ fn emit_creates_runs_in_the_callers_transaction(cluster: &Cluster) -> Result<(),
     let got: String = one(
         &mut c,
         "SELECT string_agg(task || '/' || topic || '/' || payload::text, ',' ORDER BY task)
-           FROM tide.claim(n => 2) WHERE topic = 'user.created'",
+           FROM tide.claim_runs(n => 2) WHERE topic = 'user.created'",
     )?;
     assert_eq!(
         got,
@@ -123,11 +123,11 @@ fn emit_creates_runs_in_the_callers_transaction(cluster: &Cluster) -> Result<(),
             "22023",
             "topic 'has space'",
         ),
-        ("SELECT tide.emit('t', key => '')", "22023", "key ''"),
+        ("SELECT tide.emit('t', event_key => '')", "22023", "event_key ''"),
         (
-            "SELECT tide.emit('t', dedupe => '#5')",
+            "SELECT tide.emit('t', dedupe_key => '#5')",
             "22023",
-            "dedupe '#5'",
+            "dedupe_key '#5'",
         ),
         (
             "SELECT tide.schedule('x', NULL)",
@@ -171,8 +171,8 @@ fn emit_creates_runs_in_the_callers_transaction(cluster: &Cluster) -> Result<(),
         claim(&mut c, 100)?.iter().all(|r| r.0 != waiting),
         "a paused run is not claimed"
     );
-    let cancelled: bool = one(&mut c, &format!("SELECT tide.cancel({waiting})"))?;
-    assert!(cancelled);
+    let cancelled: String = one(&mut c, &format!("SELECT tide.cancel_run({waiting})"))?;
+    assert_eq!(cancelled, "cancelled");
     assert_eq!(state(&mut c, waiting)?, "cancelled");
     Ok(())
 }
@@ -182,10 +182,10 @@ fn runs_of_one_key_go_in_emit_order(cluster: &Cluster) -> Result<(), Failed> {
     exec(
         &mut c,
         "SELECT tide.schedule('ship', NULL, topics => ARRAY['order']);
-         SELECT tide.emit('order', '{\"n\": 1}', key => 'cust:1');
-         SELECT tide.emit('order', '{\"n\": 2}', key => 'cust:1');
-         SELECT tide.emit('order', '{\"n\": 3}', key => 'cust:2');
-         SELECT tide.emit('order', '{\"n\": 4}', key => 'cust:1');
+         SELECT tide.emit('order', '{\"n\": 1}', event_key => 'cust:1');
+         SELECT tide.emit('order', '{\"n\": 2}', event_key => 'cust:1');
+         SELECT tide.emit('order', '{\"n\": 3}', event_key => 'cust:2');
+         SELECT tide.emit('order', '{\"n\": 4}', event_key => 'cust:1');
          SELECT tide.emit('order', '{\"n\": 5}');
          SELECT tide.emit('order', '{\"n\": 6}');",
     )?;
@@ -207,7 +207,7 @@ fn runs_of_one_key_go_in_emit_order(cluster: &Cluster) -> Result<(), Failed> {
     let (run, token, _) = second[0];
     exec(
         &mut c,
-        &format!("SELECT tide.fail({run}, {token}, 'flaky')"),
+        &format!("SELECT tide.fail_run({run}, {token}, 'flaky')"),
     )?;
     assert!(claim(&mut c, 10)?.is_empty(), "cust:1's next waits");
     exec(&mut c, "SELECT tide.tick(now() + interval '1 hour')")?;
@@ -231,7 +231,7 @@ fn runs_of_one_key_go_in_emit_order(cluster: &Cluster) -> Result<(), Failed> {
     // parked and the next claimable run is found.
     exec(
         &mut c,
-        "SELECT tide.emit('order', jsonb_build_object('n', g), key => 'busy') FROM generate_series(1, 5) g;
+        "SELECT tide.emit('order', jsonb_build_object('n', g), event_key => 'busy') FROM generate_series(1, 5) g;
          SELECT tide.emit('order', '{\"n\": 99}');",
     )?;
     let head = claim(&mut c, 1)?;
@@ -266,7 +266,7 @@ fn sql_event_runs_go_one_after_another_per_key(cluster: &Cluster) -> Result<(), 
          CREATE TABLE keyed_done (seq bigint GENERATED ALWAYS AS IDENTITY, key text, n int);
          SELECT tide.schedule('keyed_sql', NULL, topics => ARRAY['keyed'], lock_key => 'keyed:{key}',
              command => $$INSERT INTO keyed_done (key, n) VALUES (tide.event_key(), (tide.payload()->>'n')::int)$$);
-         SELECT tide.emit('keyed', jsonb_build_object('n', g), key => 'k' || (g % 2)) FROM generate_series(1, 200) g;",
+         SELECT tide.emit('keyed', jsonb_build_object('n', g), event_key => 'k' || (g % 2)) FROM generate_series(1, 200) g;",
     )?;
     wait_for(
         "200 keyed SQL runs to succeed",
@@ -302,7 +302,7 @@ fn emit_on_change_emits_inserts_and_updates(cluster: &Cluster) -> Result<(), Fai
     )?;
     let name: String = one(
         &mut c,
-        "SELECT tide.emit_on_change('orders', 'order.changed', 'customer')::text",
+        "SELECT tide.create_emit_trigger('orders', 'order.changed', 'customer')::text",
     )?;
     assert_eq!(name, "tide_emit_order_changed");
     exec(
@@ -325,7 +325,7 @@ fn emit_on_change_emits_inserts_and_updates(cluster: &Cluster) -> Result<(), Fai
     assert_eq!(table, "public.orders");
     let dropped: bool = one(
         &mut c,
-        "SELECT tide.drop_emit_on_change('orders', 'order.changed')",
+        "SELECT tide.drop_emit_trigger('orders', 'order.changed')",
     )?;
     assert!(dropped);
     exec(&mut c, "INSERT INTO orders VALUES (3, 'cy', 1)")?;
@@ -333,32 +333,32 @@ fn emit_on_change_emits_inserts_and_updates(cluster: &Cluster) -> Result<(), Fai
     assert_eq!(runs, 2, "no trigger, no event");
     let again: bool = one(
         &mut c,
-        "SELECT tide.drop_emit_on_change('orders', 'order.changed')",
+        "SELECT tide.drop_emit_trigger('orders', 'order.changed')",
     )?;
     assert!(!again);
     for (sql, code, needle) in [
         (
-            "SELECT tide.emit_on_change('orders', 'x', 'nope')",
+            "SELECT tide.create_emit_trigger('orders', 'x', 'nope')",
             "42703",
             "table public.orders has no column nope",
         ),
         (
-            "SELECT tide.emit_on_change(NULL, 'x')",
+            "SELECT tide.create_emit_trigger(NULL, 'x')",
             "22004",
             "table must not be NULL",
         ),
         (
-            "SELECT tide.emit_on_change('orders', 'bad topic')",
+            "SELECT tide.create_emit_trigger('orders', 'bad topic')",
             "22023",
             "topic 'bad topic' is not valid",
         ),
         (
-            "SELECT tide.emit_on_change('missing', 'x')",
+            "SELECT tide.create_emit_trigger('missing', 'x')",
             "42P01",
             "missing",
         ),
         (
-            "SELECT tide.drop_emit_on_change('orders', 'bad topic')",
+            "SELECT tide.drop_emit_trigger('orders', 'bad topic')",
             "22023",
             "topic 'bad topic' is not valid",
         ),
@@ -405,7 +405,7 @@ fn batches_done(c: &mut Client, run: i64) -> Result<i32, String> {
 
 fn a_killed_long_task_resumes_from_its_checkpoint(cluster: &Cluster) -> Result<(), Failed> {
     let mut c = cluster.workers_db()?;
-    long_task_setup(&mut c, "long_kill", 60, ", pause => '150 ms'")?;
+    long_task_setup(&mut c, "long_kill", 60, ", batch_pause => '150 ms'")?;
     exec(&mut c, "SELECT tide.emit('long_kill')")?;
     let run: i64 = one(
         &mut c,
@@ -445,8 +445,8 @@ fn a_killed_long_task_resumes_from_its_checkpoint(cluster: &Cluster) -> Result<(
 
 fn long_runs_pause_resume_and_cancel_between_batches(cluster: &Cluster) -> Result<(), Failed> {
     let mut c = cluster.workers_db()?;
-    long_task_setup(&mut c, "long_ctl", 100, ", rate => 5")?;
-    exec(&mut c, "SELECT tide.emit('long_ctl', dedupe => 'one')")?;
+    long_task_setup(&mut c, "long_ctl", 100, ", batch_rate => 5")?;
+    exec(&mut c, "SELECT tide.emit('long_ctl', dedupe_key => 'one')")?;
     let run: i64 = one(
         &mut c,
         "SELECT r.run_id FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'long_ctl'",
@@ -501,7 +501,7 @@ fn long_runs_pause_resume_and_cancel_between_batches(cluster: &Cluster) -> Resul
     // Cancel between batches: committed batches stay, the rest is never done.
     exec(
         &mut c,
-        "UPDATE long_ctl_items SET times = 0; SELECT tide.emit('long_ctl', dedupe => 'two')",
+        "UPDATE long_ctl_items SET times = 0; SELECT tide.emit('long_ctl', dedupe_key => 'two')",
     )?;
     let second: i64 = one(
         &mut c,
@@ -560,20 +560,20 @@ fn long_runs_pause_resume_and_cancel_between_batches(cluster: &Cluster) -> Resul
             "long => true needs an SQL command".to_string(),
         ),
         (
-            "SELECT tide.schedule('x', '@daily', 'SELECT 1', rate => 2)".to_string(),
+            "SELECT tide.schedule('x', '@daily', 'SELECT 1', batch_rate => 2)".to_string(),
             "22023",
-            "rate and pause apply to long tasks only".to_string(),
+            "batch_rate and batch_pause apply to long tasks only".to_string(),
         ),
         (
-            "SELECT tide.schedule('x', '@daily', 'SELECT 1', long => true, rate => 2, pause => '1 s')"
+            "SELECT tide.schedule('x', '@daily', 'SELECT 1', long => true, batch_rate => 2, batch_pause => '1 s')"
                 .to_string(),
             "22023",
-            "pass rate or pause, not both".to_string(),
+            "pass batch_rate or batch_pause, not both".to_string(),
         ),
         (
-            "SELECT tide.schedule('x', '@daily', 'SELECT 1', long => true, rate => -1)".to_string(),
+            "SELECT tide.schedule('x', '@daily', 'SELECT 1', long => true, batch_rate => -1)".to_string(),
             "22023",
-            "rate must be between 0 and 10000".to_string(),
+            "batch_rate must be between 0 and 10000".to_string(),
         ),
     ] {
         let (got, message, hint) = refused(&mut c, &sql)?;
@@ -601,8 +601,8 @@ fn an_external_task_run_many_ways_acts_once(cluster: &Cluster) -> Result<(), Fai
         tx.batch_execute(&format!(
             "INSERT INTO ledger SELECT biz_date, 100 FROM tide.run WHERE run_id = {run}
                ON CONFLICT (biz_date) DO UPDATE SET amount = EXCLUDED.amount;
-             SELECT tide.send('sms', 'bill:' || biz_date) FROM tide.run WHERE run_id = {run};
-             SELECT tide.complete({run}, {token});"
+             SELECT tide.create_effect('sms', 'bill:' || biz_date) FROM tide.run WHERE run_id = {run};
+             SELECT tide.complete_run({run}, {token});"
         ))?;
         tx.commit()
     };
@@ -625,7 +625,7 @@ fn an_external_task_run_many_ways_acts_once(cluster: &Cluster) -> Result<(), Fai
     let late = work(&mut c, run, slow_token).expect_err("the slow worker is fenced");
     assert_eq!(late.code().map(|s| s.code()), Some("55000"));
     // 3. A replay and 4. a forced rerun of the succeeded window.
-    exec(&mut c, &format!("SELECT tide.replay({run}, force => true)"))?;
+    exec(&mut c, &format!("SELECT tide.replay_run({run}, force => true)"))?;
     let again = claim(&mut c, 1)?;
     work(&mut c, run, again[0].1).map_err(db_err)?;
     exec(
@@ -651,7 +651,7 @@ fn an_external_task_run_many_ways_acts_once(cluster: &Cluster) -> Result<(), Fai
     // Each message once: delivered by a delivery worker, never offered again.
     let offered: i64 = one(
         &mut c,
-        "SELECT count(tide.delivered(effect_id, lease_token)) FROM tide.claim_effects('sms', n => 10)",
+        "SELECT count(tide.complete_effect(effect_id, lease_token)) FROM tide.claim_effects('sms', n => 10)",
     )?;
     assert_eq!(offered, 1);
     let more: i64 = one(
@@ -680,7 +680,7 @@ fn an_sql_task_run_many_ways_acts_once(cluster: &Cluster) -> Result<(), Failed> 
          END $$;
          SELECT tide.schedule('once_sql', '0 1 * * *',
              $$SELECT once_bill('once_ledger', tide.biz_date());
-               SELECT tide.send('once_sms', 'bill:' || tide.biz_date())$$,
+               SELECT tide.create_effect('once_sms', 'bill:' || tide.biz_date())$$,
              timeout => '1 second', backoff_base => '100 ms', jitter => 'none', max_attempts => 10);",
     )?;
     let run: i64 = one(
@@ -700,7 +700,7 @@ fn an_sql_task_run_many_ways_acts_once(cluster: &Cluster) -> Result<(), Failed> 
         })
     };
     finished(&mut c, 1)?;
-    exec(&mut c, &format!("SELECT tide.replay({run}, force => true)"))?;
+    exec(&mut c, &format!("SELECT tide.replay_run({run}, force => true)"))?;
     finished(&mut c, 2)?;
     exec(
         &mut c,
@@ -725,7 +725,7 @@ fn an_sql_task_run_many_ways_acts_once(cluster: &Cluster) -> Result<(), Failed> 
     assert_eq!(messages, 1, "one message for the window");
     let delivered: i64 = one(
         &mut c,
-        "SELECT count(tide.delivered(effect_id, lease_token)) FROM tide.claim_effects('once_sms', n => 10)",
+        "SELECT count(tide.complete_effect(effect_id, lease_token)) FROM tide.claim_effects('once_sms', n => 10)",
     )?;
     assert_eq!(delivered, 1);
     assert_eq!(

@@ -280,7 +280,7 @@ fn setup(cluster: &Cluster) -> Result<(Client, Client, Fixtures), Failed> {
         &mut victim,
         "CREATE TABLE victim_table (id int);
          SELECT tide.schedule('victim_task', '0 * * * *');
-         SELECT tide.check('victim_check', '1 day');
+         SELECT tide.create_check('victim_check', '1 day');
          SELECT tide.rerun('victim_task', window_start => date_trunc('hour', now()) - interval '3 hours');",
     )?;
     let mut fuzzer = cluster.connect_as(db, "fuzzer")?;
@@ -290,14 +290,14 @@ fn setup(cluster: &Cluster) -> Result<(Client, Client, Fixtures), Failed> {
          CREATE VIEW fuzz_view AS SELECT 1 AS one;
          SELECT tide.schedule('f_hourly', '0 * * * *', lock_key => 'acct:{args.account}', args => '{\"account\": 7}');
          SELECT tide.schedule('f_event', NULL, topics => ARRAY['t', 'order.created']);
-         SELECT tide.check('c_daily', '1 day');
+         SELECT tide.create_check('c_daily', '1 day');
          SELECT tide.rerun('f_hourly', window_start => date_trunc('hour', now()) - interval '3 hours');
          SELECT tide.rerun('f_hourly', window_start => date_trunc('hour', now()) - interval '4 hours');
-         SELECT tide.emit('t', '{\"a\": 1}', key => 'k');
-         SELECT tide.send('sms', 'fuzz:1');",
+         SELECT tide.emit('t', '{\"a\": 1}', event_key => 'k');
+         SELECT tide.create_effect('sms', 'fuzz:1');",
     )?;
     let claimed = fuzzer
-        .query("SELECT run_id, lease_token FROM tide.claim(n => 1)", &[])
+        .query("SELECT run_id, lease_token FROM tide.claim_runs(n => 1)", &[])
         .map_err(db_err)?;
     let mut runs: Vec<i64> = admin
         .query("SELECT run_id FROM tide.run ORDER BY run_id", &[])

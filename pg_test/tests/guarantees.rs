@@ -1,4 +1,4 @@
-//! Guarantees on a real cluster. Deduplicated side effects: `tide.send` records a message once
+//! Guarantees on a real cluster. Deduplicated side effects: `tide.create_effect` records a message once
 //! per dedupe key in the caller's transaction, however often the work reruns; delivery workers
 //! take them by channel under fenced leases; failed deliveries back off and end dead; an SQL
 //! command's sends survive a forced rerun as one message. Steps: a retry or rerun skips the
@@ -42,7 +42,7 @@ fn run_then_force_rerun(
     wait_for("the first run to succeed", Duration::from_secs(30), || {
         Ok((run_state(c, run)? == "succeeded").then_some(()))
     })?;
-    exec(c, &format!("SELECT tide.replay({run}, force => true)"))?;
+    exec(c, &format!("SELECT tide.replay_run({run}, force => true)"))?;
     wait_for(
         "the forced rerun to succeed",
         Duration::from_secs(30),
@@ -59,52 +59,54 @@ fn run_then_force_rerun(
 
 fn sends_are_recorded_once_per_key(cluster: &Cluster) -> Result<(), Failed> {
     let mut c = cluster.fresh_db("e_once")?;
-    let first: bool = one(
+    let first: i64 = one(
         &mut c,
-        "SELECT tide.send('sms', 'invoice:7:reminder', '{\"to\": \"+1555\"}')",
+        "SELECT tide.create_effect('sms', 'invoice:7:reminder', '{\"to\": \"+1555\"}')",
     )?;
-    let again: bool = one(
+    let again: i64 = one(
         &mut c,
-        "SELECT tide.send('sms', 'invoice:7:reminder', '{\"to\": \"+1555\"}')",
+        "SELECT tide.create_effect('sms', 'invoice:7:reminder', '{\"to\": \"+1556\"}')",
     )?;
-    assert!(first && !again, "recorded once, then a no-op");
+    assert_eq!(again, first, "recorded once; the second call returns the same effect");
     // A rolled-back transaction records nothing.
     exec(
         &mut c,
-        "BEGIN; SELECT tide.send('sms', 'invoice:8:reminder'); ROLLBACK;",
+        "BEGIN; SELECT tide.create_effect('sms', 'invoice:8:reminder'); ROLLBACK;",
     )?;
     let keys: String = one(
         &mut c,
         "SELECT string_agg(dedupe_key || '@' || channel || '/' || state, ',') FROM tide.effect",
     )?;
     assert_eq!(keys, "invoice:7:reminder@sms/pending");
+    let kept: String = one(&mut c, "SELECT payload->>'to' FROM tide.effect")?;
+    assert_eq!(kept, "+1555", "the repeated call wrote nothing");
     // Another role's identical key is its own message (keys are per owner).
     exec(&mut c, "DROP ROLE IF EXISTS carol; CREATE ROLE carol LOGIN")?;
     let mut carol = cluster.connect_as("e_once", "carol")?;
-    let theirs: bool = one(&mut carol, "SELECT tide.send('sms', 'invoice:7:reminder')")?;
-    assert!(theirs);
+    let theirs: i64 = one(&mut carol, "SELECT tide.create_effect('sms', 'invoice:7:reminder')")?;
+    assert_ne!(theirs, first, "carol's key is her own effect");
     let seen: i64 = one(&mut carol, "SELECT count(*) FROM tide.effect")?;
     assert_eq!(seen, 1, "carol sees only her own");
 
     for (sql, code, needle) in [
         (
-            "SELECT tide.send('bad channel', 'k')",
+            "SELECT tide.create_effect('bad channel', 'k')",
             "22023",
             "'bad channel'",
         ),
-        ("SELECT tide.send(NULL, 'k')", "22023", "NULL"),
+        ("SELECT tide.create_effect(NULL, 'k')", "22023", "NULL"),
         (
-            "SELECT tide.send('sms', ' ')",
+            "SELECT tide.create_effect('sms', ' ')",
             "22023",
             "dedupe_key must not be empty",
         ),
         (
-            "SELECT tide.send('sms', 'k', NULL)",
+            "SELECT tide.create_effect('sms', 'k', NULL)",
             "22023",
             "payload must not be NULL",
         ),
         (
-            "SELECT tide.send('sms', 'k', max_attempts => 0)",
+            "SELECT tide.create_effect('sms', 'k', max_attempts => 0)",
             "22023",
             "got 0",
         ),
@@ -119,13 +121,13 @@ fn sends_are_recorded_once_per_key(cluster: &Cluster) -> Result<(), Failed> {
             "22023",
             "lease must be a positive interval of at most 30 days, got 0 seconds",
         ),
-        ("SELECT tide.delivered(-1, 1)", "42704", "no side effect -1"),
+        ("SELECT tide.complete_effect(-1, 1)", "42704", "no side effect -1"),
         (
-            "SELECT tide.undelivered(1, 1, NULL)",
+            "SELECT tide.fail_effect(1, 1, NULL)",
             "22004",
             "error must not be NULL",
         ),
-        ("SELECT tide.redeliver(1)", "55000", "is not dead"),
+        ("SELECT tide.replay_effect(1)", "55000", "is not dead"),
     ] {
         let (got, message, hint) = refused(&mut c, sql)?;
         assert_eq!(got, code, "{sql}: {message}");
@@ -143,7 +145,7 @@ fn delivery_is_fenced_and_never_repeated_once_delivered(cluster: &Cluster) -> Re
     exec(&mut listener, "LISTEN pg_tide_effect")?;
     exec(
         &mut c,
-        "SELECT tide.send('push', 'order:1:shipped', '{\"order\": 1}')",
+        "SELECT tide.create_effect('push', 'order:1:shipped', '{\"order\": 1}')",
     )?;
     let note = listener
         .notifications()
@@ -165,14 +167,14 @@ fn delivery_is_fenced_and_never_repeated_once_delivered(cluster: &Cluster) -> Re
     assert_eq!((again, key2.as_str()), (id, "order:1:shipped"));
     assert!(second > first, "a new, larger fencing token");
     // The first worker comes back: fenced out, nothing changes.
-    let (code, message, _) = refused(&mut c, &format!("SELECT tide.delivered({id}, {first})"))?;
+    let (code, message, _) = refused(&mut c, &format!("SELECT tide.complete_effect({id}, {first})"))?;
     assert_eq!(code, "55000", "{message}");
     let state: String = one(
         &mut c,
         &format!("SELECT state::text FROM tide.effect WHERE effect_id = {id}"),
     )?;
     assert_eq!(state, "sending");
-    exec(&mut c, &format!("SELECT tide.delivered({id}, {second})"))?;
+    exec(&mut c, &format!("SELECT tide.complete_effect({id}, {second})"))?;
     // Delivered: never handed out again, whatever the tick does.
     exec(&mut c, "SELECT tide.tick(now() + interval '1 hour')")?;
     assert!(claim(&mut c, "push")?.is_none());
@@ -193,12 +195,12 @@ fn failed_deliveries_back_off_then_die(cluster: &Cluster) -> Result<(), Failed> 
     let mut c = cluster.fresh_db("e_retry")?;
     exec(
         &mut c,
-        "SELECT tide.send('mail', 'welcome:9', max_attempts => 2)",
+        "SELECT tide.create_effect('mail', 'welcome:9', max_attempts => 2)",
     )?;
     let (id, token, _) = claim(&mut c, "mail")?.ok_or("nothing to deliver")?;
     let state: String = one(
         &mut c,
-        &format!("SELECT tide.undelivered({id}, {token}, 'provider answered 503')::text"),
+        &format!("SELECT tide.fail_effect({id}, {token}, 'provider answered 503')::text"),
     )?;
     assert_eq!(state, "pending");
     // Full jitter: the first retry comes within 10 s.
@@ -215,17 +217,17 @@ fn failed_deliveries_back_off_then_die(cluster: &Cluster) -> Result<(), Failed> 
     })?;
     let state: String = one(
         &mut c,
-        &format!("SELECT tide.undelivered({id}, {token}, 'provider answered 503')::text"),
+        &format!("SELECT tide.fail_effect({id}, {token}, 'provider answered 503')::text"),
     )?;
     assert_eq!(state, "dead", "two attempts allowed");
     assert!(claim(&mut c, "mail")?.is_none());
     // A person puts it back; a permanent error kills it at once.
-    exec(&mut c, &format!("SELECT tide.redeliver({id})"))?;
+    exec(&mut c, &format!("SELECT tide.replay_effect({id})"))?;
     let (_, token, _) = claim(&mut c, "mail")?.ok_or("not redelivered")?;
     let state: String = one(
         &mut c,
         &format!(
-            "SELECT tide.undelivered({id}, {token}, 'no such mailbox', permanent => true)::text"
+            "SELECT tide.fail_effect({id}, {token}, 'no such mailbox', permanent => true)::text"
         ),
     )?;
     assert_eq!(state, "dead");
@@ -245,7 +247,7 @@ fn a_command_rerun_sends_once(cluster: &Cluster) -> Result<(), Failed> {
          SELECT tide.schedule('e_statement', '0 1 * * *', biz_window => 'day', command => $$
              INSERT INTO e_statements (biz_date) VALUES (tide.biz_date())
                  ON CONFLICT (biz_date) DO UPDATE SET made = e_statements.made + 1;
-             SELECT tide.send('mail', 'statement:' || tide.biz_date(), jsonb_build_object('day', tide.biz_date()))
+             SELECT tide.create_effect('mail', 'statement:' || tide.biz_date(), jsonb_build_object('day', tide.biz_date()))
          $$);",
     )?;
     // The business table sees the rerun (made = 2); the message does not.
@@ -282,7 +284,7 @@ fn steps_done_are_skipped_by_retries_and_reruns(cluster: &Cluster) -> Result<(),
     let claim_run = |c: &mut Client| -> Result<i64, Failed> {
         let row = c
             .query_one(
-                "SELECT run_id, lease_token FROM tide.claim(worker => 'w1')",
+                "SELECT run_id, lease_token FROM tide.claim_runs(worker => 'w1')",
                 &[],
             )
             .map_err(db_err)?;
@@ -292,7 +294,7 @@ fn steps_done_are_skipped_by_retries_and_reruns(cluster: &Cluster) -> Result<(),
     let step = |c: &mut Client, token: i64, name: &str| -> Result<String, Failed> {
         one(
             c,
-            &format!("SELECT done || ' ' || coalesce(output::text, '-') FROM tide.step({run}, {token}, '{name}')"),
+            &format!("SELECT done || ' ' || coalesce(output::text, '-') FROM tide.start_step({run}, {token}, '{name}')"),
         )
     };
     // Attempt 1: fetch is done, then the worker fails before load is done.
@@ -300,17 +302,17 @@ fn steps_done_are_skipped_by_retries_and_reruns(cluster: &Cluster) -> Result<(),
     assert_eq!(step(&mut c, first, "fetch")?, "false -");
     exec(
         &mut c,
-        &format!("SELECT tide.step_done({run}, {first}, 'fetch', '{{\"rows\": 10}}')"),
+        &format!("SELECT tide.complete_step({run}, {first}, 'fetch', '{{\"rows\": 10}}')"),
     )?;
     assert_eq!(step(&mut c, first, "load")?, "false -");
     exec(
         &mut c,
-        &format!("SELECT tide.fail({run}, {first}, 'connection reset')"),
+        &format!("SELECT tide.fail_run({run}, {first}, 'connection reset')"),
     )?;
     // The old token can no longer record steps.
     let (code, message, _) = refused(
         &mut c,
-        &format!("SELECT tide.step_done({run}, {first}, 'load')"),
+        &format!("SELECT tide.complete_step({run}, {first}, 'load')"),
     )?;
     assert_eq!(code, "55000", "{message}");
     // Attempt 2: fetch is skipped with its output, load is done this time.
@@ -321,11 +323,11 @@ fn steps_done_are_skipped_by_retries_and_reruns(cluster: &Cluster) -> Result<(),
     exec(
         &mut c,
         &format!(
-            "SELECT tide.step_done({run}, {second}, 'load'); SELECT tide.complete({run}, {second})"
+            "SELECT tide.complete_step({run}, {second}, 'load'); SELECT tide.complete_run({run}, {second})"
         ),
     )?;
     // A forced replay skips both.
-    exec(&mut c, &format!("SELECT tide.replay({run}, force => true)"))?;
+    exec(&mut c, &format!("SELECT tide.replay_run({run}, force => true)"))?;
     let third = claim_run(&mut c)?;
     assert_eq!(step(&mut c, third, "fetch")?, "true {\"rows\": 10}");
     assert_eq!(step(&mut c, third, "load")?, "true -");
@@ -348,32 +350,32 @@ fn steps_done_are_skipped_by_retries_and_reruns(cluster: &Cluster) -> Result<(),
 
     for (sql, code, needle) in [
         (
-            format!("SELECT tide.step({run}, {third}, ' ')"),
+            format!("SELECT tide.start_step({run}, {third}, ' ')"),
             "22023",
             "step name must not be empty",
         ),
         (
-            format!("SELECT tide.step_done({run}, {third}, 'fetch')"),
+            format!("SELECT tide.complete_step({run}, {third}, 'fetch')"),
             "55000",
             "already done",
         ),
         (
-            format!("SELECT tide.step({run}, NULL, 'x')"),
+            format!("SELECT tide.start_step({run}, NULL, 'x')"),
             "22004",
             "token must not be NULL",
         ),
         (
-            "SELECT tide.step(-5, 1, 'x')".to_string(),
+            "SELECT tide.start_step(-5, 1, 'x')".to_string(),
             "42704",
             "run -5 does not exist",
         ),
         (
-            "SELECT tide.step('x')".to_string(),
+            "SELECT tide.start_step('x')".to_string(),
             "55000",
             "inside a task's command only",
         ),
         (
-            "SELECT tide.step_done('x')".to_string(),
+            "SELECT tide.complete_step('x')".to_string(),
             "55000",
             "inside a task's command only",
         ),
@@ -395,9 +397,9 @@ fn a_command_skips_its_done_steps_on_rerun(cluster: &Cluster) -> Result<(), Fail
         "CREATE TABLE IF NOT EXISTS g_charges (biz_date date, charged_at timestamptz DEFAULT clock_timestamp());
          CREATE TABLE IF NOT EXISTS g_reports (biz_date date, made_at timestamptz DEFAULT clock_timestamp());
          SELECT tide.schedule('g_charge', '0 1 * * *', biz_window => 'day', command => $$
-             INSERT INTO g_charges (biz_date) SELECT tide.biz_date() WHERE NOT (SELECT done FROM tide.step('charge'));
-             SELECT tide.step_done('charge', jsonb_build_object('day', tide.biz_date()))
-               WHERE NOT (SELECT done FROM tide.step('charge'));
+             INSERT INTO g_charges (biz_date) SELECT tide.biz_date() WHERE NOT (SELECT done FROM tide.start_step('charge'));
+             SELECT tide.complete_step('charge', jsonb_build_object('day', tide.biz_date()))
+               WHERE NOT (SELECT done FROM tide.start_step('charge'));
              INSERT INTO g_reports (biz_date) VALUES (tide.biz_date())
          $$);",
     )?;
@@ -423,7 +425,7 @@ fn a_taken_back_run_resumes_from_its_checkpoint(cluster: &Cluster) -> Result<(),
     let claim = |c: &mut Client| -> Result<(i64, Option<String>), Failed> {
         let row = c
             .query_one(
-                "SELECT run_id, lease_token, checkpoint::text FROM tide.claim(worker => 'w1')",
+                "SELECT run_id, lease_token, checkpoint::text FROM tide.claim_runs(worker => 'w1')",
                 &[],
             )
             .map_err(db_err)?;
@@ -436,7 +438,7 @@ fn a_taken_back_run_resumes_from_its_checkpoint(cluster: &Cluster) -> Result<(),
     for upto in [1000, 2000] {
         exec(
             &mut c,
-            &format!("SELECT tide.heartbeat({run}, {first}, '{{\"done_upto\": {upto}}}')"),
+            &format!("SELECT tide.heartbeat_run({run}, {first}, '{{\"done_upto\": {upto}}}')"),
         )?;
     }
     exec(&mut c, "SELECT tide.tick(now() + interval '5 minutes')")?;
@@ -447,10 +449,10 @@ fn a_taken_back_run_resumes_from_its_checkpoint(cluster: &Cluster) -> Result<(),
     // The first worker's late heartbeat is fenced out and does not move the checkpoint back.
     let (code, _, _) = refused(
         &mut c,
-        &format!("SELECT tide.heartbeat({run}, {first}, '{{\"done_upto\": 1000}}')"),
+        &format!("SELECT tide.heartbeat_run({run}, {first}, '{{\"done_upto\": 1000}}')"),
     )?;
     assert_eq!(code, "55000");
-    exec(&mut c, &format!("SELECT tide.complete({run}, {second})"))?;
+    exec(&mut c, &format!("SELECT tide.complete_run({run}, {second})"))?;
     let outcomes: String = one(
         &mut c,
         &format!("SELECT string_agg(outcome::text, ',' ORDER BY attempt) FROM tide.attempt WHERE run_id = {run}"),

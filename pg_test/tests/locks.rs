@@ -20,7 +20,7 @@ fn claim(c: &mut Client, n: i32, extra: &str) -> Result<Vec<(i64, i64)>, Failed>
     Ok(c
         .query(
             &format!(
-                "SELECT run_id, lease_token FROM tide.claim(worker => 'w', n => {n}{extra}) ORDER BY run_id"
+                "SELECT run_id, lease_token FROM tide.claim_runs(worker => 'w', n => {n}{extra}) ORDER BY run_id"
             ),
             &[],
         )
@@ -56,7 +56,7 @@ fn busy_keys_defer_runs_across_tasks(cluster: &Cluster) -> Result<(), Failed> {
     assert_eq!(first.len(), 2, "one run per account: {first:?}");
     let keys: String = one(
         &mut c,
-        "SELECT string_agg(key || '=' || run_id || '/' || token, ',' ORDER BY key) FROM tide.lock",
+        "SELECT string_agg(key || '=' || run_id || '/' || lease_token, ',' ORDER BY key) FROM tide.lock",
     )?;
     let expected: Vec<String> = first
         .iter()
@@ -110,7 +110,7 @@ fn busy_keys_defer_runs_across_tasks(cluster: &Cluster) -> Result<(), Failed> {
     let (run, token) = first[0];
     let renewed: bool = one(
         &mut c,
-        &format!("SELECT tide.heartbeat({run}, {token}) IS NOT NULL"),
+        &format!("SELECT tide.heartbeat_run({run}, {token}) IS NOT NULL"),
     )?;
     assert!(renewed);
     let same: bool = one(
@@ -120,7 +120,7 @@ fn busy_keys_defer_runs_across_tasks(cluster: &Cluster) -> Result<(), Failed> {
     assert!(same, "the lock expires with the lease");
 
     // The holder ends: its lock is freed and the waiter goes.
-    exec(&mut c, &format!("SELECT tide.complete({run}, {token})"))?;
+    exec(&mut c, &format!("SELECT tide.complete_run({run}, {token})"))?;
     let held: i64 = one(
         &mut c,
         &format!("SELECT count(*) FROM tide.lock WHERE run_id = {run}"),
@@ -132,7 +132,7 @@ fn busy_keys_defer_runs_across_tasks(cluster: &Cluster) -> Result<(), Failed> {
     let (run2, token2) = first[1];
     exec(
         &mut c,
-        &format!("SELECT tide.fail({run2}, {token2}, 'bank down', 'business')"),
+        &format!("SELECT tide.fail_run({run2}, {token2}, 'bank down', 'business')"),
     )?;
     let next = claim(&mut c, 10, "")?;
     assert_eq!(ids(&next), vec![deferred[1].0], "the waiter of account:2");
@@ -160,8 +160,8 @@ fn an_expired_lock_is_taken_over_and_its_holder_fenced(cluster: &Cluster) -> Res
         "CREATE TABLE ledger (account int, amount int);
          SELECT tide.schedule('post', NULL, topics => ARRAY['post'], lock_key => 'account:{payload.account}',
                               backoff_base => '1 hour');
-         SELECT tide.emit('post', '{\"account\": 7}', dedupe => 'a');
-         SELECT tide.emit('post', '{\"account\": 7}', dedupe => 'b');",
+         SELECT tide.emit('post', '{\"account\": 7}', dedupe_key => 'a');
+         SELECT tide.emit('post', '{\"account\": 7}', dedupe_key => 'b');",
     )?;
     let old = claim(&mut c, 1, ", lease => '1 second'")?;
     let (slow, slow_token) = old[0];
@@ -180,7 +180,7 @@ fn an_expired_lock_is_taken_over_and_its_holder_fenced(cluster: &Cluster) -> Res
     assert_ne!(fast, slow);
     let holder: String = one(
         &mut c,
-        "SELECT run_id || '/' || token FROM tide.lock WHERE key = 'account:7'",
+        "SELECT run_id || '/' || lease_token FROM tide.lock WHERE key = 'account:7'",
     )?;
     assert_eq!(holder, format!("{fast}/{fast_token}"));
     let lost: String = one(
@@ -193,10 +193,10 @@ fn an_expired_lock_is_taken_over_and_its_holder_fenced(cluster: &Cluster) -> Res
     );
     // The slow worker finishes late: every call is refused and its work rolls back.
     for call in [
-        format!("SELECT tide.heartbeat({slow}, {slow_token})"),
-        format!("SELECT tide.complete({slow}, {slow_token})"),
-        format!("SELECT tide.fail({slow}, {slow_token}, 'late')"),
-        format!("SELECT tide.step({slow}, {slow_token}, 'post')"),
+        format!("SELECT tide.heartbeat_run({slow}, {slow_token})"),
+        format!("SELECT tide.complete_run({slow}, {slow_token})"),
+        format!("SELECT tide.fail_run({slow}, {slow_token}, 'late')"),
+        format!("SELECT tide.start_step({slow}, {slow_token}, 'post')"),
     ] {
         let mut tx = c.transaction().map_err(db_err)?;
         tx.batch_execute("INSERT INTO ledger VALUES (7, 100)")
@@ -210,7 +210,7 @@ fn an_expired_lock_is_taken_over_and_its_holder_fenced(cluster: &Cluster) -> Res
     assert_eq!(rows, 0, "the fenced worker changed nothing");
     exec(
         &mut c,
-        &format!("BEGIN; INSERT INTO ledger VALUES (7, 100); SELECT tide.complete({fast}, {fast_token}); COMMIT;"),
+        &format!("BEGIN; INSERT INTO ledger VALUES (7, 100); SELECT tide.complete_run({fast}, {fast_token}); COMMIT;"),
     )?;
     let rows: i64 = one(&mut c, "SELECT count(*) FROM ledger")?;
     assert_eq!(rows, 1);
@@ -252,7 +252,7 @@ fn overlap_queue_skip_and_allow(cluster: &Cluster) -> Result<(), Failed> {
             &mut c,
             &format!("SELECT lease_token FROM tide.run WHERE run_id = {run}"),
         )?;
-        exec(&mut c, &format!("SELECT tide.complete({run}, {token})"))?;
+        exec(&mut c, &format!("SELECT tide.complete_run({run}, {token})"))?;
     }
     assert_eq!(ids(&claim(&mut c, 20, "")?), vec![q[1], a[2]]);
     // A queue window that fails and retries still holds its place: the next waits for it.
@@ -262,7 +262,7 @@ fn overlap_queue_skip_and_allow(cluster: &Cluster) -> Result<(), Failed> {
     )?;
     exec(
         &mut c,
-        &format!("SELECT tide.fail({}, {token}, 'flaky')", q[1]),
+        &format!("SELECT tide.fail_run({}, {token}, 'flaky')", q[1]),
     )?;
     assert!(claim(&mut c, 20, "")?.is_empty(), "q[2] waits for q[1]");
     // (The other tasks are paused so the tick's new windows of theirs stay out of the claim.)
@@ -331,7 +331,7 @@ fn stress_8_workers_10000_runs_100_keys(cluster: &Cluster) -> Result<(), Failed>
                               backoff_base => '100 ms', backoff_cap => '200 ms', jitter => 'none',
                               max_attempts => 50)
            FROM unnest(ARRAY['stress_a', 'stress_b']) t;
-         SELECT count(tide.emit('stress', jsonb_build_object('seq', g), key => 'k' || (g % 100)))
+         SELECT count(tide.emit('stress', jsonb_build_object('seq', g), event_key => 'k' || (g % 100)))
            FROM generate_series(1, 5000) g;",
     )?;
     let total: i64 = one(
@@ -359,7 +359,7 @@ fn stress_8_workers_10000_runs_100_keys(cluster: &Cluster) -> Result<(), Failed>
                 let rows = c
                     .query(
                         "SELECT c.run_id, c.lease_token, c.task, c.event_key, (c.payload->>'seq')::int
-                           FROM tide.claim(worker => $1, n => 4, lease => '3 seconds') c",
+                           FROM tide.claim_runs(worker => $1, n => 4, lease => '3 seconds') c",
                         &[&format!("w{w}")],
                     )
                     .map_err(|e| e.to_string())?;
@@ -415,7 +415,7 @@ fn stress_8_workers_10000_runs_100_keys(cluster: &Cluster) -> Result<(), Failed>
                     .map_err(|e| e.to_string())?;
                     // Release the key in memory before the commit makes it free for others.
                     holders.lock().unwrap().remove(key);
-                    let ok = tx.execute("SELECT tide.complete($1, $2)", &[run, token]);
+                    let ok = tx.execute("SELECT tide.complete_run($1, $2)", &[run, token]);
                     match ok {
                         Ok(_) => {
                             tx.commit().map_err(|e| e.to_string())?;

@@ -38,7 +38,7 @@ fn past_run(c: &mut Client, task: &str, years: i32) -> Result<i64, Failed> {
 fn claim_run(c: &mut Client, run: i64) -> Result<i64, Failed> {
     let (id, token): (i64, i64) = c
         .query_opt(
-            "SELECT run_id, lease_token FROM tide.claim(worker => 'w1')",
+            "SELECT run_id, lease_token FROM tide.claim_runs(worker => 'w1')",
             &[],
         )
         .map_err(db_err)?
@@ -51,7 +51,7 @@ fn claim_run(c: &mut Client, run: i64) -> Result<i64, Failed> {
 /// Claims and completes a run; returns nothing, the run is then succeeded.
 fn succeed(c: &mut Client, run: i64) -> Result<(), Failed> {
     let token = claim_run(c, run)?;
-    exec(c, &format!("SELECT tide.complete({run}, {token})"))
+    exec(c, &format!("SELECT tide.complete_run({run}, {token})"))
 }
 
 /// Moves a finished run's finish (and claim) back in time, as if it had succeeded then.
@@ -265,8 +265,8 @@ fn heartbeat_checks_go_late_then_down(cluster: &Cluster) -> Result<(), Failed> {
     let mut c = cluster.fresh_db("m_checks")?;
     exec(
         &mut c,
-        "SELECT tide.check('backup', '1 hour', grace => '10 minutes', severity => 'critical');
-         SELECT tide.check('report', '0 3 * * *', tz => 'Asia/Shanghai');",
+        "SELECT tide.create_check('backup', '1 hour', grace => '10 minutes', severity => 'critical');
+         SELECT tide.create_check('report', '0 3 * * *', tz => 'Asia/Shanghai');",
     )?;
     let status = |c: &mut Client, name: &str, at: &str| -> Result<String, Failed> {
         one(
@@ -281,7 +281,7 @@ fn heartbeat_checks_go_late_then_down(cluster: &Cluster) -> Result<(), Failed> {
 
     let expected: bool = one(
         &mut c,
-        "SELECT tide.beat('backup') BETWEEN now() + interval '1 hour' AND clock_timestamp() + interval '1 hour'",
+        "SELECT tide.heartbeat_check('backup') BETWEEN now() + interval '1 hour' AND clock_timestamp() + interval '1 hour'",
     )?;
     assert!(expected, "the next beat is expected one period later");
     assert_eq!(
@@ -306,7 +306,7 @@ fn heartbeat_checks_go_late_then_down(cluster: &Cluster) -> Result<(), Failed> {
     // A new beat resolves them.
     exec(
         &mut c,
-        "SELECT tide.beat('backup', message => 'done in 4 min')",
+        "SELECT tide.heartbeat_check('backup', message => 'done in 4 min')",
     )?;
     tick(&mut c, "now() + interval '1 minute'")?;
     assert_eq!(open_alerts(&mut c)?, "");
@@ -314,17 +314,20 @@ fn heartbeat_checks_go_late_then_down(cluster: &Cluster) -> Result<(), Failed> {
     // A failed beat is down at once; pausing silences the check.
     exec(
         &mut c,
-        "SELECT tide.beat('backup', ok => false, message => 'disk full')",
+        "SELECT tide.heartbeat_check('backup', ok => false, message => 'disk full')",
     )?;
     assert_eq!(status(&mut c, "backup", "now()")?, "down");
-    exec(&mut c, "SELECT tide.pause_check('backup')")?;
+    let paused: bool = one(&mut c, "SELECT tide.pause_check('backup')")?;
+    let again: bool = one(&mut c, "SELECT tide.pause_check('backup')")?;
+    assert!(paused && !again, "true when it changed, false when it already was");
     assert_eq!(
         status(&mut c, "backup", "now() + interval '1 day'")?,
         "paused"
     );
     tick(&mut c, "now() + interval '1 day'")?;
     assert_eq!(open_alerts(&mut c)?, "");
-    exec(&mut c, "SELECT tide.resume_check('backup')")?;
+    let resumed: bool = one(&mut c, "SELECT tide.resume_check('backup')")?;
+    assert!(resumed);
     assert_eq!(
         status(&mut c, "backup", "now() + interval '30 minutes'")?,
         "up"
@@ -334,7 +337,7 @@ fn heartbeat_checks_go_late_then_down(cluster: &Cluster) -> Result<(), Failed> {
     // 03:00 in Shanghai is 19:00 UTC the day before.
     let next: bool = one(
         &mut c,
-        "SELECT tide.beat('report') = (SELECT min(d) FROM generate_series(date_trunc('day', now()) - interval '1 day',
+        "SELECT tide.heartbeat_check('report') = (SELECT min(d) FROM generate_series(date_trunc('day', now()) - interval '1 day',
                                                                          date_trunc('day', now()) + interval '2 days',
                                                                          interval '1 day') g,
                                               LATERAL (SELECT g + interval '19 hours' AS d) x
@@ -348,33 +351,33 @@ fn heartbeat_checks_go_late_then_down(cluster: &Cluster) -> Result<(), Failed> {
     assert_eq!(kinds, "check:backup:up check:report:up task:t:new");
 
     for (sql, code, needle) in [
-        ("SELECT tide.check('x', '0 3 * *')", "22023", "0 3 * *"),
+        ("SELECT tide.create_check('x', '0 3 * *')", "22023", "0 3 * *"),
         (
-            "SELECT tide.check('x', '1 day', tz => 'Mars/Base')",
+            "SELECT tide.create_check('x', '1 day', tz => 'Mars/Base')",
             "22023",
             "Mars/Base",
         ),
         (
-            "SELECT tide.check('x', '1 day', grace => '-1 minute')",
+            "SELECT tide.create_check('x', '1 day', grace => '-1 minute')",
             "22023",
             "-00:01:00",
         ),
-        ("SELECT tide.check('x', '-1 day')", "22023", "-1 day"),
+        ("SELECT tide.create_check('x', '-1 day')", "22023", "-1 day"),
         (
-            "SELECT tide.check('x', '1 day', severity => 'loud')",
+            "SELECT tide.create_check('x', '1 day', severity => 'loud')",
             "22023",
             "\"loud\"",
         ),
         (
-            "SELECT tide.check(' ', '1 day')",
+            "SELECT tide.create_check(' ', '1 day')",
             "22023",
             "must not be empty",
         ),
-        ("SELECT tide.check('x', NULL)", "22004", "must not be NULL"),
-        ("SELECT tide.beat('nope')", "42704", "\"nope\""),
+        ("SELECT tide.create_check('x', NULL)", "22004", "must not be NULL"),
+        ("SELECT tide.heartbeat_check('nope')", "42704", "\"nope\""),
         ("SELECT tide.pause_check('nope')", "42704", "\"nope\""),
         ("SELECT tide.resume_check('nope')", "42704", "\"nope\""),
-        ("SELECT tide.drop_check('nope')", "42704", "\"nope\""),
+        ("SELECT tide.drop_check(NULL)", "22004", "name"),
     ] {
         let (got, message, hint) = refused(&mut c, sql)?;
         assert_eq!(got, code, "{sql}: {message}");
@@ -383,7 +386,9 @@ fn heartbeat_checks_go_late_then_down(cluster: &Cluster) -> Result<(), Failed> {
     }
     let checks: i64 = one(&mut c, "SELECT count(*) FROM tide.check")?;
     assert_eq!(checks, 2, "refused declarations write nothing");
-    exec(&mut c, "SELECT tide.drop_check('report')")?;
+    let dropped: bool = one(&mut c, "SELECT tide.drop_check('report')")?;
+    let nothing: bool = one(&mut c, "SELECT tide.drop_check('report')")?;
+    assert!(dropped && !nothing, "a removal is true once, then false: nothing by that name");
     let left: String = one(&mut c, "SELECT string_agg(name, ',') FROM tide.check")?;
     assert_eq!(left, "backup");
     Ok(())
@@ -402,7 +407,7 @@ fn failures_skips_need_check_and_dead_letters_alert(cluster: &Cluster) -> Result
         let token = claim_run(&mut c, run)?;
         exec(
             &mut c,
-            &format!("SELECT tide.fail({run}, {token}, 'timeout {i}')"),
+            &format!("SELECT tide.fail_run({run}, {token}, 'timeout {i}')"),
         )?;
         tick(&mut c, &format!("now() + interval '{i} minutes'"))?;
     }
@@ -417,7 +422,7 @@ fn failures_skips_need_check_and_dead_letters_alert(cluster: &Cluster) -> Result
     let token = claim_run(&mut c, run)?;
     exec(
         &mut c,
-        &format!("SELECT tide.fail({run}, {token}, 'no such account', 'business')"),
+        &format!("SELECT tide.fail_run({run}, {token}, 'no such account', 'business')"),
     )?;
     tick(&mut c, "now() + interval '4 minutes'")?;
     assert_eq!(
@@ -425,7 +430,7 @@ fn failures_skips_need_check_and_dead_letters_alert(cluster: &Cluster) -> Result
         "task:f:consecutive_failuresx2 task:f:dead_letterx1"
     );
     // Replayed and successful: both resolve.
-    exec(&mut c, &format!("SELECT tide.replay({run})"))?;
+    exec(&mut c, &format!("SELECT tide.replay_run({run})"))?;
     succeed(&mut c, run)?;
     tick(&mut c, "now() + interval '5 minutes'")?;
     assert_eq!(open_alerts(&mut c)?, "");
@@ -436,11 +441,11 @@ fn failures_skips_need_check_and_dead_letters_alert(cluster: &Cluster) -> Result
     let token = claim_run(&mut c, short)?;
     exec(
         &mut c,
-        &format!("SELECT tide.complete({short}, {token}, expected => 10, actual => 7)"),
+        &format!("SELECT tide.complete_run({short}, {token}, expected => 10, actual => 7)"),
     )?;
     tick(&mut c, "now() + interval '6 minutes'")?;
     assert_eq!(open_alerts(&mut c)?, "task:f:need_checkx1");
-    exec(&mut c, &format!("SELECT tide.resolve({short}, 'accept')"))?;
+    exec(&mut c, &format!("SELECT tide.resolve_run({short}, 'accept')"))?;
     tick(&mut c, "now() + interval '7 minutes'")?;
     assert_eq!(open_alerts(&mut c)?, "");
 
@@ -521,7 +526,7 @@ fn metrics_parse_as_prometheus_text(cluster: &Cluster) -> Result<(), Failed> {
         &mut c,
         r#"SELECT tide.schedule('odd "name" \ here', '0 0 1 1 *', max_attempts => 1);
            SELECT tide.schedule('plain', '0 0 1 1 *');
-           SELECT tide.check('backup', '1 day');"#,
+           SELECT tide.create_check('backup', '1 day');"#,
     )?;
     for h in 1..=3 {
         let run = past_run(&mut c, "plain", h)?;
@@ -531,7 +536,7 @@ fn metrics_parse_as_prometheus_text(cluster: &Cluster) -> Result<(), Failed> {
     let token = claim_run(&mut c, dead)?;
     exec(
         &mut c,
-        &format!("SELECT tide.fail({dead}, {token}, 'bad row', 'business')"),
+        &format!("SELECT tide.fail_run({dead}, {token}, 'bad row', 'business')"),
     )?;
     tick(&mut c, "now()")?;
 
@@ -577,13 +582,13 @@ fn pruning_removes_only_what_it_should(cluster: &Cluster) -> Result<(), Failed> 
     let token = claim_run(&mut c, runs[0])?;
     exec(
         &mut c,
-        &format!("SELECT tide.fail({}, {token}, 'bad', 'business')", runs[0]),
+        &format!("SELECT tide.fail_run({}, {token}, 'bad', 'business')", runs[0]),
     )?;
     let token = claim_run(&mut c, runs[1])?;
     exec(
         &mut c,
         &format!(
-            "SELECT tide.complete({}, {token}, expected => 2, actual => 1)",
+            "SELECT tide.complete_run({}, {token}, expected => 2, actual => 1)",
             runs[1]
         ),
     )?;
@@ -674,7 +679,7 @@ fn run_log_lines(cluster: &Cluster) -> Result<(), Failed> {
     let token = claim_run(&mut c, run)?;
     exec(
         &mut c,
-        &format!("SELECT tide.fail({run}, {token}, 'connection reset')"),
+        &format!("SELECT tide.fail_run({run}, {token}, 'connection reset')"),
     )?;
     tick(&mut c, "now() + interval '1 minute'")?;
     succeed(&mut c, run)?;
@@ -751,13 +756,13 @@ fn explain_tells_the_story_of_a_run(cluster: &Cluster) -> Result<(), Failed> {
     let token = claim_run(&mut c, run)?;
     exec(
         &mut c,
-        &format!("SELECT tide.fail({run}, {token}, 'deadlock detected')"),
+        &format!("SELECT tide.fail_run({run}, {token}, 'deadlock detected')"),
     )?;
     tick(&mut c, "now() + interval '1 minute'")?;
     let token = claim_run(&mut c, run)?;
     exec(
         &mut c,
-        &format!("SELECT tide.fail({run}, {token}, 'deadlock again')"),
+        &format!("SELECT tide.fail_run({run}, {token}, 'deadlock again')"),
     )?;
     let lines: Vec<String> = c
         .query(&format!("SELECT * FROM tide.explain({run})"), &[])
@@ -791,7 +796,7 @@ fn explain_tells_the_story_of_a_run(cluster: &Cluster) -> Result<(), Failed> {
     assert!(
         lines
             .last()
-            .is_some_and(|l| l.contains(&format!("tide.replay({run})"))),
+            .is_some_and(|l| l.contains(&format!("tide.replay_run({run})"))),
         "{text}"
     );
     let (code, message, hint) = refused(&mut c, "SELECT * FROM tide.explain(-1)")?;
@@ -815,7 +820,7 @@ fn dashboard_is_worst_first_in_80_columns(cluster: &Cluster) -> Result<(), Faile
     let token = claim_run(&mut c, bad)?;
     exec(
         &mut c,
-        &format!("SELECT tide.fail({bad}, {token}, 'x', 'business')"),
+        &format!("SELECT tide.fail_run({bad}, {token}, 'x', 'business')"),
     )?;
     let order: String = one(&mut c, "SELECT string_agg(status, ',') FROM tide.dashboard")?;
     assert_eq!(order, "failing,ok,paused");
@@ -854,8 +859,8 @@ fn alerts_are_delivered_once_per_opening(cluster: &Cluster) -> Result<(), Failed
          SELECT tide.monitor('d', max_silence => '30 days', severity => 'critical');
          SELECT tide.schedule('quiet', '0 0 1 1 *', max_attempts => 1);
          SELECT tide.monitor('quiet', max_silence => '30 days', severity => 'info');
-         SELECT tide.route_alerts('chat:ops');
-         SELECT tide.route_alerts('pager', min_severity => 'critical', kinds => ARRAY['dead_letter'], resolved => false);",
+         SELECT tide.create_alert_route('chat:ops');
+         SELECT tide.create_alert_route('pager', min_severity => 'critical', kinds => ARRAY['dead_letter'], resolved => false);",
     )?;
     let deliveries = |c: &mut Client| -> Result<String, Failed> {
         one(
@@ -870,13 +875,13 @@ fn alerts_are_delivered_once_per_opening(cluster: &Cluster) -> Result<(), Failed
     let token = claim_run(&mut c, dead)?;
     exec(
         &mut c,
-        &format!("SELECT tide.fail({dead}, {token}, 'bad file', 'business')"),
+        &format!("SELECT tide.fail_run({dead}, {token}, 'bad file', 'business')"),
     )?;
     let quiet = past_run(&mut c, "quiet", 1)?;
     let token = claim_run(&mut c, quiet)?;
     exec(
         &mut c,
-        &format!("SELECT tide.fail({quiet}, {token}, 'bad file', 'business')"),
+        &format!("SELECT tide.fail_run({quiet}, {token}, 'bad file', 'business')"),
     )?;
     tick(&mut c, "now()")?;
     // chat:ops takes warning and above; the info task's alert goes nowhere; the pager takes the
@@ -896,7 +901,7 @@ fn alerts_are_delivered_once_per_opening(cluster: &Cluster) -> Result<(), Failed
         "chat:ops opened d dead_letter true, pager opened d dead_letter true"
     );
     // Resolved: chat:ops hears of it, the pager (resolved => false) does not.
-    exec(&mut c, &format!("SELECT tide.replay({dead})"))?;
+    exec(&mut c, &format!("SELECT tide.replay_run({dead})"))?;
     tick(&mut c, "now() + interval '2 minutes'")?;
     assert_eq!(
         deliveries(&mut c)?,
@@ -911,28 +916,30 @@ fn alerts_are_delivered_once_per_opening(cluster: &Cluster) -> Result<(), Failed
 
     for (sql, code, needle) in [
         (
-            "SELECT tide.route_alerts('bad channel')",
+            "SELECT tide.create_alert_route('bad channel')",
             "22023",
             "'bad channel'",
         ),
         (
-            "SELECT tide.route_alerts('x', min_severity => 'loud')",
+            "SELECT tide.create_alert_route('x', min_severity => 'loud')",
             "22023",
             "\"loud\"",
         ),
         (
-            "SELECT tide.route_alerts('x', kinds => ARRAY['silence', 'fire'])",
+            "SELECT tide.create_alert_route('x', kinds => ARRAY['silence', 'fire'])",
             "22023",
             "'fire'",
         ),
-        ("SELECT tide.unroute_alerts('nope')", "42704", "'nope'"),
+        ("SELECT tide.drop_alert_route('no such')", "22023", "'no such'"),
     ] {
         let (got, message, hint) = refused(&mut c, sql)?;
         assert_eq!(got, code, "{sql}: {message}");
         assert!(message.contains(needle), "{sql}: {message}");
         assert!(!hint.is_empty(), "{sql}: no hint");
     }
-    exec(&mut c, "SELECT tide.unroute_alerts('pager')")?;
+    let dropped: bool = one(&mut c, "SELECT tide.drop_alert_route('pager')")?;
+    let nothing: bool = one(&mut c, "SELECT tide.drop_alert_route('pager')")?;
+    assert!(dropped && !nothing, "true once, then false: no route to it");
     let routes: String = one(
         &mut c,
         "SELECT string_agg(channel, ',') FROM tide.alert_route",

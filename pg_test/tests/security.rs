@@ -376,7 +376,7 @@ fn d5_claims_cannot_be_frozen(cluster: &Cluster) -> Result<(), Failed> {
                FROM unnest(ARRAY['gate:{bob_task}:k1', 'task:{bob_task}', 'lock:bob:acct:k1', 'emit:k1']) k"
         ),
     )?;
-    exec(&mut bob, "SELECT tide.emit('d5.bob', key => 'k1')")?;
+    exec(&mut bob, "SELECT tide.emit('d5.bob', event_key => 'k1')")?;
     exec(&mut alice, "SELECT tide.emit('d5.alice')")?;
     wait_runs(&mut bob, "d5_bob", "succeeded", 1, Duration::from_secs(30))?;
     wait_runs(
@@ -417,7 +417,7 @@ fn d5_a_roles_open_transaction_delays_only_its_own_runs(cluster: &Cluster) -> Re
     exec(&mut mallory, "SELECT tide.emit('d5b.ext')")?;
     exec(
         &mut mallory,
-        "BEGIN; SELECT * FROM tide.claim('d5b', worker => 'slow');",
+        "BEGIN; SELECT * FROM tide.claim_runs('d5b', worker => 'slow');",
     )?;
     let mut mallory2 = cluster.connect_as(WORKERS_DB, "mallory")?;
     exec(&mut mallory2, "BEGIN; SELECT tide.pause('d5b_conc');")?;
@@ -472,7 +472,7 @@ fn d6_steps_cannot_be_forged(cluster: &Cluster) -> Result<(), Failed> {
     )?;
     let token: i64 = one(
         &mut admin,
-        "SELECT lease_token FROM tide.claim(worker => 'w')",
+        "SELECT lease_token FROM tide.claim_runs(worker => 'w')",
     )?;
     let mut mallory = cluster.connect_as(db, "mallory")?;
     assert_eq!(
@@ -487,16 +487,16 @@ fn d6_steps_cannot_be_forged(cluster: &Cluster) -> Result<(), Failed> {
     );
     // Tokens are sequential; knowing one does not let another role act on the run.
     for sql in [
-        format!("SELECT * FROM tide.step({run}, {token}, 'charge')"),
-        format!("SELECT tide.step_done({run}, {token}, 'charge', '{{}}')"),
-        format!("SELECT tide.complete({run}, {token})"),
-        format!("SELECT tide.heartbeat({run}, {token})"),
+        format!("SELECT * FROM tide.start_step({run}, {token}, 'charge')"),
+        format!("SELECT tide.complete_step({run}, {token}, 'charge', '{{}}')"),
+        format!("SELECT tide.complete_run({run}, {token})"),
+        format!("SELECT tide.heartbeat_run({run}, {token})"),
     ] {
         assert_eq!(code_of(&mut mallory, &sql)?, "42704", "{sql}");
     }
     let done: bool = one(
         &mut admin,
-        &format!("SELECT done FROM tide.step({run}, {token}, 'charge')"),
+        &format!("SELECT done FROM tide.start_step({run}, {token}, 'charge')"),
     )?;
     assert!(!done, "the charge step must run");
     Ok(())
@@ -513,12 +513,12 @@ fn d7_names_belong_to_their_owner(cluster: &Cluster) -> Result<(), Failed> {
     let mut alice = cluster.connect_as(db, "alice")?;
     exec(
         &mut mallory,
-        "SELECT tide.check('offsite_backup', '1 day');",
+        "SELECT tide.create_check('offsite_backup', '1 day');",
     )?;
     exec(
         &mut admin,
-        "SELECT tide.check('offsite_backup', '1 day');
-         SELECT tide.beat('offsite_backup');",
+        "SELECT tide.create_check('offsite_backup', '1 day');
+         SELECT tide.heartbeat_check('offsite_backup');",
     )?;
     let beats: String = one(
         &mut admin,
@@ -558,7 +558,6 @@ fn d7_names_belong_to_their_owner(cluster: &Cluster) -> Result<(), Failed> {
     );
     for sql in [
         "SELECT tide.pause('alice_only')",
-        "SELECT tide.unschedule('alice_only')",
         "SELECT tide.rerun('alice_only', biz_date => current_date - 2)",
         "SELECT * FROM tide.preview('alice_only')",
         "SELECT tide.monitor('alice_only', max_silence => '1 day')",
@@ -566,6 +565,11 @@ fn d7_names_belong_to_their_owner(cluster: &Cluster) -> Result<(), Failed> {
     ] {
         assert_eq!(code_of(&mut mallory, sql)?, "42704", "{sql}");
     }
+    // A removal of a name the caller does not have removes nothing, as for a name nobody has.
+    let removed: bool = one(&mut mallory, "SELECT tide.unschedule('alice_only')")?;
+    assert!(!removed, "mallory's unschedule of alice's task removes nothing");
+    let kept: i64 = one(&mut admin, "SELECT count(*) FROM tide.task WHERE name = 'alice_only'")?;
+    assert_eq!(kept, 1, "alice's task is still there");
     exec(&mut mallory, "SELECT tide.pause('daily_bill')")?;
     let paused: String = one(
         &mut admin,
@@ -580,7 +584,7 @@ fn d7_names_belong_to_their_owner(cluster: &Cluster) -> Result<(), Failed> {
         "UPDATE tide.check SET beats = 100",
         "INSERT INTO tide.effect (channel, dedupe_key, owner) VALUES ('sms', 'k', 'mallory')",
         "INSERT INTO tide.ready_marker (dataset, biz_date) VALUES ('orders', current_date)",
-        "INSERT INTO tide.lock (owner, key, run_id, task_id, token, expires_at) VALUES ('mallory', 'k', 1, 1, 1, now())",
+        "INSERT INTO tide.lock (owner, key, run_id, task_id, lease_token, expires_at) VALUES ('mallory', 'k', 1, 1, 1, now())",
         "INSERT INTO tide.alert_route (channel) VALUES ('x')",
         "SELECT nextval('tide.lease_token_seq')",
     ] {
@@ -602,9 +606,9 @@ fn d8_hostile_strings_are_refused_cheaply(cluster: &Cluster) -> Result<(), Faile
         "SELECT tide.schedule('t', '* * * * *', tz => repeat('Europe/Berlin', 100000))",
         "SELECT tide.schedule(repeat('n', 100000), '* * * * *')",
         "SELECT tide.schedule('t', repeat('* ', 1000000))",
-        "SELECT tide.check(repeat('c', 100000), '1 day')",
+        "SELECT tide.create_check(repeat('c', 100000), '1 day')",
         "SELECT tide.mark_ready(repeat('d', 100000), current_date)",
-        "SELECT tide.emit('t', key => repeat('k', 100000))",
+        "SELECT tide.emit('t', event_key => repeat('k', 100000))",
         "SELECT tide.schedule('t', '* * * * *', lock_key => repeat('k', 100000))",
     ] {
         let (code, message, _) = refused(&mut mallory, sql)?;
@@ -748,7 +752,7 @@ fn d10_no_internal_errors(cluster: &Cluster) -> Result<(), Failed> {
         ),
         ("SELECT tide.schedule('big', '@daily', args => '{\"a\": 1e400}')", "22023"),
         ("SELECT tide.backoff_delay(2147483647, '10 s', 100, '1 day', 'full', 0.5) IS NULL", "ok"),
-        ("SELECT tide.claim(n => 2147483647)", "22023"),
+        ("SELECT tide.claim_runs(n => 2147483647)", "22023"),
     ] {
         match c_result(&mut mallory, sql)? {
             None => assert_eq!(want, "ok", "{sql} succeeded"),
@@ -818,18 +822,18 @@ fn d11_absurd_input_is_refused(cluster: &Cluster) -> Result<(), Failed> {
             "22023",
         ),
         (
-            "SELECT tide.check('c', '1 day', grace => '10000 years')",
+            "SELECT tide.create_check('c', '1 day', grace => '10000 years')",
             "22023",
         ),
-        ("SELECT tide.check('c', '1000 years')", "22023"),
+        ("SELECT tide.create_check('c', '1000 years')", "22023"),
         ("SELECT tide.mark_ready('orders', 'infinity')", "22008"),
         ("SELECT tide.mark_ready('orders', '-infinity')", "22008"),
-        ("SELECT tide.check(E' \\t\\n ', '1 day')", "22023"),
+        ("SELECT tide.create_check(E' \\t\\n ', '1 day')", "22023"),
         ("SELECT tide.schedule(E'\\t\\n', '@daily')", "22023"),
-        ("SELECT tide.drop_emit_on_change(NULL, 'x')", "22004"),
-        ("SELECT tide.emit_on_change(NULL, 'x')", "22004"),
-        ("SELECT tide.send('sms', repeat('k', 5000))", "22023"),
-        ("SELECT tide.fail(NULL, NULL, 'x')", "22004"),
+        ("SELECT tide.drop_emit_trigger(NULL, 'x')", "22004"),
+        ("SELECT tide.create_emit_trigger(NULL, 'x')", "22004"),
+        ("SELECT tide.create_effect('sms', repeat('k', 5000))", "22023"),
+        ("SELECT tide.fail_run(NULL, NULL, 'x')", "22004"),
     ] {
         assert_eq!(c_result(&mut mallory, sql)?.as_deref(), Some(want), "{sql}");
     }
@@ -871,21 +875,21 @@ fn roles_see_change_claim_and_run_only_their_own(cluster: &Cluster) -> Result<()
     // Claims by a role take only its own runs, even from a shared queue.
     let claimed: String = one(
         &mut bob,
-        "SELECT string_agg(run_id::text, ',') FROM tide.claim('shared', n => 10)",
+        "SELECT string_agg(run_id::text, ',') FROM tide.claim_runs('shared', n => 10)",
     )?;
     assert_eq!(claimed, b_run.to_string());
     let a_token: i64 = one(
         &mut alice,
-        "SELECT lease_token FROM tide.claim('shared', n => 10)",
+        "SELECT lease_token FROM tide.claim_runs('shared', n => 10)",
     )?;
     for sql in [
-        format!("SELECT tide.complete({a_run}, {a_token})"),
-        format!("SELECT tide.fail({a_run}, {a_token}, 'x')"),
-        format!("SELECT tide.cancel({a_run})"),
+        format!("SELECT tide.complete_run({a_run}, {a_token})"),
+        format!("SELECT tide.fail_run({a_run}, {a_token}, 'x')"),
+        format!("SELECT tide.cancel_run({a_run})"),
         format!("SELECT tide.cancel_run({a_run})"),
         format!("SELECT tide.pause_run({a_run})"),
-        format!("SELECT tide.replay({a_run})"),
-        format!("SELECT tide.resolve({a_run}, 'accept')"),
+        format!("SELECT tide.replay_run({a_run})"),
+        format!("SELECT tide.resolve_run({a_run}, 'accept')"),
         format!("SELECT * FROM tide.explain({a_run})"),
     ] {
         assert_eq!(code_of(&mut bob, &sql)?, "42704", "{sql}");
@@ -907,7 +911,7 @@ fn roles_see_change_claim_and_run_only_their_own(cluster: &Cluster) -> Result<()
     assert_eq!(all, 2);
     exec(
         &mut admin,
-        &format!("SELECT tide.complete({a_run}, {a_token})"),
+        &format!("SELECT tide.complete_run({a_run}, {a_token})"),
     )?;
     let by: String = one(
         &mut alice,
