@@ -56,6 +56,12 @@ pub enum TideError {
     #[error("task \"{}\" already exists with a different definition", short(.0))]
     DuplicateTask(String),
 
+    #[error("schedule \"{}\" is not valid: an interval in seconds must be 1 to 59 seconds", short(.0))]
+    BadSecondsInterval(String),
+
+    #[error("schedule \"{}\" is not supported: pg_tide has no jobs that run at server start", short(.0))]
+    Reboot(String),
+
     #[error("task \"{}\" does not exist", short(.0))]
     NoSuchTask(String),
 
@@ -163,6 +169,12 @@ impl TideError {
             ),
             TideError::NoSuchTask(_) => {
                 "list your tasks with: SELECT name FROM tide.task".to_string()
+            }
+            TideError::BadSecondsInterval(_) => {
+                "use '1 second' to '59 seconds', or a cron expression such as '*/5 * * * *' (every 5 minutes) or '0 */2 * * * *' (every 2 minutes, with a seconds field)".to_string()
+            }
+            TideError::Reboot(_) => {
+                "schedule the work at a time (such as '@daily'), or make it an event task and call tide.emit from the script that starts your server or application".to_string()
             }
             TideError::OutOfRange { expected, param, .. } => format!("pass {param} {expected}"),
             TideError::NullArgument { param } => format!("pass a value for {param}"),

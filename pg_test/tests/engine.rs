@@ -1439,8 +1439,88 @@ fn scheduler_survives_terminate_and_restart(cluster: &Cluster) -> Result<(), Fai
     Ok(())
 }
 
+/// pg_cron's schedule dialect keeps its meaning: `'N seconds'` runs every N seconds (windows of
+/// N seconds that tile time, aligned to the epoch), `$` is the last day of the month, and
+/// `@reboot` is refused with a hint.
+fn pg_cron_schedules_keep_their_meaning(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "CREATE TABLE IF NOT EXISTS every_2s_seen (window_end timestamptz PRIMARY KEY);
+         SELECT tide.schedule('every_2s', '2 Seconds',
+                              'INSERT INTO every_2s_seen VALUES (tide.window_end())');",
+    )?;
+    let done = |c: &mut Client| -> Result<i64, String> {
+        c.query_one(
+            "SELECT count(*) FROM tide.run r JOIN tide.task t USING (task_id)
+              WHERE t.name = 'every_2s' AND r.state = 'succeeded'",
+            &[],
+        )
+        .map(|r| r.get(0))
+        .map_err(|e| pg_tide_pg_test::describe(&e))
+    };
+    wait_for("three runs of a '2 seconds' task", Duration::from_secs(60), || {
+        Ok((done(&mut c)? >= 3).then_some(()))
+    })?;
+    exec(&mut c, "SELECT tide.pause('every_2s')")?;
+    let shape: String = one(
+        &mut c,
+        "SELECT concat_ws('|',
+                    bool_and(window_end - window_start = interval '2 seconds'),
+                    bool_and(extract(epoch FROM window_end)::numeric % 2 = 0),
+                    count(*) FILTER (WHERE prev_end IS NOT NULL AND prev_end <> window_start),
+                    bool_and(s.window_end IS NOT NULL) FILTER (WHERE w.state = 'succeeded'))
+           FROM (SELECT r.window_start, r.window_end, r.state,
+                        lag(r.window_end) OVER (ORDER BY r.window_start) AS prev_end
+                   FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'every_2s') w
+           LEFT JOIN every_2s_seen s USING (window_end)",
+    )?;
+    assert_eq!(
+        shape, "t|t|0|t",
+        "2-second windows on even seconds, tiling time, each run's command saw its window"
+    );
+    exec(&mut c, "SELECT tide.unschedule('every_2s')")?;
+
+    // $ is the last day of the month, in the task's zone: 2028 is a leap year.
+    exec(
+        &mut c,
+        "SELECT tide.schedule('month_end', '30 22 $ * *', tz => 'Europe/Berlin', biz_window => 'day')",
+    )?;
+    let fires: String = one(
+        &mut c,
+        "SELECT string_agg(fire_local::text || '/' || biz_date, ' ' ORDER BY fire_at)
+           FROM tide.preview('month_end', 3, after => '2028-01-15 00:00+00')",
+    )?;
+    assert_eq!(
+        fires,
+        "2028-01-31 22:30:00/2028-01-30 2028-02-29 22:30:00/2028-02-28 2028-03-31 22:30:00/2028-03-30"
+    );
+    exec(&mut c, "SELECT tide.unschedule('month_end')")?;
+
+    for (sql, needle) in [
+        ("SELECT tide.schedule('at_boot', '@reboot', 'SELECT 1')", "\"@reboot\" is not supported"),
+        ("SELECT tide.schedule('too_slow', '60 seconds', 'SELECT 1')", "\"60 seconds\""),
+        ("SELECT tide.next_fires('0 seconds')", "\"0 seconds\""),
+    ] {
+        let (code, message, hint) = refused(&mut c, sql)?;
+        assert_eq!(code, "22023", "{sql}: {message}");
+        assert!(message.contains(needle), "{sql}: {message}");
+        assert!(!hint.is_empty(), "{sql}");
+    }
+    let left: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM tide.task WHERE name IN ('at_boot', 'too_slow')",
+    )?;
+    assert_eq!(left, 0, "refused schedules write nothing");
+    Ok(())
+}
+
 fn main() {
     let tests: &[(&str, TestFn)] = &[
+        (
+            "workers_pg_cron_schedules_keep_their_meaning",
+            pg_cron_schedules_keep_their_meaning,
+        ),
         (
             "fires_create_one_run_per_window",
             fires_create_one_run_per_window,

@@ -10,12 +10,20 @@ use croner::Cron;
 
 use crate::error::TideError;
 
-/// A parsed cron expression.
+/// A parsed cron expression, or pg_cron's `'N seconds'` interval.
 #[derive(Debug, Clone)]
 pub struct Schedule {
     text: String,
-    cron: Cron,
+    kind: Kind,
     fixed_time: bool,
+}
+
+#[derive(Debug, Clone)]
+enum Kind {
+    Cron(Box<Cron>),
+    /// pg_cron's `'N seconds'` (1 to 59): every N seconds of the wall clock, counted from the
+    /// epoch so the windows do not depend on when the task was created.
+    EverySeconds(i64),
 }
 
 /// The longest cron expression accepted: far more than six fields of lists ever need.
@@ -34,7 +42,9 @@ const MACROS: &[(&str, &str)] = &[
 
 impl Schedule {
     /// Parses a cron expression: five fields (minute hour day-of-month month day-of-week), or
-    /// six with a leading seconds field, or one of the `@` macros.
+    /// six with a leading seconds field, or one of the `@` macros; `$` in the day-of-month
+    /// field is the last day of the month, and `'N seconds'` (1 to 59) runs every N seconds,
+    /// as in pg_cron.
     pub fn parse(expr: &str) -> Result<Schedule, TideError> {
         crate::error::check_len("schedule", expr, MAX_CRON_LEN)?;
         let bad = |reason: &str| TideError::BadCron {
@@ -45,8 +55,21 @@ impl Schedule {
         if trimmed.is_empty() {
             return Err(bad("it is empty"));
         }
+        if let Some(n) = seconds_interval(trimmed) {
+            if !(1..=59).contains(&n) {
+                return Err(TideError::BadSecondsInterval(expr.to_string()));
+            }
+            return Ok(Schedule {
+                text: trimmed.to_string(),
+                kind: Kind::EverySeconds(n),
+                fixed_time: false,
+            });
+        }
         let expanded = if trimmed.starts_with('@') {
             let lower = trimmed.to_ascii_lowercase();
+            if lower == "@reboot" {
+                return Err(TideError::Reboot(expr.to_string()));
+            }
             MACROS
                 .iter()
                 .find(|(name, _)| *name == lower)
@@ -58,7 +81,7 @@ impl Schedule {
             trimmed
         };
 
-        let fields: Vec<&str> = expanded.split_whitespace().collect();
+        let mut fields: Vec<&str> = expanded.split_whitespace().collect();
         let (second, minute, hour) = match fields.len() {
             5 => ("0", fields[0], fields[1]),
             6 => (fields[0], fields[1], fields[2]),
@@ -68,6 +91,11 @@ impl Schedule {
                 )))
             }
         };
+        // pg_cron's `$` (last day of the month) is croner's `L`.
+        let dom = fields.len() - 3;
+        if fields[dom] == "$" {
+            fields[dom] = "L";
+        }
         let single = |f: &str| !f.is_empty() && f.bytes().all(|b| b.is_ascii_digit());
         let fixed_time = single(second) && single(minute) && single(hour);
 
@@ -81,7 +109,7 @@ impl Schedule {
 
         let schedule = Schedule {
             text: trimmed.to_string(),
-            cron,
+            kind: Kind::Cron(Box::new(cron)),
             fixed_time,
         };
         if schedule.next_match(epoch(), false).is_none() {
@@ -103,13 +131,42 @@ impl Schedule {
     /// The next wall-clock time that matches, at or after (`inclusive`) or strictly after
     /// `local`. `None` when nothing matches before the year 5000.
     pub fn next_match(&self, local: NaiveDateTime, inclusive: bool) -> Option<NaiveDateTime> {
-        // croner walks a zoned clock; UTC has no DST, so it walks the bare wall clock.
-        let start: DateTime<Utc> = Utc.from_utc_datetime(&local);
-        self.cron
-            .find_next_occurrence(&start, inclusive)
-            .ok()
-            .map(|t| t.naive_utc())
+        match &self.kind {
+            Kind::Cron(cron) => {
+                // croner walks a zoned clock; UTC has no DST, so it walks the bare wall clock.
+                let start: DateTime<Utc> = Utc.from_utc_datetime(&local);
+                cron.find_next_occurrence(&start, inclusive)
+                    .ok()
+                    .map(|t| t.naive_utc())
+            }
+            Kind::EverySeconds(n) => {
+                // Whole seconds: a fraction rounds up to the next second.
+                let secs = local.and_utc().timestamp();
+                let frac = local.and_utc().timestamp_subsec_nanos() > 0;
+                let from = if frac { secs + 1 } else { secs };
+                let aligned = from.div_euclid(*n) * n;
+                let next = if aligned == from && (inclusive || frac) {
+                    from
+                } else {
+                    aligned + n
+                };
+                DateTime::from_timestamp(next, 0).map(|t| t.naive_utc())
+            }
+        }
     }
+}
+
+/// `N second(s)` in any case and spacing, as pg_cron accepts it; None for anything else.
+fn seconds_interval(text: &str) -> Option<i64> {
+    let digits: String = text.chars().take_while(|c| c.is_ascii_digit()).collect();
+    if digits.is_empty() {
+        return None;
+    }
+    let unit = text[digits.len()..].trim().to_ascii_lowercase();
+    if unit != "second" && unit != "seconds" {
+        return None;
+    }
+    Some(digits.parse::<i64>().unwrap_or(i64::MAX))
 }
 
 fn epoch() -> NaiveDateTime {

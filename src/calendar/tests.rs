@@ -832,7 +832,6 @@ fn bad_cron_is_refused_with_the_expression_named() {
         "0 0 32 * *",
         "0 0 * 13 *",
         "0 0 * * 8",
-        "@reboot",
         "0/10 * * * *",
         "every day",
     ] {
@@ -843,6 +842,70 @@ fn bad_cron_is_refused_with_the_expression_named() {
             }
             other => panic!("{expr:?} should be a bad cron, got {other:?}"),
         }
+    }
+}
+
+// --- pg_cron's dialect: 'N seconds', $ and @reboot --------------------------------------------
+
+#[test]
+fn seconds_intervals_fire_every_n_seconds_counted_from_the_epoch() {
+    // 2026-03-08T06:59:50Z is a multiple of 10 s and of 5 s; 07:00:00Z is New York's
+    // spring-forward instant (02:00 EST -> 03:00 EDT): an interval job has no fixed wall time,
+    // so it runs on through the change every N seconds of the local wall clock.
+    assert_eq!(
+        fires("10 seconds", "UTC", "2026-03-08T06:59:50Z", SHIFT_ONCE, 3),
+        ["2026-03-08T07:00:00Z", "2026-03-08T07:00:10Z", "2026-03-08T07:00:20Z"]
+    );
+    // Any case and spacing pg_cron accepts; 7 does not divide a minute, and the spacing stays 7
+    // across the minute (a cron '*/7' field would fire at :00 after :56, 4 seconds later):
+    // 2026-01-01T00:00:00Z = 1_767_225_600 s = 7 x 252_460_800, so the multiples of 7 after
+    // 00:00:50 are :56, then 01:03 and 01:10.
+    assert_eq!(
+        fires("  7 SECONDS ", "UTC", "2026-01-01T00:00:50Z", SHIFT_ONCE, 3),
+        ["2026-01-01T00:00:56Z", "2026-01-01T00:01:03Z", "2026-01-01T00:01:10Z"]
+    );
+    assert_eq!(
+        fires("1 second", "Asia/Shanghai", "2026-01-01T00:00:00Z", SHIFT_ONCE, 2),
+        ["2026-01-01T00:00:01Z", "2026-01-01T00:00:02Z"]
+    );
+    assert_eq!(fires("30seconds", "UTC", "2026-01-01T00:00:00Z", SHIFT_ONCE, 1), ["2026-01-01T00:00:30Z"]);
+    assert!(!Schedule::parse("5 seconds").unwrap().is_fixed_time());
+    for expr in ["0 seconds", "60 seconds", "90 SECONDS", "99999999999999999999 seconds"] {
+        match Schedule::parse(expr) {
+            Err(e @ TideError::BadSecondsInterval(_)) => {
+                assert!(e.to_string().contains(&format!("\"{expr}\"")), "{e}");
+                assert!(e.hint().contains("59 seconds"), "{}", e.hint());
+            }
+            other => panic!("{expr:?} should be refused, got {other:?}"),
+        }
+    }
+    // Not an interval: refused as a cron expression.
+    assert!(matches!(Schedule::parse("5 minutes"), Err(TideError::BadCron { .. })));
+    assert!(matches!(Schedule::parse("seconds"), Err(TideError::BadCron { .. })));
+}
+
+#[test]
+fn dollar_is_the_last_day_of_the_month() {
+    // 2026: January has 31 days, February 28; 2028 is a leap year.
+    assert_eq!(
+        fires("0 23 $ * *", "UTC", "2026-01-15T00:00:00Z", SHIFT_ONCE, 3),
+        ["2026-01-31T23:00:00Z", "2026-02-28T23:00:00Z", "2026-03-31T23:00:00Z"]
+    );
+    assert_eq!(
+        fires("0 0 6 $ 2 *", "UTC", "2028-02-01T00:00:00Z", SHIFT_ONCE, 1),
+        ["2028-02-29T06:00:00Z"]
+    );
+    assert!(Schedule::parse("0 23 $ * *").unwrap().is_fixed_time());
+}
+
+#[test]
+fn reboot_is_refused_with_a_hint() {
+    for expr in ["@reboot", "@REBOOT"] {
+        let e = Schedule::parse(expr).unwrap_err();
+        assert_eq!(e, TideError::Reboot(expr.to_string()));
+        assert!(e.to_string().contains("server start"), "{e}");
+        assert!(e.hint().contains("tide.emit"), "{}", e.hint());
+        assert_eq!(e.sqlstate(), crate::error::SqlState::InvalidParameterValue);
     }
 }
 
