@@ -17,6 +17,10 @@ COMMENT ON FUNCTION tide.tick(timestamptz) IS
     'tick(now => now()): the scheduler''s whole job at instant now, in one transaction: creates due runs (applying misfire policies to missed windows), moves due retries, takes back expired leases, releases ready runs. Returns counts. The scheduler worker calls it every pg_tide.tick_interval.';
 COMMENT ON FUNCTION tide.rerun(text, date, timestamptz, text, boolean) IS
     'rerun(task, biz_date => NULL, window_start => NULL, version => NULL, force => false): creates or reopens the run of one business window, named by its business date or start. A succeeded window needs force => true; when the rules changed since, version => ''original'' or ''current'' must be chosen. Returns the run id.';
+COMMENT ON FUNCTION tide.run_now(text, date, text, boolean) IS
+    'run_now(task, biz_date => NULL, version => NULL, force => false): runs a scheduled task now: the window of its latest fire at or before now (or of the business date given), through the same idempotency key as every run of that window. A run of it already in line is left as it is; a succeeded one needs force => true. Returns the run id.';
+COMMENT ON FUNCTION tide._args_ok(jsonb) IS
+    'Internal: checks one run''s args given to tide.enqueue (a JSON object within the limits of a task''s args); true or a 22023 error.';
 COMMENT ON FUNCTION tide.backoff_delay(integer, interval, double precision, interval, text, double precision) IS
     'backoff_delay(tries, base, factor, cap, jitter, unit): the retry delay after tries failed tries: min(cap, base * factor^(tries-1)), spread by jitter (full: [0, d]; equal: [d/2, d]; none: d) using unit in [0, 1).';
 COMMENT ON FUNCTION tide.error_kind_of(text) IS

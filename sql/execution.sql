@@ -194,6 +194,7 @@ BEGIN
                executor_start = CASE WHEN is_sql THEN tide._backend_start() END,
                started_at = coalesce(r.started_at, now()),
                claimed_at = now(),
+               run_after = NULL,
                finished_at = NULL,
                updated_at = now(),
                reason = why

@@ -149,10 +149,12 @@ AS $$
 WITH open_runs AS (
     -- Unfinished and unresolved runs: tide.pending is small, one pass for all tasks.
     SELECT p.task_id,
-           count(*) FILTER (WHERE p.state IN ('ready', 'waiting')) AS backlog,
+           -- A ready run enqueued for later (due_at ahead, not parked) is not backlog yet.
+           count(*) FILTER (WHERE p.state = 'waiting'
+                               OR (p.state = 'ready' AND (p.parked OR p.due_at IS NULL OR p.due_at <= p_now))) AS backlog,
            count(*) FILTER (WHERE p.state = 'dead') AS dead,
            count(*) FILTER (WHERE p.state = 'need_check') AS need_check,
-           min(p.run_id) FILTER (WHERE p.state = 'ready') AS oldest_ready_id
+           min(p.run_id) FILTER (WHERE p.state = 'ready' AND (p.parked OR p.due_at IS NULL OR p.due_at <= p_now)) AS oldest_ready_id
       FROM tide.pending p
      GROUP BY p.task_id
 ), h AS (

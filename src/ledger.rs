@@ -57,6 +57,15 @@ fn error_kind_of(sqlstate: &str) -> &'static str {
     classify(sqlstate).as_str()
 }
 
+/// Checks one run's args given to `tide.enqueue` with the rules `tide.schedule` applies to a
+/// task's args (a JSON object, bounded in size and depth, numbers a double can hold): true,
+/// or a 22023 error naming the bad value.
+#[pg_extern(immutable, parallel_safe, schema = "tide", name = "_args_ok")]
+fn args_ok(value: crate::jsonarg::JsonbText) -> bool {
+    crate::jsontext::check_object(&value.0, "args").or_raise("tide.enqueue");
+    true
+}
+
 /// Checks an error kind given by a worker and returns its canonical spelling.
 #[pg_extern(immutable, parallel_safe, schema = "tide", name = "_error_kind_from")]
 fn error_kind_from(kind: &str) -> &'static str {
@@ -183,6 +192,58 @@ fn rerun(
             F,
         ),
     };
+    run_window(&row, fire, window, version, force, F)
+}
+
+/// Runs a scheduled task now: the window of its latest fire (the one the scheduler made, or is
+/// about to make, at or before now), or the window of a named business date, through the same
+/// idempotency key as every run of that window. A run of it already in line is left as it is;
+/// a succeeded one is refused unless `force`. Returns the run id.
+#[pg_extern(volatile, schema = "tide")]
+#[search_path(pg_catalog, pg_temp)]
+fn run_now(
+    task: Option<&str>,
+    biz_date: default!(Option<Date>, "NULL"),
+    version: default!(Option<&str>, "NULL"),
+    force: default!(Option<bool>, false),
+) -> i64 {
+    const F: &str = "tide.run_now";
+    let name = required(task, "task", F);
+    let row = load_task(name, true).or_raise(F);
+    let rules = row.rules.validate().or_raise(F);
+    let (fire, window) = match biz_date {
+        Some(d) => {
+            let date = crate::pgtime::date_from_pg(d, "biz_date").or_raise(F);
+            window_by_date(&rules, date, name).or_raise(F)
+        }
+        None => latest_window(&rules, name).or_raise(F),
+    };
+    run_window(&row, fire, window, version, force, F)
+}
+
+/// The window of a task's latest fire at or before now.
+fn latest_window(
+    rules: &crate::rules::TaskRules,
+    name: &str,
+) -> Result<(Option<chrono::DateTime<chrono::Utc>>, BizWindow), TideError> {
+    let schedule = rules.calendar(name)?;
+    let (tz, policy, kind) = (rules.tz, rules.policy, rules.biz_window);
+    let fire = previous_fire(schedule, tz, policy, now() + Duration::microseconds(1))
+        .ok_or_else(|| TideError::NoSchedule(name.to_string()))?;
+    let w = window_for(schedule, tz, policy, kind, fire)
+        .ok_or_else(|| TideError::NoSchedule(name.to_string()))?;
+    Ok((Some(fire), w))
+}
+
+/// Creates or reopens the run of one window that has ended (tide.rerun, tide.run_now).
+fn run_window(
+    row: &crate::catalog::TaskRow,
+    fire: Option<chrono::DateTime<chrono::Utc>>,
+    window: BizWindow,
+    version: Option<&str>,
+    force: Option<bool>,
+    function: &'static str,
+) -> i64 {
     if window.end > now() {
         raise(
             TideError::OutOfRange {
@@ -190,7 +251,7 @@ fn rerun(
                 value: window.biz_date.to_string(),
                 expected: "a window that has already ended",
             },
-            F,
+            function,
         );
     }
     Spi::get_one_with_args::<i64>(
@@ -205,8 +266,8 @@ fn rerun(
             force.unwrap_or(false).into(),
         ],
     )
-    .or_raise(F)
-    .unwrap_or_else(|| raise(TideError::NoSuchTask(name.to_string()), F))
+    .or_raise(function)
+    .unwrap_or_else(|| raise(TideError::NoSuchTask(String::new()), function))
 }
 
 /// The lock key of a run from its task's `lock_key` template (see `lockkey.rs`); NULL when the

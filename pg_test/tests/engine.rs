@@ -1515,8 +1515,181 @@ fn pg_cron_schedules_keep_their_meaning(cluster: &Cluster) -> Result<(), Failed>
     Ok(())
 }
 
+/// One-off and delayed jobs: `tide.enqueue` (one run, or one per element of an array, with
+/// args merged over the task's, its own priority, an optional dedupe key, now or at run_at),
+/// and `tide.run_now` of a scheduled task's latest window.
+fn enqueue_creates_one_off_and_delayed_runs(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("e_enqueue")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('mail', NULL, topics => ARRAY['never'], args => '{\"from\": \"billing\", \"n\": 0}')",
+    )?;
+    // One run: args merged over the task's, the priority given.
+    let low: i64 = one(&mut c, "SELECT tide.enqueue('mail', '{\"n\": 1}', priority => -5)")?;
+    let high: i64 = one(&mut c, "SELECT tide.enqueue('mail', '{\"n\": 2}', priority => 9)")?;
+    let plain: i64 = one(&mut c, "SELECT tide.enqueue('mail', '{\"n\": 3}')")?;
+    let row: String = one(
+        &mut c,
+        &format!("SELECT concat_ws('|', trigger, state, priority, args::text) FROM tide.run WHERE run_id = {low}"),
+    )?;
+    assert_eq!(row, "enqueued|ready|-5|{\"n\": 1, \"from\": \"billing\"}");
+    // Claims take the higher priority first, then the older run.
+    let order: String = one(
+        &mut c,
+        "SELECT string_agg(run_id::text, ',' ORDER BY ord) FROM (
+             SELECT c.run_id, 1 AS ord FROM tide.claim_runs(n => 1) c
+             UNION ALL SELECT c.run_id, 2 FROM tide.claim_runs(n => 1) c
+             UNION ALL SELECT c.run_id, 3 FROM tide.claim_runs(n => 1) c) x",
+    )?;
+    assert_eq!(order, format!("{high},{plain},{low}"), "per-run priority orders the claims");
+
+    // Many runs in one call, idempotent with a dedupe key: the same batch again creates nothing
+    // and returns the same runs; a longer batch adds only the new elements.
+    let first: String = one(
+        &mut c,
+        "SELECT string_agg(id::text, ',') FROM tide.enqueue('mail',
+             (SELECT jsonb_agg(jsonb_build_object('n', g)) FROM generate_series(1, 1000) g),
+             dedupe_key => 'import:7') id",
+    )?;
+    let again: String = one(
+        &mut c,
+        "SELECT string_agg(id::text, ',') FROM tide.enqueue('mail',
+             (SELECT jsonb_agg(jsonb_build_object('n', g)) FROM generate_series(1, 1000) g),
+             dedupe_key => 'import:7') id",
+    )?;
+    assert_eq!(first, again, "the same batch again returns the same runs");
+    let batch: String = one(
+        &mut c,
+        "SELECT concat_ws('|', count(*), count(DISTINCT args->>'n'), min(dedupe_key), bool_and(trigger = 'enqueued'))
+           FROM tide.run WHERE dedupe_key LIKE 'import:7:%'",
+    )?;
+    assert_eq!(batch, "1000|1000|import:7:1|t");
+    let one_key_a: i64 = one(&mut c, "SELECT tide.enqueue('mail', '{\"n\": 9}', dedupe_key => 'welcome:9')")?;
+    let one_key_b: i64 = one(&mut c, "SELECT tide.enqueue('mail', '{\"n\": 10}', dedupe_key => 'welcome:9')")?;
+    assert_eq!(one_key_a, one_key_b, "a second enqueue with the key returns the existing run");
+    let kept: String = one(&mut c, &format!("SELECT args->>'n' FROM tide.run WHERE run_id = {one_key_a}"))?;
+    assert_eq!(kept, "9", "and writes nothing");
+    // Work the batch off so the delayed run below is the only one left.
+    exec(
+        &mut c,
+        "SELECT tide.complete_runs(array_agg(run_id), array_agg(lease_token)) FROM tide.claim_runs(n => 1000);
+         SELECT tide.complete_runs(array_agg(run_id), array_agg(lease_token)) FROM tide.claim_runs(n => 1000);",
+    )?;
+    let left: i64 = one(&mut c, "SELECT count(*) FROM tide.pending WHERE state = 'ready'")?;
+    assert_eq!(left, 0);
+
+    // A delayed run is not claimable before run_at, and is after.
+    let delayed: i64 = one(
+        &mut c,
+        "SELECT tide.enqueue('mail', '{\"n\": 11}', run_at => now() + interval '2 seconds')",
+    )?;
+    let early: i64 = one(&mut c, "SELECT count(*) FROM tide.claim_runs(n => 10)")?;
+    assert_eq!(early, 0, "not before run_at");
+    let claimed = wait_for("the delayed run to be claimable", Duration::from_secs(30), || {
+        let row = c
+            .query_opt("SELECT c.run_id FROM tide.claim_runs(n => 10) c", &[])
+            .map_err(|e| pg_tide_pg_test::describe(&e))?;
+        Ok(row.map(|r| r.get::<_, i64>(0)))
+    })?;
+    assert_eq!(claimed, delayed);
+    let late: bool = one(
+        &mut c,
+        &format!("SELECT claimed_at >= created_at + interval '2 seconds' FROM tide.run WHERE run_id = {delayed}"),
+    )?;
+    assert!(late, "claimed once its run_at passed");
+
+    // Bad input: SQLSTATE, the value named, a hint, nothing written.
+    let runs_before: i64 = one(&mut c, "SELECT count(*) FROM tide.run")?;
+    for (sql, code, needle) in [
+        ("SELECT tide.enqueue('nope')", "42704", "\"nope\""),
+        ("SELECT tide.enqueue(NULL)", "22004", "task"),
+        ("SELECT tide.enqueue('mail', NULL)", "22004", "args"),
+        ("SELECT tide.enqueue('mail', '7')", "22023", "7"),
+        ("SELECT tide.enqueue('mail', '[{\"n\": 1}, \"x\"]')", "22023", "element 2"),
+        ("SELECT tide.enqueue('mail', priority => 1001)", "22023", "1001"),
+        ("SELECT tide.enqueue('mail', run_at => 'infinity')", "22023", "infinity"),
+        ("SELECT tide.enqueue('mail', run_at => now() + interval '20 years')", "22023", "3660 days"),
+        ("SELECT tide.enqueue('mail', dedupe_key => '#1')", "22023", "'#1'"),
+        ("SELECT tide.enqueue('mail', dedupe_key => ' ')", "22023", "dedupe_key"),
+    ] {
+        let (got, message, hint) = refused(&mut c, sql)?;
+        assert_eq!(got, code, "{sql}: {message}");
+        assert!(message.contains(needle), "{sql}: {message}");
+        assert!(!hint.is_empty(), "{sql}");
+    }
+    let runs_after: i64 = one(&mut c, "SELECT count(*) FROM tide.run")?;
+    assert_eq!(runs_before, runs_after, "refused enqueues write nothing");
+
+    // run_now: the window of the latest fire at or before now (02:00 UTC every day), through
+    // the window's idempotency key.
+    exec(&mut c, "SELECT tide.schedule('nightly', '0 2 * * *')")?;
+    let run: i64 = one(&mut c, "SELECT tide.run_now('nightly')")?;
+    let window: String = one(
+        &mut c,
+        &format!(
+            "SELECT concat_ws('|', trigger, window_end = date_trunc('day', now() - interval '2 hours') + interval '2 hours',
+                              window_end - window_start)
+               FROM tide.run WHERE run_id = {run}"
+        ),
+    )?;
+    assert_eq!(window, "manual|t|1 day");
+    let again: i64 = one(&mut c, "SELECT tide.run_now('nightly')")?;
+    assert_eq!(again, run, "a run of the window already in line is the same run");
+    exec(
+        &mut c,
+        "SELECT tide.complete_run(run_id, lease_token) FROM tide.claim_runs(n => 1)",
+    )?;
+    let (code, message, hint) = refused(&mut c, "SELECT tide.run_now('nightly')")?;
+    assert_eq!(code, "55000", "{message}");
+    assert!(!hint.is_empty());
+    let forced: i64 = one(&mut c, "SELECT tide.run_now('nightly', force => true)")?;
+    assert_eq!(forced, run);
+    let (code, message, _) = refused(&mut c, "SELECT tide.run_now('mail')")?;
+    assert_eq!(code, "22023", "an event task has no windows: {message}");
+    let (code, message, _) = refused(&mut c, "SELECT tide.run_now('nightly', biz_date => current_date + 3)")?;
+    assert_eq!(code, "22023", "a window that has not ended: {message}");
+    pending_in_step(&mut c)?;
+    Ok(())
+}
+
+/// Enqueued runs of an SQL task are run by the executors with their own args.
+fn enqueued_sql_runs_are_executed(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "CREATE TABLE IF NOT EXISTS enqueued_done (n integer PRIMARY KEY, tag text);
+         SELECT tide.schedule('enqueued_sql', NULL, topics => ARRAY['unused'], args => '{\"tag\": \"t\"}',
+                              command => 'INSERT INTO enqueued_done VALUES ((tide.args()->>''n'')::int, tide.args()->>''tag'')');
+         SELECT count(*) FROM tide.enqueue('enqueued_sql',
+             (SELECT jsonb_agg(jsonb_build_object('n', g)) FROM generate_series(1, 200) g));",
+    )?;
+    wait_for("200 enqueued SQL runs", Duration::from_secs(60), || {
+        let done: i64 = c
+            .query_one("SELECT count(*) FROM enqueued_done WHERE tag = 't'", &[])
+            .map_err(|e| pg_tide_pg_test::describe(&e))?
+            .get(0);
+        Ok((done == 200).then_some(()))
+    })?;
+    let states: String = one(
+        &mut c,
+        "SELECT string_agg(DISTINCT r.state::text, ',') FROM tide.run r JOIN tide.task t USING (task_id)
+          WHERE t.name = 'enqueued_sql'",
+    )?;
+    assert_eq!(states, "succeeded");
+    exec(&mut c, "SELECT tide.unschedule('enqueued_sql')")?;
+    Ok(())
+}
+
 fn main() {
     let tests: &[(&str, TestFn)] = &[
+        (
+            "enqueue_creates_one_off_and_delayed_runs",
+            enqueue_creates_one_off_and_delayed_runs,
+        ),
+        (
+            "workers_enqueued_sql_runs_are_executed",
+            enqueued_sql_runs_are_executed,
+        ),
         (
             "workers_pg_cron_schedules_keep_their_meaning",
             pg_cron_schedules_keep_their_meaning,

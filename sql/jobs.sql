@@ -1,0 +1,138 @@
+-- One-off and delayed jobs: tide.enqueue creates runs of a task now or at a given instant, one
+-- or thousands per call, each with its own args, priority and (optionally) dedupe key. An
+-- enqueued run is like an event run: no business window, its idempotency key is its dedupe key
+-- (given, or made from a sequence).
+
+CREATE SEQUENCE tide.job_seq;
+COMMENT ON SEQUENCE tide.job_seq IS 'Ids of tide.enqueue calls (the idempotency key of a run enqueued without a dedupe key: #q<id>:<n>).';
+SELECT pg_catalog.pg_extension_config_dump('tide.job_seq', '');
+
+-- A generic plan always, as tide.emit: planning the one insert costs more than running it.
+CREATE FUNCTION tide.enqueue(task text, args jsonb DEFAULT '{}', run_at timestamptz DEFAULT NULL,
+                             priority integer DEFAULT NULL, dedupe_key text DEFAULT NULL)
+RETURNS SETOF bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    t tide.task;
+    items jsonb;
+    n integer;
+    keys text[];
+    prio integer;
+    due timestamptz;
+    queues text[];
+BEGIN
+    PERFORM tide._text_arg('task', enqueue.task, 200, 'pass the name of one of your tasks');
+    -- KEY SHARE: the task cannot be deleted under the new runs; changes of it may go on.
+    SELECT * INTO t FROM tide.task x WHERE x.name = enqueue.task AND x.owner = tide._caller() FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'task "%" does not exist', left(enqueue.task, 200) USING ERRCODE = 'undefined_object',
+            HINT = 'list your tasks with: SELECT name FROM tide.task';
+    END IF;
+    IF enqueue.args IS NULL THEN
+        RAISE EXCEPTION 'args must not be NULL' USING ERRCODE = 'null_value_not_allowed',
+            HINT = 'pass args => ''{}'' for none, an object for one run, or an array of objects for one run each';
+    END IF;
+    CASE jsonb_typeof(enqueue.args)
+        WHEN 'object' THEN items := jsonb_build_array(enqueue.args);
+        WHEN 'array' THEN items := enqueue.args;
+        ELSE
+            RAISE EXCEPTION 'args must be a JSON object or an array of objects, got %', left(enqueue.args::text, 100)
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'pass args => ''{"invoice_id": 7}'' for one run, or ''[{"invoice_id": 7}, {"invoice_id": 8}]'' for one run each';
+    END CASE;
+    n := jsonb_array_length(items);
+    IF n > 100000 THEN
+        RAISE EXCEPTION 'args has % elements, at most 100000 in one call', n USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'enqueue in several calls of up to 100000 runs';
+    END IF;
+    IF n = 0 THEN
+        RETURN;
+    END IF;
+    PERFORM 1 FROM jsonb_array_elements(items) WITH ORDINALITY AS e(v, i)
+     WHERE CASE WHEN jsonb_typeof(e.v) <> 'object'
+                THEN tide._refuse_element(e.i, e.v)
+                ELSE NOT tide._args_ok(e.v) END;
+    IF enqueue.priority IS NOT NULL AND enqueue.priority NOT BETWEEN -1000 AND 1000 THEN
+        RAISE EXCEPTION 'priority must be between -1000 and 1000, got %', enqueue.priority
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'higher runs first; the task''s own priority is the default';
+    END IF;
+    prio := coalesce(enqueue.priority, t.priority);
+    IF enqueue.run_at IS NOT NULL AND NOT isfinite(enqueue.run_at) THEN
+        RAISE EXCEPTION 'run_at must be a finite instant, got %', enqueue.run_at USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'pass now() + interval ''1 hour'', or NULL to run at once';
+    END IF;
+    IF enqueue.run_at > now() + interval '3660 days' THEN
+        RAISE EXCEPTION 'run_at % is more than 3660 days ahead', enqueue.run_at USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'schedule work that far ahead as a task with a schedule';
+    END IF;
+    due := CASE WHEN enqueue.run_at > now() THEN enqueue.run_at END;
+    IF enqueue.dedupe_key IS NOT NULL THEN
+        PERFORM tide._text_arg('dedupe_key', enqueue.dedupe_key, 1000,
+                               'derive it from what the job is about, such as ''invoice:'' || invoice_id');
+        IF enqueue.dedupe_key LIKE '#%' THEN
+            RAISE EXCEPTION 'dedupe_key % is not valid', quote_literal(left(enqueue.dedupe_key, 100))
+                USING ERRCODE = 'invalid_parameter_value', HINT = 'dedupe keys starting with # are pg_tide''s own';
+        END IF;
+        -- One run: the key itself. Several: the key and the element's position, so the same
+        -- batch enqueued again creates nothing.
+        keys := CASE WHEN jsonb_typeof(enqueue.args) = 'object' THEN ARRAY[enqueue.dedupe_key]
+                     ELSE ARRAY(SELECT enqueue.dedupe_key || ':' || g FROM generate_series(1, n) g) END;
+    ELSE
+        keys := ARRAY(SELECT '#q' || s.id || ':' || g
+                        FROM (SELECT nextval('tide.job_seq') AS id) s, generate_series(1, n) g);
+    END IF;
+    -- One statement: the runs with their gating, their first history rows and their
+    -- tide.pending rows, as tide.emit writes them.
+    WITH input AS (
+        SELECT e.i, t.args || e.v AS args, keys[e.i] AS dedupe_key
+          FROM jsonb_array_elements(items) WITH ORDINALITY AS e(v, i)
+    ), created AS (
+        INSERT INTO tide.run (task_id, trigger, dedupe_key, version, state, reason, executor, queue, priority,
+                              args, run_after, owner, gate, lock_key, gated)
+        SELECT t.task_id, 'enqueued', i.dedupe_key, t.version,
+               tide._open_state(jsonb_build_object('ready_dataset', t.ready_dataset, 'ready_check', t.ready_check)),
+               format('enqueued by %s%s', tide._caller(),
+                      CASE WHEN due IS NOT NULL
+                           THEN ' to run at ' || to_char(due AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS" UTC"') ELSE '' END),
+               tide._executor_of(t.command), t.queue, prio, i.args, due, t.owner, g.gate, g.lock_key, g.gated
+          FROM input i
+         CROSS JOIN LATERAL tide._gating_of(t.task_id, t.version, i.args, NULL, NULL, NULL, NULL) g
+         ORDER BY i.i
+        ON CONFLICT (task_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
+        RETURNING run_id, task_id, state, reason, owner, executor, queue, priority, run_after, gate, lock_key, gated
+    ), history AS (
+        INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
+        SELECT c.run_id, NULL, c.state, c.reason, c.owner FROM created c ORDER BY c.run_id
+    ), line AS (
+        INSERT INTO tide.pending (run_id, task_id, state, executor, queue, priority, due_at, owner, gate, lock_key, gated)
+        SELECT c.run_id, c.task_id, c.state, c.executor, c.queue, c.priority, c.run_after, c.owner, c.gate, c.lock_key,
+               coalesce(c.gated, false)
+          FROM created c
+    )
+    SELECT array_agg(DISTINCT c.queue) FILTER (WHERE c.state = 'ready' AND c.run_after IS NULL) INTO queues FROM created c;
+    PERFORM pg_notify('pg_tide_ready', q) FROM unnest(queues) q;
+    -- The run of each element, created now or earlier with the same dedupe key.
+    RETURN QUERY
+        SELECT r.run_id FROM unnest(keys) WITH ORDINALITY AS k(key, i)
+          JOIN tide.run r ON r.task_id = t.task_id AND r.dedupe_key = k.key
+         ORDER BY k.i;
+END
+$$;
+COMMENT ON FUNCTION tide.enqueue(text, jsonb, timestamptz, integer, text) IS
+    'enqueue(task, args => ''{}'', run_at => NULL, priority => NULL, dedupe_key => NULL): creates one run of the caller''s task (args an object, merged over the task''s args) or one run per element (args an array of objects, up to 100000), now or at run_at, with its own priority (default: the task''s). A dedupe_key makes it idempotent: a second enqueue with the same key creates nothing and returns the existing run (with an array, element n uses dedupe_key:n). Returns the run ids, in the order of the elements.';
+
+CREATE FUNCTION tide._refuse_element(p_index bigint, p_value jsonb) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION 'args element % must be a JSON object, got %', p_index, left(p_value::text, 100)
+        USING ERRCODE = 'invalid_parameter_value',
+              HINT = 'pass an array of objects, such as ''[{"invoice_id": 7}, {"invoice_id": 8}]''';
+END
+$$;
+COMMENT ON FUNCTION tide._refuse_element(bigint, jsonb) IS 'Internal: the error for an element of tide.enqueue''s args array that is not an object.';
