@@ -4,7 +4,8 @@
 #      hand-made FOR UPDATE SKIP LOCKED queue table;
 #   2. event tasks: tide.emit throughput (in one transaction and from 4 clients) and event
 #      claim+complete at batch 50, vs inserting into and working the same baseline queue;
-#   3. the cost of one tide.tick() with 10,000 idle tasks vs with none.
+#   3. the cost of one tide.tick() with 10,000 idle tasks vs with none;
+#   4. the cost of a queue's max_concurrency at batch 50, beside the same path without one.
 # Figures are printed, never asserted. Uses a throw-away cluster with the release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -115,6 +116,12 @@ for round in 1 2 3; do
     done
     fill $((CLIENTS * TX_BATCH50 * 50))
     result[many_50]=$(best "${result[many_50]:-}" "$(tps "$tmp/tide_many.sql" 50 "$TX_BATCH50")")
+    # The same with the queue's max_concurrency (above the 4 x 50 runs in flight, so it admits
+    # every claim): the cost of the queue admission itself.
+    "${PSQL[@]}" -d "$DB" -c "SELECT tide.create_queue('bench', max_concurrency => 1000)" >/dev/null
+    fill $((CLIENTS * TX_BATCH50 * 50))
+    result[queued_50]=$(best "${result[queued_50]:-}" "$(tps "$tmp/tide_many.sql" 50 "$TX_BATCH50")")
+    "${PSQL[@]}" -d "$DB" -c "SELECT tide.drop_queue('bench')" >/dev/null
 done
 # The same batch path with a log line per run start and success (the default).
 "${PSQL[@]}" -d postgres -c "ALTER DATABASE $DB SET pg_tide.log_runs = log" >/dev/null
@@ -188,12 +195,13 @@ pct() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f%%", 100 * a / b }'; }
 echo
 echo "==> claim + complete, $CLIENTS clients (runs per second, best of 3 rounds)"
 printf '%-46s %10s %10s %7s\n' "batch, completion" pg_tide baseline ratio
-for row in "1 tide_1 complete" "50 tide_50 complete" "50 many_50 complete_many" "50 logged_50 complete_many,+log_runs+=+log"; do
+for row in "1 tide_1 complete" "50 tide_50 complete" "50 many_50 complete_many" "50 queued_50 complete_many,+queue+max_concurrency" "50 logged_50 complete_many,+log_runs+=+log"; do
     set -- $row
     t=$(rate "${result[$2]}" "$1"); b=$(rate "${result[base_$1]}" "$1")
     printf '%-46s %10s %10s %7s\n' "$1, tide.${3//+/ }" "$t" "$b" "$(pct "$t" "$b")"
 done
 echo "(runs left unfinished by pg_tide: $left; target: batch 50 at least 50% of the baseline)"
+echo "queue max_concurrency at batch 50: $(pct "${result[queued_50]}" "${result[many_50]}") of complete_many without a queue (target: at least 87%, i.e. at most 15% added)"
 echo
 echo "==> one tide.tick() with nothing due (average of 500, ms)"
 printf '%-22s %10s\n' "1 task (baseline)" "$tick_1" "10,000 idle tasks" "$tick_10k"

@@ -39,6 +39,7 @@ run_tier monitor cargo test -p pg_tide_pg_test --test monitor
 run_tier guarantees cargo test -p pg_tide_pg_test --test guarantees
 run_tier locks cargo test -p pg_tide_pg_test --test locks
 run_tier events cargo test -p pg_tide_pg_test --test events
+run_tier queues cargo test -p pg_tide_pg_test --test queues
 # Three hostile roles and the superuser on one cluster; generated hostile calls of every function.
 run_tier security cargo test -p pg_tide_pg_test --test security
 run_tier fuzz cargo test -p pg_tide_pg_test --test fuzz

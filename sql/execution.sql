@@ -116,6 +116,9 @@ DECLARE
     -- A role claims only its own runs; a superuser (and pg_tide's executors) any role's.
     only_owner name := CASE WHEN tide._caller_is_superuser() THEN NULL ELSE tide._caller() END;
     is_sql boolean := p_executor = 'sql';
+    -- Whether a queue this claim may take from has limits (tide.queue): then its candidates
+    -- go through tide._queue_admit.
+    limited boolean;
 BEGIN
     IF p_queue IS NULL AND p_executor = 'external' THEN
         RAISE EXCEPTION 'queue must not be NULL' USING ERRCODE = 'null_value_not_allowed',
@@ -133,6 +136,8 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value', HINT = 'claim at most 1000 runs at a time; batches of 10 to 100 work well';
     END IF;
     PERFORM tide._bounded('lease', p_lease, false);
+    limited := EXISTS (SELECT 1 FROM tide.queue q
+                        WHERE (p_queue IS NULL OR q.name = p_queue) AND (only_owner IS NULL OR q.owner = only_owner));
     -- The candidates are fixed in an array first: a LIMIT subquery under FOR UPDATE SKIP LOCKED
     -- may be re-evaluated and claim more rows than asked. When every candidate has to wait (it
     -- is parked, out of the candidates, by tide._admit) the next ones are looked at, a few
@@ -157,6 +162,14 @@ BEGIN
         END IF;
         IF ids IS NULL THEN
             RETURN;
+        END IF;
+        IF limited THEN
+            -- Queue limits first (paused, max_concurrency, rate): the candidates they hold back
+            -- are parked, and the next ones are looked at.
+            ids := tide._queue_admit(ids);
+            CONTINUE WHEN cardinality(ids) = 0;
+            SELECT array_agg(p.owner ORDER BY u.n), bool_or(p.gated) INTO owners, gated
+              FROM unnest(ids) WITH ORDINALITY AS u(id, n) JOIN tide.pending p ON p.run_id = u.id;
         END IF;
         -- One fencing token per claim: larger than any earlier claim's, so a run claimed again is
         -- never completed with an older one.
@@ -321,9 +334,9 @@ BEGIN
     END IF;
     IF short THEN
         UPDATE tide.pending p SET state = 'need_check', due_at = NULL WHERE p.run_id = complete_run.run_id
-        RETURNING p.gated INTO gated;
+        RETURNING p.gated OR tide._queue_limited(p.owner, p.queue) INTO gated;
     ELSE
-        DELETE FROM tide.pending p WHERE p.run_id = complete_run.run_id RETURNING p.gated INTO gated;
+        DELETE FROM tide.pending p WHERE p.run_id = complete_run.run_id RETURNING p.gated OR tide._queue_limited(p.owner, p.queue) INTO gated;
     END IF;
     IF gated THEN
         PERFORM tide._release(ARRAY[complete_run.run_id]);
@@ -384,7 +397,8 @@ BEGIN
           FROM input i
          WHERE r.run_id = i.run_id AND r.lease_token = i.token AND r.state = 'running'
            AND (any_owner OR r.owner = caller OR tide._may_act(r.owner))
-        RETURNING r.run_id, r.attempts, r.reason, r.owner, r.lease_owner, r.lease_token, r.claimed_at, r.gated
+        RETURNING r.run_id, r.attempts, r.reason, r.owner, r.lease_owner, r.lease_token, r.claimed_at,
+                  r.gated OR tide._queue_limited(r.owner, r.queue) AS gated
     ), done_pending AS (
         DELETE FROM tide.pending p USING done_run d WHERE p.run_id = d.run_id
     ), history AS (
@@ -433,6 +447,7 @@ DECLARE
     max_attempts integer;
     new_state tide.run_state;
     wait_until timestamptz;
+    budget_hold timestamptz;
     why text;
     error_text text;
 BEGIN
@@ -453,8 +468,16 @@ BEGIN
                                                  (rules->>'backoff_factor')::float8,
                                                  (rules->>'backoff_cap')::interval,
                                                  rules->>'jitter', random());
-        why := format('attempt %s of %s failed, retry after %s: %s', r.tries, max_attempts,
-                      to_char(wait_until AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS" UTC"'), error_text);
+        -- The queue's retry budget (tide.queue): when it is spent, the retry waits for it.
+        budget_hold := tide._spend_retry(r.owner, r.queue, p_now);
+        IF budget_hold > wait_until THEN
+            wait_until := budget_hold;
+        END IF;
+        why := format('attempt %s of %s failed, retry after %s%s: %s', r.tries, max_attempts,
+                      to_char(wait_until AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS" UTC"'),
+                      CASE WHEN budget_hold IS NOT NULL
+                           THEN format(' (the retry budget of queue %s is spent)', r.queue) ELSE '' END,
+                      error_text);
     ELSE
         -- Not ready: wait for the next window, never a tight loop.
         SELECT t.next_fire_at INTO next_fire FROM tide.task t WHERE t.task_id = r.task_id;

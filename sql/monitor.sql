@@ -464,13 +464,13 @@ GRANT SELECT ON tide.check_status TO PUBLIC;
 -- Alerts.
 CREATE TYPE tide.alert_kind AS ENUM (
     'silence', 'down', 'consecutive_failures', 'dead_letter', 'need_check', 'repeated_skips', 'retries',
-    'backlog', 'catch_up_limit', 'not_ready', 'schedule_error'
+    'backlog', 'catch_up_limit', 'not_ready', 'schedule_error', 'retry_budget'
 );
 COMMENT ON TYPE tide.alert_kind IS 'What an alert is about; see the README''s alert kinds.';
 
 CREATE TABLE tide.alert (
     alert_id     bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    subject_type text NOT NULL CHECK (subject_type IN ('task', 'check')),
+    subject_type text NOT NULL CHECK (subject_type IN ('task', 'check', 'queue')),
     subject      text NOT NULL,
     kind         tide.alert_kind NOT NULL,
     severity     tide.severity NOT NULL,
@@ -536,6 +536,16 @@ AS $$
       CROSS JOIN LATERAL (VALUES ('silence'::tide.alert_kind, s.status IN ('late', 'down')),
                                  ('down'::tide.alert_kind, s.status = 'down')) AS k(kind, hit)
      WHERE k.hit
+    UNION ALL
+    -- A queue whose retry budget is spent: its downstream is probably down, and its retries
+    -- wait for the budget to refill.
+    SELECT 'queue', q.name, 'retry_budget', 'warning',
+           jsonb_build_object('retry_budget', q.retry_budget, 'retry_window', q.retry_window,
+                              'budget_left', round(b.left_now::numeric, 2),
+                              'refilled_at', p_now + make_interval(secs => (1 - b.left_now) * extract(epoch FROM q.retry_window)::float8 / q.retry_budget)),
+           q.owner
+      FROM tide.queue q, LATERAL (SELECT tide._queue_budget(q, p_now) AS left_now) b
+     WHERE q.retry_budget IS NOT NULL AND b.left_now < 1
 $$;
 COMMENT ON FUNCTION tide._alert_causes(timestamptz) IS 'Internal: every alert condition that holds at an instant.';
 

@@ -69,13 +69,16 @@ mod tide {}
 ::pgrx::extension_sql_file!("../sql/events.sql", name = "events", requires = ["locks"]);
 // Long runs: the checkpoint, pause_run / resume_run / cancel_run.
 ::pgrx::extension_sql_file!("../sql/long.sql", name = "long", requires = ["execution"]);
+// Queues with limits: tide.create_queue, pause_queue, resume_queue, drop_queue; the claim's
+// queue admission and the retry budget.
+::pgrx::extension_sql_file!("../sql/queues.sql", name = "queues", requires = ["locks"]);
 // One-off and delayed jobs: tide.enqueue.
 ::pgrx::extension_sql_file!("../sql/jobs.sql", name = "jobs", requires = ["locks"]);
 // Monitoring: health, heartbeat checks, alerts, metrics, run log lines, explain, retention.
 ::pgrx::extension_sql_file!(
     "../sql/monitor.sql",
     name = "monitor",
-    requires = ["effects", "steps", "locks", "events", "long", "jobs"]
+    requires = ["effects", "steps", "locks", "events", "long", "jobs", "queues"]
 );
 // Comments on the generated functions, once they exist.
 ::pgrx::extension_sql_file!("../sql/comments.sql", name = "comments", finalize);

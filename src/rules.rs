@@ -310,34 +310,37 @@ pub const MAX_ATTEMPTS: i32 = 100;
 /// The most missed windows one outage may catch up.
 pub const MAX_CATCH_UP: i32 = 10_000;
 
-/// Each interval option's bounds: its name, the longest interval it accepts in days, and what an
-/// error says it must be. These maxima keep every instant pg_tide computes from them
-/// (`now() + timeout`, `fire - retention`) far inside PostgreSQL's and chrono's ranges, so no
-/// arithmetic can overflow at run time.
-const INTERVAL_BOUNDS: &[(&str, i64, &str)] = &[
+/// Each interval option's bounds: its name, the shortest interval it accepts in microseconds,
+/// the longest in days, and what an error says it must be. The minima keep a typo ('1 ms' for
+/// '1 s') from turning into a retry storm or a busy loop; the maxima keep every instant
+/// pg_tide computes from them (`now() + timeout`, `fire - retention`) far inside PostgreSQL's
+/// and chrono's ranges, so no arithmetic can overflow at run time.
+const INTERVAL_BOUNDS: &[(&str, i64, i64, &str)] = &[
     // A timeout arms a timer counted in milliseconds in an int: at most 24.8 days.
-    ("timeout", 7, "a positive interval of at most 7 days"),
-    ("lease", 30, "a positive interval of at most 30 days"),
-    ("backoff_base", 30, "a positive interval of at most 30 days"),
-    ("backoff_cap", 30, "a positive interval of at most 30 days"),
-    ("recheck_interval", 31, "a positive interval of at most 31 days"),
-    ("batch_pause", 1, "an interval of 0 to 1 day"),
-    ("misfire_threshold", 366, "a positive interval of at most 366 days"),
-    ("ready_timeout", 366, "a positive interval of at most 366 days"),
-    ("grace", 366, "a positive interval of at most 366 days"),
-    ("max_silence", 3660, "a positive interval of at most 3660 days (10 years)"),
-    ("period", 3660, "a positive interval of at most 3660 days (10 years)"),
-    ("source_retention", 36_525, "a positive interval of at most 36525 days (100 years)"),
+    ("timeout", MS_100, 7, "an interval of 100 milliseconds to 7 days"),
+    ("lease", SECOND, 30, "an interval of 1 second to 30 days"),
+    ("backoff_base", MS_100, 30, "an interval of 100 milliseconds to 30 days"),
+    ("backoff_cap", MS_100, 30, "an interval of 100 milliseconds to 30 days"),
+    ("recheck_interval", SECOND, 31, "an interval of 1 second to 31 days"),
+    ("batch_pause", 0, 1, "an interval of 0 to 1 day"),
+    ("misfire_threshold", SECOND, 366, "an interval of 1 second to 366 days"),
+    ("ready_timeout", SECOND, 366, "an interval of 1 second to 366 days"),
+    ("grace", SECOND, 366, "an interval of 1 second to 366 days"),
+    ("max_silence", SECOND, 3660, "an interval of 1 second to 3660 days (10 years)"),
+    ("period", SECOND, 3660, "an interval of 1 second to 3660 days (10 years)"),
+    ("source_retention", SECOND, 36_525, "an interval of 1 second to 36525 days (100 years)"),
 ];
+const SECOND: i64 = 1_000_000;
+const MS_100: i64 = 100_000;
 
 /// The bounds of an interval option (see `INTERVAL_BOUNDS`); `None` for no such option.
-fn bounds_of(param: &str) -> Option<&'static (&'static str, i64, &'static str)> {
-    INTERVAL_BOUNDS.iter().find(|(name, _, _)| *name == param)
+fn bounds_of(param: &str) -> Option<&'static (&'static str, i64, i64, &'static str)> {
+    INTERVAL_BOUNDS.iter().find(|(name, _, _, _)| *name == param)
 }
 
 /// The name of an interval option with documented bounds, as a static string for errors.
 pub fn interval_option(param: &str) -> Option<&'static str> {
-    bounds_of(param).map(|(name, _, _)| *name)
+    bounds_of(param).map(|(name, _, _, _)| *name)
 }
 
 /// Checks an interval option: one sign throughout (PostgreSQL keeps months, days and time
@@ -358,12 +361,14 @@ pub fn check_interval(param: &'static str, span: Span, zero_ok: bool) -> Result<
     }
     let micros = span.approx_micros();
     let bounds = bounds_of(param);
-    let max = bounds.map_or(i128::MAX, |(_, days, _)| i128::from(*days) * 86_400_000_000);
-    if micros > max || micros < 0 || (micros == 0 && !zero_ok) {
+    let max = bounds.map_or(i128::MAX, |(_, _, days, _)| i128::from(*days) * 86_400_000_000);
+    let min = bounds.map_or(0, |(_, min, _, _)| i128::from(*min));
+    let too_short = if micros == 0 { !zero_ok } else { micros < min };
+    if micros > max || micros < 0 || too_short {
         return Err(TideError::OutOfRange {
             param,
             value: span.describe(),
-            expected: bounds.map_or("a positive interval", |(_, _, text)| *text),
+            expected: bounds.map_or("a positive interval", |(_, _, _, text)| *text),
         });
     }
     Ok(())
@@ -631,14 +636,14 @@ mod tests {
                     timeout: Some(Span::seconds(0)),
                     ..Default::default()
                 },
-                "timeout must be a positive interval of at most 7 days, got 0 seconds",
+                "timeout must be an interval of 100 milliseconds to 7 days, got 0 seconds",
             ),
             (
                 ExecOptions {
                     backoff_base: Some(Span::seconds(-10)),
                     ..Default::default()
                 },
-                "backoff_base must be a positive interval of at most 30 days, got -10 seconds",
+                "backoff_base must be an interval of 100 milliseconds to 30 days, got -10 seconds",
             ),
             (
                 ExecOptions {
@@ -649,7 +654,7 @@ mod tests {
                     }),
                     ..Default::default()
                 },
-                "timeout must be a positive interval of at most 7 days, got 2136000000 mons",
+                "timeout must be an interval of 100 milliseconds to 7 days, got 2136000000 mons",
             ),
             (
                 ExecOptions {
@@ -660,7 +665,7 @@ mod tests {
                     }),
                     ..Default::default()
                 },
-                "source_retention must be a positive interval of at most 36525 days (100 years), got 36526 days",
+                "source_retention must be an interval of 1 second to 36525 days (100 years), got 36526 days",
             ),
             (
                 ExecOptions {
@@ -893,9 +898,9 @@ mod tests {
     }
 
     #[test]
-    fn every_bound_says_its_maximum() {
-        for (name, days, text) in INTERVAL_BOUNDS {
-            assert!(text.contains(&format!("{days} day")), "{name}: {text}");
+    fn every_bound_says_its_minimum_and_maximum() {
+        for (name, min, days, text) in INTERVAL_BOUNDS {
+            assert!(text.contains(&format!(" to {days} day")), "{name}: {text}");
             assert_eq!(interval_option(name), Some(*name));
             let over = Span {
                 months: 0,
@@ -904,7 +909,34 @@ mod tests {
             };
             let e = check_interval(name, over, true).unwrap_err();
             assert_eq!(e.to_string(), format!("{name} must be {text}, got {} days", days + 1));
+            let shortest = Span {
+                months: 0,
+                days: 0,
+                micros: *min,
+            };
+            if *min > 0 {
+                assert!(check_interval(name, shortest, false).is_ok(), "{name}");
+                let under = Span {
+                    micros: min - 1,
+                    ..shortest
+                };
+                let e = check_interval(name, under, false).unwrap_err();
+                assert!(e.to_string().starts_with(&format!("{name} must be {text}, got ")), "{e}");
+                let floor = if *min == SECOND { "1 second" } else { "100 milliseconds" };
+                assert!(text.contains(floor), "{name}: {text}");
+            }
         }
+        // The floor refuses a typo that would retry in a busy loop.
+        let one_ms = Span {
+            months: 0,
+            days: 0,
+            micros: 1_000,
+        };
+        let e = check_interval("backoff_base", one_ms, false).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("backoff_base must be an interval of 100 milliseconds to 30 days, got {}", one_ms.describe())
+        );
         assert_eq!(interval_option("nonsense"), None);
     }
 }

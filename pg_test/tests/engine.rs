@@ -991,11 +991,11 @@ fn bad_options_are_refused(cluster: &Cluster) -> Result<(), Failed> {
         ),
         (
             "SELECT tide.schedule('x', '@hourly', backoff_base => '-10 seconds')",
-            "backoff_base must be a positive interval of at most 30 days, got -10 seconds",
+            "backoff_base must be an interval of 100 milliseconds to 30 days, got -10 seconds",
         ),
         (
             "SELECT tide.schedule('x', '@hourly', timeout => '0')",
-            "timeout must be a positive interval of at most 7 days, got 0 seconds",
+            "timeout must be an interval of 100 milliseconds to 7 days, got 0 seconds",
         ),
         (
             "SELECT tide.schedule('x', '@hourly', misfire => 'catchup')",
@@ -1015,7 +1015,7 @@ fn bad_options_are_refused(cluster: &Cluster) -> Result<(), Failed> {
         ),
         (
             "SELECT * FROM tide.claim_runs(lease => '-1 minute')",
-            "lease must be a positive interval of at most 30 days, got -60 seconds",
+            "lease must be an interval of 1 second to 30 days, got -60 seconds",
         ),
     ];
     for (sql, want) in cases {

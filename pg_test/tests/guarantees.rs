@@ -119,7 +119,7 @@ fn sends_are_recorded_once_per_key(cluster: &Cluster) -> Result<(), Failed> {
         (
             "SELECT tide.claim_effects('sms', lease => '0 seconds')",
             "22023",
-            "lease must be a positive interval of at most 30 days, got 0 seconds",
+            "lease must be an interval of 1 second to 30 days, got 0 seconds",
         ),
         ("SELECT tide.complete_effect(-1, 1)", "42704", "no side effect -1"),
         (

@@ -1,0 +1,280 @@
+//! Queues with limits on a real cluster (R14.1: nothing can start a retry storm): a queue's
+//! max_concurrency holds for external workers and for pg_tide's SQL executors; its rate paces
+//! starts (replaying many dead runs at once included); pause and resume; its retry budget makes
+//! retries wait and opens an alert until it refills; limits belong to their role. Bad input is
+//! refused with SQLSTATE, the value and a hint, and writes nothing.
+
+use std::time::{Duration, Instant};
+
+use pg_tide_pg_test::{db_err, one, refused, run_tests, wait_for, Client, Cluster, Failed, TestFn};
+
+fn exec(c: &mut Client, sql: &str) -> Result<(), Failed> {
+    c.batch_execute(sql).map_err(db_err)
+}
+
+/// Claims up to `n` runs of a queue: (run_id, lease_token).
+fn claim(c: &mut Client, queue: &str, n: i32) -> Result<Vec<(i64, i64)>, Failed> {
+    Ok(c
+        .query(
+            &format!("SELECT run_id, lease_token FROM tide.claim_runs('{queue}', 'w', {n}) ORDER BY run_id"),
+            &[],
+        )
+        .map_err(db_err)?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect())
+}
+
+fn complete(c: &mut Client, runs: &[(i64, i64)]) -> Result<(), Failed> {
+    for (run, token) in runs {
+        exec(c, &format!("SELECT tide.complete_run({run}, {token})"))?;
+    }
+    Ok(())
+}
+
+fn running(c: &mut Client, queue: &str) -> Result<i64, Failed> {
+    one(
+        c,
+        &format!("SELECT count(*) FROM tide.run WHERE queue = '{queue}' AND state = 'running'"),
+    )
+}
+
+fn max_concurrency_holds_for_external_workers(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("q_conc")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('call_api', NULL, topics => ARRAY['unused'], queue => 'api');
+         SELECT count(*) FROM tide.enqueue('call_api', (SELECT jsonb_agg(jsonb_build_object('i', g)) FROM generate_series(1, 10) g));",
+    )?;
+    let name: String = one(&mut c, "SELECT tide.create_queue('api', max_concurrency => 2)")?;
+    assert_eq!(name, "api");
+    // Two workers asking for many get two runs between them.
+    let first = claim(&mut c, "api", 10)?;
+    let mut other = cluster.connect("q_conc")?;
+    let second = claim(&mut other, "api", 10)?;
+    assert_eq!((first.len(), second.len()), (2, 0), "at most 2 running");
+    // A run that ends frees its slot at once (its end wakes the next).
+    complete(&mut c, &first[..1])?;
+    let third = claim(&mut other, "api", 10)?;
+    assert_eq!(third.len(), 1, "one slot freed, one run");
+    assert_eq!(running(&mut c, "api")?, 2);
+    // Work everything off, two at a time at most.
+    let mut held = vec![first[1], third[0]];
+    let mut done = 1;
+    while done < 10 {
+        complete(&mut c, &held[..1])?;
+        held.remove(0);
+        done += 1;
+        held.extend(claim(&mut other, "api", 10)?);
+        assert!(running(&mut c, "api")? <= 2);
+    }
+    assert!(held.is_empty());
+
+    // A higher limit lets more go at once; dropping the queue removes the limit.
+    exec(
+        &mut c,
+        "SELECT count(*) FROM tide.enqueue('call_api', (SELECT jsonb_agg(jsonb_build_object('i', g)) FROM generate_series(1, 10) g));",
+    )?;
+    assert_eq!(claim(&mut c, "api", 10)?.len(), 2);
+    exec(&mut c, "SELECT tide.create_queue('api', max_concurrency => 5)")?;
+    assert_eq!(claim(&mut c, "api", 10)?.len(), 3);
+    let dropped: bool = one(&mut c, "SELECT tide.drop_queue('api')")?;
+    let again: bool = one(&mut c, "SELECT tide.drop_queue('api')")?;
+    assert!(dropped && !again);
+    assert_eq!(claim(&mut c, "api", 10)?.len(), 5, "no limit any more");
+
+    // Pause and resume a whole queue (declaring it if it had no limits).
+    exec(
+        &mut c,
+        "SELECT count(*) FROM tide.enqueue('call_api', '[{}, {}, {}]')",
+    )?;
+    let paused: bool = one(&mut c, "SELECT tide.pause_queue('api')")?;
+    let paused_again: bool = one(&mut c, "SELECT tide.pause_queue('api')")?;
+    assert!(paused && !paused_again);
+    assert_eq!(claim(&mut c, "api", 10)?.len(), 0, "a paused queue starts nothing");
+    let resumed: bool = one(&mut c, "SELECT tide.resume_queue('api')")?;
+    assert!(resumed);
+    assert_eq!(claim(&mut c, "api", 10)?.len(), 3, "resumed: all three go");
+
+    // Limits belong to their role: bob's runs in a queue named 'api' are not held by the
+    // superuser's queue of that name, and bob's queue holds only bob's.
+    exec(
+        &mut c,
+        "DROP ROLE IF EXISTS q_bob; CREATE ROLE q_bob LOGIN;
+         SELECT tide.create_queue('api', max_concurrency => 1);",
+    )?;
+    let mut bob = cluster.connect_as("q_conc", "q_bob")?;
+    exec(
+        &mut bob,
+        "SELECT tide.schedule('bobs', NULL, topics => ARRAY['unused'], queue => 'api');
+         SELECT count(*) FROM tide.enqueue('bobs', '[{}, {}, {}]');",
+    )?;
+    assert_eq!(claim(&mut bob, "api", 10)?.len(), 3, "another role's queue does not hold bob");
+    exec(
+        &mut bob,
+        "SELECT tide.create_queue('api', max_concurrency => 1);
+         SELECT count(*) FROM tide.enqueue('bobs', '[{}, {}, {}]');",
+    )?;
+    assert_eq!(claim(&mut bob, "api", 10)?.len(), 0, "bob's own queue is at its limit already");
+    let seen: String = one(&mut bob, "SELECT string_agg(owner || '/' || name, ',') FROM tide.queue")?;
+    assert_eq!(seen, "q_bob/api", "a role sees its own queues only");
+    Ok(())
+}
+
+fn sql_executors_honour_queues(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "CREATE TABLE IF NOT EXISTS q_slow_spans (n integer PRIMARY KEY, started timestamptz, ended timestamptz);
+         SELECT tide.create_queue('q_slow', max_concurrency => 1);
+         SELECT tide.schedule('q_slow_work', NULL, topics => ARRAY['unused'], queue => 'q_slow',
+                              command => $$INSERT INTO q_slow_spans
+                                          SELECT s.n, s.started, clock_timestamp()
+                                            FROM (SELECT (tide.args()->>'n')::int AS n, clock_timestamp() AS started,
+                                                         pg_sleep(0.2) AS slept) s$$);",
+    )?;
+    exec(
+        &mut c,
+        "SELECT count(*) FROM tide.enqueue('q_slow_work',
+             (SELECT jsonb_agg(jsonb_build_object('n', g)) FROM generate_series(1, 6) g));",
+    )?;
+    wait_for("six runs of a queue with max_concurrency 1", Duration::from_secs(60), || {
+        let done: i64 = c
+            .query_one("SELECT count(*) FROM q_slow_spans WHERE ended IS NOT NULL", &[])
+            .map_err(|e| pg_tide_pg_test::describe(&e))?
+            .get(0);
+        Ok((done == 6).then_some(()))
+    })?;
+    // The executors took them one at a time: no two spans overlap.
+    let overlaps: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM q_slow_spans a JOIN q_slow_spans b ON a.n < b.n
+          WHERE a.started < b.ended AND b.started < a.ended",
+    )?;
+    assert_eq!(overlaps, 0, "SQL runs of a max_concurrency 1 queue never overlap");
+    exec(&mut c, "SELECT tide.unschedule('q_slow_work'); SELECT tide.drop_queue('q_slow')")?;
+    Ok(())
+}
+
+/// A queue's rate paces starts, and replaying many dead runs at once goes at that pace: with
+/// rate r (a bucket of max(1, r) tokens, full at first), the k-th start (from 0) comes at least
+/// (k - r + 1) / r seconds after the first.
+fn rate_paces_starts_and_replays(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("q_rate")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('push', NULL, topics => ARRAY['unused'], queue => 'partner', max_attempts => 1);
+         SELECT count(*) FROM tide.enqueue('push', (SELECT jsonb_agg(jsonb_build_object('i', g)) FROM generate_series(1, 12) g));
+         SELECT count(tide.fail_run(run_id, lease_token, 'partner down')) FROM tide.claim_runs('partner', 'w', 100);",
+    )?;
+    let dead: i64 = one(&mut c, "SELECT count(*) FROM tide.dead_letter")?;
+    assert_eq!(dead, 12);
+    exec(
+        &mut c,
+        "SELECT tide.create_queue('partner', rate => 4);
+         SELECT count(tide.replay_run(run_id)) FROM tide.dead_letter;",
+    )?;
+    // Workers ask as fast as they can; the tick (driven here: nothing else moves time in this
+    // database) lets parked runs look again when their token is due.
+    let mut started = 0;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while started < 12 {
+        assert!(Instant::now() < deadline, "12 replays did not start within 30 s");
+        let got = claim(&mut c, "partner", 100)?;
+        started += got.len();
+        complete(&mut c, &got)?;
+        exec(&mut c, "SELECT tide.tick()")?;
+    }
+    let late: String = one(
+        &mut c,
+        "SELECT coalesce(string_agg(k || ':' || round(extract(epoch FROM at - first)::numeric, 3), ' '), '')
+           FROM (SELECT claimed_at AS at, min(claimed_at) OVER () AS first,
+                        row_number() OVER (ORDER BY claimed_at) - 1 AS k
+                   FROM tide.run WHERE trigger = 'replay') s
+          WHERE k >= 4 AND at - first < make_interval(secs => (k - 4 + 1) / 4.0 - 0.01)",
+    )?;
+    assert_eq!(late, "", "starts that came faster than the rate allows (k:seconds)");
+    Ok(())
+}
+
+/// The retry budget: more transient failures than the budget in its window make the next
+/// retries wait for it to refill, open an alert on the queue, and the alert resolves once it has
+/// refilled.
+fn retry_budget_holds_back_a_retry_storm(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("q_budget")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('bank_sync', NULL, topics => ARRAY['unused'], queue => 'bank', max_attempts => 10,
+                              backoff_base => '1 second', backoff_cap => '1 second', jitter => 'none');
+         SELECT tide.create_queue('bank', retry_budget => 3, retry_window => '1 minute');
+         SELECT count(*) FROM tide.enqueue('bank_sync', (SELECT jsonb_agg(jsonb_build_object('i', g)) FROM generate_series(1, 5) g));
+         SELECT count(tide.fail_run(run_id, lease_token, 'bank timeout')) FROM (
+             SELECT * FROM tide.claim_runs('bank', 'w', 100) ORDER BY run_id) c;",
+    )?;
+    // Three retries within the budget wait their backoff (1 s); the 4th and 5th wait for the
+    // budget: 1 minute / 3 = 20 s per failure beyond it, so 20 s and 40 s.
+    let waits: String = one(
+        &mut c,
+        "SELECT string_agg(round(extract(epoch FROM run_after - updated_at))::text, ',' ORDER BY run_id) FROM tide.run",
+    )?;
+    assert_eq!(waits, "1,1,1,20,40");
+    let reason: String = one(&mut c, "SELECT reason FROM tide.run ORDER BY run_id DESC LIMIT 1")?;
+    assert!(reason.contains("the retry budget of queue bank is spent"), "{reason}");
+    exec(&mut c, "SELECT tide.tick()")?;
+    let alert: String = one(
+        &mut c,
+        "SELECT concat_ws('|', subject_type, subject, kind, severity, details->>'retry_budget')
+           FROM tide.alert WHERE resolved_at IS NULL",
+    )?;
+    assert_eq!(alert, "queue|bank|retry_budget|warning|3");
+    // Two minutes later the budget has refilled: the alert resolves.
+    exec(&mut c, "SELECT tide.tick(now() + interval '2 minutes')")?;
+    let open: i64 = one(&mut c, "SELECT count(*) FROM tide.alert WHERE resolved_at IS NULL AND kind = 'retry_budget'")?;
+    assert_eq!(open, 0);
+    Ok(())
+}
+
+fn bad_queue_input_is_refused(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("q_bad")?;
+    for (sql, code, needle) in [
+        ("SELECT tide.create_queue(NULL)", "22004", "name"),
+        ("SELECT tide.create_queue('has space')", "22023", "'has space'"),
+        ("SELECT tide.create_queue('q', max_concurrency => 0)", "22023", "got 0"),
+        ("SELECT tide.create_queue('q', rate => -1)", "22023", "got -1"),
+        ("SELECT tide.create_queue('q', rate => 'NaN')", "22023", "NaN"),
+        ("SELECT tide.create_queue('q', retry_budget => 0)", "22023", "got 0"),
+        ("SELECT tide.create_queue('q', retry_budget => 5, retry_window => '1 second')", "22023", "00:00:01"),
+        ("SELECT tide.pause_queue(repeat('x', 64))", "22023", "xxxx"),
+        ("SELECT tide.drop_queue('')", "22023", "''"),
+        ("SELECT tide.schedule('t', '@daily', backoff_base => '1 ms')", "22023", "100 milliseconds"),
+        ("SELECT tide.schedule('t', '@daily', lease => '10 ms')", "22023", "1 second"),
+    ] {
+        let (got, message, hint) = refused(&mut c, sql)?;
+        assert_eq!(got, code, "{sql}: {message}");
+        assert!(message.contains(needle), "{sql}: {message}");
+        assert!(!hint.is_empty(), "{sql}");
+    }
+    let written: i64 = one(
+        &mut c,
+        "SELECT (SELECT count(*) FROM tide.queue) + (SELECT count(*) FROM tide.task)",
+    )?;
+    assert_eq!(written, 0, "refused calls write nothing");
+    Ok(())
+}
+
+fn main() {
+    let tests: &[(&str, TestFn)] = &[
+        (
+            "max_concurrency_holds_for_external_workers",
+            max_concurrency_holds_for_external_workers,
+        ),
+        ("workers_sql_executors_honour_queues", sql_executors_honour_queues),
+        ("rate_paces_starts_and_replays", rate_paces_starts_and_replays),
+        (
+            "retry_budget_holds_back_a_retry_storm",
+            retry_budget_holds_back_a_retry_storm,
+        ),
+        ("bad_queue_input_is_refused", bad_queue_input_is_refused),
+    ];
+    run_tests("queues", tests)
+}
