@@ -584,6 +584,10 @@ BEGIN
     SELECT v.rules INTO rules FROM tide.task_version v WHERE v.task_id = r.task_id AND v.version = r.version;
     cmd := rules->>'command';
     long := coalesce((rules->>'long')::boolean, false);
+    IF coalesce((rules->>'top_level')::boolean, false) THEN
+        -- Run by a worker of its own, outside any transaction block (src/toplevel.rs).
+        RETURN 'top_level';
+    END IF;
     BEGIN
         IF cmd IS NULL THEN
             PERFORM tide.business_error('the task has no command in this rule version');
@@ -633,6 +637,46 @@ END
 $$;
 COMMENT ON FUNCTION tide._execute(bigint, bigint) IS
     'Internal: runs a claimed run''s command sealed as the task''s owner (one batch of a long task) and completes or fails it in the same transaction (called by pg_tide executors). Returns the run''s state, fenced, or ''more <ms>'' when a long task has more batches.';
+
+-- A top-level command's worker starts: the command to run, as whom, for how long (nothing when
+-- the run is no longer held by this claim).
+CREATE FUNCTION tide._top_level_start(p_run_id bigint, p_token bigint)
+RETURNS TABLE (command text, owner name, timeout_ms integer)
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT v.rules->>'command', r.owner, tide._timeout_ms(v.rules->>'timeout')
+      FROM tide.run r JOIN tide.task_version v ON v.task_id = r.task_id AND v.version = r.version
+     WHERE r.run_id = p_run_id AND r.lease_token = p_token AND r.state = 'running'
+$$;
+COMMENT ON FUNCTION tide._top_level_start(bigint, bigint) IS
+    'Internal: what a top-level command''s worker runs (command, owner, timeout), if the claim still holds the run.';
+
+-- A top-level command's worker records its outcome: completed, or failed by the error's
+-- SQLSTATE (transient: retried; business: dead letter), unless the run was taken back meanwhile.
+CREATE FUNCTION tide._top_level_finish(p_run_id bigint, p_token bigint, p_sqlstate text, p_error text,
+                                       p_statements integer, p_expected bigint, p_actual bigint)
+RETURNS text
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '5s'
+AS $$
+BEGIN
+    PERFORM 1 FROM tide.run x
+     WHERE x.run_id = p_run_id AND x.lease_token = p_token AND x.state = 'running' FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 'fenced';
+    END IF;
+    IF p_sqlstate IS NULL THEN
+        RETURN tide.complete_run(p_run_id, p_token, jsonb_build_object('statements', p_statements),
+                                 p_expected, p_actual)::text;
+    END IF;
+    RETURN tide._fail(p_run_id, p_error, tide.error_kind_of(p_sqlstate)::tide.error_kind, p_sqlstate,
+                      'failed', now())::text;
+END
+$$;
+COMMENT ON FUNCTION tide._top_level_finish(bigint, bigint, text, text, integer, bigint, bigint) IS
+    'Internal: records the outcome of a top-level command (completed with its statement count, or failed by its SQLSTATE) if the claim still holds the run.';
 
 -- A task's timeout as the milliseconds of a statement timeout (at most 7 days: the bound
 -- tide.schedule enforces keeps it inside an int).

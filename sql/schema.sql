@@ -76,6 +76,7 @@ CREATE TABLE tide.task (
     lock_key          text,
     topics            text[] NOT NULL DEFAULT '{}',
     long              boolean NOT NULL DEFAULT false,
+    top_level         boolean NOT NULL DEFAULT false,
     batch_rate        double precision CHECK (batch_rate > 0),
     batch_pause       interval CHECK (batch_pause > interval '0'),
     -- Monitoring (set with tide.monitor): not rules, so changing them makes no new version.
@@ -105,6 +106,7 @@ COMMENT ON COLUMN tide.task.overlap IS 'queue (default), skip or allow: see type
 COMMENT ON COLUMN tide.task.max_concurrency IS 'With overlap allow: the most runs of the task running at once; NULL = no limit.';
 COMMENT ON COLUMN tide.task.lock_key IS 'Template of the business object a run locks, such as ''account:{args.account_id}''; runs with the same key (of any task) never run at once.';
 COMMENT ON COLUMN tide.task.topics IS 'Topics whose tide.emit creates a run of this task (an event task).';
+COMMENT ON COLUMN tide.task.top_level IS 'The command runs at top level, as pg_cron runs it: in its own worker process, each statement in its own transaction (VACUUM, CREATE INDEX CONCURRENTLY, CALL of a procedure that commits, several statements); at least once.';
 COMMENT ON COLUMN tide.task.long IS 'The command does one batch per call and returns the next checkpoint (jsonb; NULL when done); pg_tide calls it until done.';
 COMMENT ON COLUMN tide.task.batch_rate IS 'Long tasks: at most this many batches per second.';
 COMMENT ON COLUMN tide.task.batch_pause IS 'Long tasks: time to wait between two batches.';
@@ -258,6 +260,16 @@ BEGIN
         RAISE EXCEPTION 'task "%": long => true needs an SQL command', t.name
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'the command does one batch and returns the next checkpoint; external workers of long runs send progress with tide.heartbeat_run instead';
+    END IF;
+    IF t.top_level AND t.command IS NULL THEN
+        RAISE EXCEPTION 'task "%": top_level => true needs an SQL command', t.name
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'top_level runs the command outside a transaction block, as pg_cron does; give the task a command';
+    END IF;
+    IF t.top_level AND t.long THEN
+        RAISE EXCEPTION 'task "%": long and top_level cannot be combined', t.name
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'a long task commits each batch with its checkpoint in one transaction; a top-level command manages its own transactions';
     END IF;
     IF (t.batch_rate IS NOT NULL OR t.batch_pause IS NOT NULL) AND NOT t.long THEN
         RAISE EXCEPTION 'task "%": batch_rate and batch_pause apply to long tasks only', t.name

@@ -122,13 +122,14 @@ fn exec_args(o: &ExecOptions) -> Vec<DatumWithOid<'static>> {
         o.lock_key.clone().into(),
         o.topics.clone().into(),
         o.long.into(),
+        o.top_level.into(),
         o.batch_rate.into(),
         interval_of(o.batch_pause).into(),
     ]
 }
 
 /// Column names and casts for `exec_args`, starting at parameter `$first`.
-const EXEC_COLUMNS: [(&str, &str); 24] = [
+const EXEC_COLUMNS: [(&str, &str); 25] = [
     ("timeout", ""),
     ("lease", ""),
     ("priority", ""),
@@ -151,6 +152,7 @@ const EXEC_COLUMNS: [(&str, &str); 24] = [
     ("lock_key", ""),
     ("topics", "::text[]"),
     ("long", ""),
+    ("top_level", ""),
     ("batch_rate", ""),
     ("batch_pause", ""),
 ];
@@ -174,6 +176,7 @@ struct Guarantees<'a> {
     lock_key: Option<&'a str>,
     topics: Option<Vec<Option<String>>>,
     long: Option<bool>,
+    top_level: Option<bool>,
     batch_rate: Option<f64>,
     batch_pause: Option<Interval>,
 }
@@ -235,6 +238,7 @@ fn exec_options(
             .topics
             .map(|t| t.into_iter().map(Option::unwrap_or_default).collect()),
         long: guarantees.long,
+        top_level: guarantees.top_level,
         batch_rate: guarantees.batch_rate,
         batch_pause: span(guarantees.batch_pause),
     }
@@ -280,6 +284,7 @@ fn schedule(
     lock_key: default!(Option<&str>, "NULL"),
     topics: default!(Option<Vec<Option<String>>>, "'{}'"),
     long: default!(Option<bool>, false),
+    top_level: default!(Option<bool>, false),
     batch_rate: default!(Option<f64>, "NULL"),
     batch_pause: default!(Option<Interval>, "NULL"),
     replace: default!(Option<bool>, false),
@@ -312,6 +317,7 @@ fn schedule(
             lock_key,
             topics: Some(required(topics, "topics", F)),
             long: Some(required(long, "long", F)),
+            top_level: Some(required(top_level, "top_level", F)),
             batch_rate,
             batch_pause,
         },
@@ -484,6 +490,7 @@ fn alter(
     lock_key: default!(Option<&str>, "NULL"),
     topics: default!(Option<Vec<Option<String>>>, "NULL"),
     long: default!(Option<bool>, "NULL"),
+    top_level: default!(Option<bool>, "NULL"),
     batch_rate: default!(Option<f64>, "NULL"),
     batch_pause: default!(Option<Interval>, "NULL"),
 ) -> i32 {
@@ -514,6 +521,7 @@ fn alter(
             lock_key,
             topics,
             long,
+            top_level,
             batch_rate,
             batch_pause,
         },

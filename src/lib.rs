@@ -29,6 +29,7 @@ mod timeline;
 
 // Settings and background workers.
 mod settings;
+mod toplevel;
 mod worker;
 
 ::pgrx::pg_module_magic!(name, version);

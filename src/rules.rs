@@ -301,6 +301,7 @@ pub struct ExecOptions {
     pub lock_key: Option<String>,
     pub topics: Option<Vec<String>>,
     pub long: Option<bool>,
+    pub top_level: Option<bool>,
     pub batch_rate: Option<f64>,
     pub batch_pause: Option<Span>,
 }

@@ -224,6 +224,18 @@ fn seal_abort(key: Option<i64>) {
     clean_session();
 }
 
+/// A top-level command (see `toplevel.rs`) starts: its run is the run context of its statements.
+pub fn enter_top_level(run_id: i64) {
+    CURRENT_RUN.with(|r| r.set(Some(run_id)));
+    REPORTED.with(|r| r.set(None));
+}
+
+/// A top-level command ended: forgets the run context, returns what it passed to `tide.report`.
+pub fn leave_top_level() -> (Option<i64>, Option<i64>) {
+    CURRENT_RUN.with(|r| r.set(None));
+    REPORTED.with(|r| r.take()).unwrap_or((None, None))
+}
+
 /// Inside a task's command or readiness check: the id of the run being executed; NULL
 /// elsewhere. Set by pg_tide's executor while the run's code runs, not by any setting.
 #[pg_extern(stable, parallel_restricted, schema = "tide")]

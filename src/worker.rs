@@ -91,7 +91,7 @@ fn start(name: &str) {
 
 /// Runs `body` in its own transaction. An error is logged and the transaction rolled back; the
 /// worker goes on with the error's message.
-fn in_transaction<R>(what: &str, body: impl FnOnce() -> R) -> Result<R, String> {
+pub(crate) fn in_transaction<R>(what: &str, body: impl FnOnce() -> R) -> Result<R, String> {
     // SAFETY: the standard sequence for a worker's own transaction, as in worker_spi.c.
     unsafe {
         pg_sys::SetCurrentStatementStartTimestamp();
@@ -224,6 +224,24 @@ fn execute_one(worker: &str) -> bool {
             .or_raise(F)
         });
         debug1!("pg_tide: run {} {:?}", run.run_id, outcome);
+        if matches!(outcome.as_ref(), Ok(Some(answer)) if answer == "top_level") {
+            // Run by a worker of its own, outside any transaction block (toplevel.rs); a
+            // worker that could not start, or ended without recording the outcome, leaves
+            // the run to be failed here as lost (and retried).
+            let why = match crate::toplevel::run(run.run_id, run.token) {
+                Ok(()) => "the top-level command's worker ended without recording the outcome".to_string(),
+                Err(message) => message,
+            };
+            in_transaction("top-level check", || {
+                Spi::run_with_args(
+                    "SELECT tide._abandon($1, $2, $3)",
+                    &[run.run_id.into(), run.token.into(), why.into()],
+                )
+                .or_raise(F)
+            })
+            .ok();
+            break;
+        }
         match outcome {
             Ok(answer) => {
                 let Some(delay) = answer.as_deref().and_then(more_after) else {

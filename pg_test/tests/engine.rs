@@ -1680,8 +1680,104 @@ fn enqueued_sql_runs_are_executed(cluster: &Cluster) -> Result<(), Failed> {
     Ok(())
 }
 
+/// Top-level commands (top_level => true) run outside any transaction block, as pg_cron runs
+/// them: VACUUM, CREATE INDEX CONCURRENTLY and several statements in one string, as the task's
+/// owner, with the run context; what the owner may not do fails with the server's own error.
+fn top_level_commands_run_outside_a_transaction(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "DROP ROLE IF EXISTS tl_owner; CREATE ROLE tl_owner LOGIN;
+         GRANT CREATE ON SCHEMA public TO tl_owner;
+         CREATE TABLE tl_theirs (i integer);
+         SET ROLE tl_owner;
+         CREATE TABLE tl_mine (i integer);
+         CREATE TABLE tl_who (who text, session_who text);
+         CREATE TABLE tl_batches (n integer);
+         CREATE PROCEDURE tl_in_batches() LANGUAGE plpgsql AS $$
+         BEGIN
+             INSERT INTO tl_batches VALUES (1);
+             COMMIT;
+             INSERT INTO tl_batches VALUES (2);
+             COMMIT;
+         END $$;
+         INSERT INTO tl_mine SELECT generate_series(1, 1000);
+         DELETE FROM tl_mine WHERE i % 2 = 0;
+         RESET ROLE;",
+    )?;
+    let mut owner = cluster.connect_as(pg_tide_pg_test::WORKERS_DB, "tl_owner")?;
+    exec(
+        &mut owner,
+        "SELECT tide.schedule('tl_vacuum', '0 0 1 1 *', top_level => true, command =>
+             'VACUUM tl_mine; CREATE INDEX CONCURRENTLY IF NOT EXISTS tl_mine_i ON tl_mine (i);
+              INSERT INTO tl_who VALUES (current_user, session_user); CALL tl_in_batches();
+              SELECT tide.report(2, 2)');
+         SELECT tide.schedule('tl_forbidden', '0 0 1 1 *', top_level => true,
+                              command => 'CREATE INDEX CONCURRENTLY ON tl_theirs (i)');
+         SELECT tide.schedule('tl_escape', '0 0 1 1 *', top_level => true,
+                              command => 'SET ROLE postgres');
+         SELECT tide.run_now('tl_vacuum'); SELECT tide.run_now('tl_forbidden'); SELECT tide.run_now('tl_escape');",
+    )?;
+    let settled = |c: &mut Client| -> Result<String, String> {
+        c.query_one(
+            "SELECT string_agg(t.name || ':' || r.state, ' ' ORDER BY t.name) FROM tide.run r JOIN tide.task t USING (task_id)
+              WHERE t.name LIKE 'tl\\_%' AND r.state IN ('succeeded', 'dead', 'need_check')",
+            &[],
+        )
+        .map(|r| r.get::<_, Option<String>>(0).unwrap_or_default())
+        .map_err(|e| pg_tide_pg_test::describe(&e))
+    };
+    let states = wait_for("three top-level runs to end", Duration::from_secs(60), || {
+        let s = settled(&mut c)?;
+        Ok((s.split(' ').count() == 3).then_some(s))
+    })?;
+    assert_eq!(states, "tl_escape:dead tl_forbidden:dead tl_vacuum:succeeded");
+    let done: String = one(
+        &mut c,
+        "SELECT concat_ws('|', r.result->>'statements', r.expected, r.actual,
+                          (SELECT last_vacuum IS NOT NULL FROM pg_stat_user_tables WHERE relname = 'tl_mine'),
+                          (SELECT count(*) FROM pg_indexes WHERE indexname = 'tl_mine_i'),
+                          (SELECT who || '/' || session_who FROM tl_who),
+                          (SELECT string_agg(n::text, ',' ORDER BY n) FROM tl_batches))
+           FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'tl_vacuum'",
+    )?;
+    assert_eq!(
+        done, "5|2|2|t|1|tl_owner/postgres|1,2",
+        "5 statements, the report, VACUUM, the index and a procedure that commits, as the owner"
+    );
+    let errors: String = one(
+        &mut c,
+        "SELECT string_agg(t.name || '=' || r.last_error, ' | ' ORDER BY t.name) FROM tide.run r JOIN tide.task t USING (task_id)
+          WHERE t.name IN ('tl_forbidden', 'tl_escape')",
+    )?;
+    assert!(errors.contains("tl_forbidden=must be owner of table tl_theirs"), "{errors}");
+    assert!(errors.contains("tl_escape=cannot set parameter \"role\""), "{errors}");
+    let indexes: i64 = one(&mut c, "SELECT count(*) FROM pg_indexes WHERE tablename = 'tl_theirs'")?;
+    assert_eq!(indexes, 0);
+    // A top-level command needs a command, and is not a long task.
+    for sql in [
+        "SELECT tide.schedule('tl_bad', '@daily', top_level => true)",
+        "SELECT tide.schedule('tl_bad', '@daily', 'SELECT NULL::jsonb', top_level => true, long => true)",
+        "SELECT tide.schedule('tl_bad', '@daily', 'VACUUM', top_level => NULL)",
+    ] {
+        let (code, message, hint) = refused(&mut owner, sql)?;
+        assert!(code == "22023" || code == "22004", "{sql}: {code} {message}");
+        assert!(message.contains("top_level"), "{sql}: {message}");
+        assert!(!hint.is_empty(), "{sql}");
+    }
+    exec(
+        &mut owner,
+        "SELECT tide.unschedule('tl_vacuum'); SELECT tide.unschedule('tl_forbidden'); SELECT tide.unschedule('tl_escape');",
+    )?;
+    Ok(())
+}
+
 fn main() {
     let tests: &[(&str, TestFn)] = &[
+        (
+            "workers_top_level_commands_run_outside_a_transaction",
+            top_level_commands_run_outside_a_transaction,
+        ),
         (
             "enqueue_creates_one_off_and_delayed_runs",
             enqueue_creates_one_off_and_delayed_runs,
