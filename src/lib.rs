@@ -29,6 +29,7 @@ mod timeline;
 
 // Settings and background workers.
 mod settings;
+mod import;
 mod toplevel;
 mod worker;
 
@@ -73,6 +74,8 @@ mod tide {}
 // Queues with limits: tide.create_queue, pause_queue, resume_queue, drop_queue; the claim's
 // queue admission and the retry budget.
 ::pgrx::extension_sql_file!("../sql/queues.sql", name = "queues", requires = ["locks"]);
+// Moving over from pg_cron: tide.import_pg_cron.
+::pgrx::extension_sql_file!("../sql/import.sql", name = "import", requires = ["execution"]);
 // One-off and delayed jobs: tide.enqueue.
 ::pgrx::extension_sql_file!("../sql/jobs.sql", name = "jobs", requires = ["locks"]);
 // Monitoring: health, heartbeat checks, alerts, metrics, run log lines, explain, retention.

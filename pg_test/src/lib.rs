@@ -47,8 +47,13 @@ pub fn refused(c: &mut Client, sql: &str) -> Result<(String, String, String), Fa
 /// Starts one cluster (tagged `name`), runs `tests` against it one at a time, stops it and
 /// exits with libtest's status.
 pub fn run_tests(name: &str, tests: &[(&'static str, TestFn)]) -> ! {
+    run_tests_with(name, "", tests)
+}
+
+/// As `run_tests`, with more lines for the cluster's postgresql.conf.
+pub fn run_tests_with(name: &str, conf: &str, tests: &[(&'static str, TestFn)]) -> ! {
     let args = libtest_mimic::Arguments::from_args();
-    let cluster = match Cluster::start(name) {
+    let cluster = match Cluster::start_with(name, conf) {
         Ok(c) => std::sync::Arc::new(c),
         Err(e) => {
             eprintln!("could not start a PostgreSQL cluster with pg_tide preloaded:\n{e}");
@@ -149,6 +154,11 @@ pub struct Cluster {
 impl Cluster {
     /// initdb + start, with pg_tide preloaded. `name` tags the data directory.
     pub fn start(name: &str) -> Result<Cluster, String> {
+        Self::start_with(name, "")
+    }
+
+    /// As `start`, with more lines for postgresql.conf (later lines win).
+    pub fn start_with(name: &str, extra: &str) -> Result<Cluster, String> {
         let data_dir = PathBuf::from(format!(
             "/tmp/pg_tide-pg_test-{name}-{}",
             std::process::id()
@@ -179,7 +189,7 @@ impl Cluster {
             "\n# pg_tide pg_test\nport = {port}\nlisten_addresses = '127.0.0.1'\n\
              unix_socket_directories = '/tmp'\nshared_preload_libraries = 'pg_tide'\n\
              fsync = off\nlog_min_messages = warning\n\
-             pg_tide.database = '{WORKERS_DB}'\npg_tide.tick_interval = 200\npg_tide.executors = 2\n"
+             pg_tide.database = '{WORKERS_DB}'\npg_tide.tick_interval = 200\npg_tide.executors = 2\n{extra}\n"
         );
         append(&data_dir.join("postgresql.conf"), &conf)?;
         let cluster = Cluster { data_dir, port };
