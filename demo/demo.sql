@@ -207,6 +207,56 @@ SELECT run_id, state, batches, checkpoint, (SELECT count(region) FROM demo_event
   FROM tide.run WHERE run_id = :long_run;
 
 \echo
+\echo '== Coming from pg_cron: two pg_cron jobs, the report of what they become, then the import'
+CREATE EXTENSION pg_cron;
+CREATE TABLE demo_sessions (id int PRIMARY KEY, expires_at timestamptz);
+SELECT cron.schedule('nightly-vacuum', '30 3 * * *', 'VACUUM (ANALYZE) demo_events') AS jobid;
+SELECT cron.schedule('purge-sessions', '*/10 * * * *', 'DELETE FROM demo_sessions WHERE expires_at < now()') AS jobid;
+SELECT jobid, jobname, task, schedule, tz, top_level, action FROM tide.import_pg_cron();
+\echo '   apply: the tasks are created and the jobs leave pg_cron, in one transaction'
+SELECT task, action FROM tide.import_pg_cron(apply => true);
+SELECT count(*) AS jobs_left_in_pg_cron FROM cron.job;
+\echo '   the imported VACUUM runs now at top level (outside any transaction block), recorded like any run:'
+SELECT tide.run_now('nightly-vacuum') AS vac_run \gset
+CALL demo_wait($$(SELECT state IN ('succeeded', 'dead') FROM tide.run WHERE run_id = $$ || :vac_run || $$)$$);
+SELECT r.state, r.result, s.last_vacuum IS NOT NULL AS demo_events_vacuumed
+  FROM tide.run r, pg_stat_user_tables s WHERE r.run_id = :vac_run AND s.relname = 'demo_events';
+
+\echo
+\echo '== One-off and delayed jobs: an invoice mail now, its reminder in 3 seconds, 20 statements in one call'
+CREATE TABLE demo_mails (n serial, recipient text, kind text, sent_at timestamptz);
+SELECT tide.schedule('send_mail', NULL, topics => ARRAY['mail.none'],
+    command => $$INSERT INTO demo_mails (recipient, kind, sent_at)
+                 VALUES (tide.args()->>'to', tide.args()->>'kind', clock_timestamp())$$);
+SELECT tide.enqueue('send_mail', '{"to": "ana@example.com", "kind": "invoice"}') AS invoice_run;
+SELECT tide.enqueue('send_mail', '{"to": "ana@example.com", "kind": "reminder"}',
+                    run_at => now() + interval '3 seconds', dedupe_key => 'reminder:ana:2026-11') AS reminder_run \gset
+\echo '   enqueued again with the same dedupe key: the same run, nothing new'
+SELECT tide.enqueue('send_mail', '{"to": "ana@example.com", "kind": "reminder"}', dedupe_key => 'reminder:ana:2026-11') = :reminder_run AS same_run;
+SELECT count(*) AS statements_enqueued FROM tide.enqueue('send_mail',
+    (SELECT jsonb_agg(jsonb_build_object('to', 'customer' || g || '@example.com', 'kind', 'statement'))
+       FROM generate_series(1, 20) g));
+CALL demo_wait($$(SELECT count(*) = 22 FROM demo_mails)$$);
+SELECT kind, count(*) AS sent FROM demo_mails GROUP BY kind ORDER BY kind;
+SELECT r.trigger, r.state, to_char(m.sent_at - r.created_at, 'SS.MS" s after enqueue"') AS reminder_sent
+  FROM tide.run r, demo_mails m WHERE r.run_id = :reminder_run AND m.kind = 'reminder';
+
+\echo
+\echo '== A queue limit holding: the partner API takes one call at a time, whichever executor runs it'
+CREATE TABLE demo_calls (n int PRIMARY KEY, started timestamptz, ended timestamptz);
+SELECT tide.create_queue('partner_api', max_concurrency => 1, retry_budget => 20, retry_window => '10 minutes');
+SELECT tide.schedule('call_partner', NULL, topics => ARRAY['partner.none'], queue => 'partner_api',
+    command => $$INSERT INTO demo_calls SELECT s.n, s.started, clock_timestamp()
+                   FROM (SELECT (tide.args()->>'n')::int AS n, clock_timestamp() AS started, pg_sleep(0.3)) s$$);
+SELECT count(*) AS calls_enqueued FROM tide.enqueue('call_partner',
+    (SELECT jsonb_agg(jsonb_build_object('n', g)) FROM generate_series(1, 6) g));
+CALL demo_wait($$(SELECT count(*) = 6 FROM demo_calls)$$);
+SELECT count(*) AS calls, (SELECT count(*) FROM demo_calls a JOIN demo_calls b ON a.n < b.n
+                            WHERE a.started < b.ended AND b.started < a.ended) AS overlapping_calls
+  FROM demo_calls;
+SELECT name, max_concurrency, retry_budget, retry_window FROM tide.queue;
+
+\echo
 \echo '== Monitoring: a partner import keeps failing; the tick opens an alert (and NOTIFYs pg_tide_alert)'
 SELECT tide.schedule('partner_import', '0 4 * * *', biz_window => 'day',
     command => $$SELECT tide.business_error('partner file for ' || tide.biz_date() || ' is malformed')$$);

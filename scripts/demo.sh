@@ -16,7 +16,9 @@ DB=pg_tide_demo
 
 bash scripts/setup.sh
 install_release
-start_cluster "$DATA" "$PORT" "$DB"
+# pg_cron beside pg_tide, for the import of pg_cron jobs the demo shows.
+start_cluster "$DATA" "$PORT" "$DB" "shared_preload_libraries = 'pg_tide,pg_cron'
+cron.database_name = '$DB'"
 
 PSQL=("$BIN/psql" -X -h 127.0.0.1 -p "$PORT" -U postgres)
 "${PSQL[@]}" -q -d postgres -c "CREATE DATABASE $DB"

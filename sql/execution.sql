@@ -334,11 +334,11 @@ BEGIN
     END IF;
     IF short THEN
         UPDATE tide.pending p SET state = 'need_check', due_at = NULL WHERE p.run_id = complete_run.run_id
-        RETURNING p.gated OR tide._queue_limited(p.owner, p.queue) INTO gated;
+        RETURNING p.gated INTO gated;
     ELSE
-        DELETE FROM tide.pending p WHERE p.run_id = complete_run.run_id RETURNING p.gated OR tide._queue_limited(p.owner, p.queue) INTO gated;
+        DELETE FROM tide.pending p WHERE p.run_id = complete_run.run_id RETURNING p.gated INTO gated;
     END IF;
-    IF gated THEN
+    IF gated OR EXISTS (SELECT 1 FROM tide.queue_slot s WHERE s.run_id = complete_run.run_id) THEN
         PERFORM tide._release(ARRAY[complete_run.run_id]);
     END IF;
     INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner, attempt, worker, lease_token,
@@ -397,8 +397,7 @@ BEGIN
           FROM input i
          WHERE r.run_id = i.run_id AND r.lease_token = i.token AND r.state = 'running'
            AND (any_owner OR r.owner = caller OR tide._may_act(r.owner))
-        RETURNING r.run_id, r.attempts, r.reason, r.owner, r.lease_owner, r.lease_token, r.claimed_at,
-                  r.gated OR tide._queue_limited(r.owner, r.queue) AS gated
+        RETURNING r.run_id, r.attempts, r.reason, r.owner, r.lease_owner, r.lease_token, r.claimed_at, r.gated
     ), done_pending AS (
         DELETE FROM tide.pending p USING done_run d WHERE p.run_id = d.run_id
     ), history AS (
@@ -421,6 +420,10 @@ BEGIN
         END IF;
         RAISE EXCEPTION 'run_ids must not repeat a run' USING ERRCODE = 'invalid_parameter_value',
             HINT = 'complete each claimed run once';
+    END IF;
+    -- Runs holding a queue's slot give it back too (tide.queue_slot).
+    IF EXISTS (SELECT 1 FROM tide.queue_slot s WHERE s.run_id = ANY (done_ids)) THEN
+        gated_ids := ARRAY(SELECT DISTINCT x FROM unnest(coalesce(gated_ids, '{}') || done_ids) x);
     END IF;
     IF gated_ids IS NOT NULL THEN
         PERFORM tide._release(gated_ids);
@@ -1116,7 +1119,7 @@ DECLARE
     n integer;
 BEGIN
     FOREACH step IN ARRAY ARRAY['unparked', 'retried', 'executor_gone', 'taken_back', 'released',
-                                'not_ready_deadline', 'effects_taken_back'] LOOP
+                                'not_ready_deadline', 'effects_taken_back', 'slots_freed'] LOOP
         BEGIN
             n := tide._tick_step(step, p_now);
         EXCEPTION WHEN others THEN
@@ -1241,6 +1244,19 @@ BEGIN
         END LOOP;
     WHEN 'effects_taken_back' THEN
         n := tide._tick_effects(p_now);
+    WHEN 'slots_freed' THEN
+        -- Queue slots still held by runs that ended (their release was skipped: the queue's
+        -- limit was removed while they ran, say) are free again. Slots a claim is taking right
+        -- now are locked, and skipped.
+        UPDATE tide.queue_slot s SET run_id = NULL
+         WHERE (s.owner, s.queue, s.slot) IN (
+               SELECT x.owner, x.queue, x.slot FROM tide.queue_slot x
+                WHERE x.run_id IS NOT NULL
+                  AND NOT EXISTS (SELECT 1 FROM tide.run r
+                                   WHERE r.run_id = x.run_id
+                                     AND r.state NOT IN ('succeeded', 'dead', 'cancelled', 'skipped', 'need_check'))
+                  FOR UPDATE SKIP LOCKED);
+        GET DIAGNOSTICS n = ROW_COUNT;
     END CASE;
     RETURN n;
 END

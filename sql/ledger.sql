@@ -189,11 +189,11 @@ CREATE INDEX pending_gate_idx ON tide.pending (gate, run_id) WHERE gate IS NOT N
 CREATE INDEX pending_lock_idx ON tide.pending (lock_key, run_id) WHERE lock_key IS NOT NULL;
 CREATE INDEX pending_gated_task_idx ON tide.pending (task_id, run_id) WHERE gated;
 CREATE INDEX pending_parked_idx ON tide.pending (due_at) WHERE parked;
--- The tick's scans: due retries and waiting runs by time; running runs (whose leases it checks,
--- and which a queue's max_concurrency counts) by queue, owner and id, since every claim inserts
--- here and time-ordered keys would make all claimers insert into the same index page.
+-- The tick's scans: due retries and waiting runs by time; running runs (whose leases it checks)
+-- by id, since every claim inserts here and time-ordered keys would make all claimers insert
+-- into the same index page.
 CREATE INDEX pending_due_idx ON tide.pending (due_at) WHERE state IN ('retry', 'waiting');
-CREATE INDEX pending_running_idx ON tide.pending (queue, owner, run_id) WHERE state = 'running';
+CREATE INDEX pending_running_idx ON tide.pending (run_id) WHERE state = 'running';
 
 -- Keeps tide.pending in step with a run that changed (or was created) outside the hot paths.
 CREATE FUNCTION tide._sync_pending(r tide.run) RETURNS void
@@ -213,9 +213,10 @@ BEGIN
     ELSE
         DELETE FROM tide.pending p WHERE p.run_id = r.run_id;
     END IF;
-    IF r.state <> 'running' AND (r.gated OR tide._queue_limited(r.owner, r.queue)) THEN
-        -- A gated run (or one of a queue with a concurrency limit) that stopped running gives
-        -- back its lock and may let others go.
+    IF r.state <> 'running'
+       AND (r.gated OR EXISTS (SELECT 1 FROM tide.queue_slot s WHERE s.run_id = r.run_id)) THEN
+        -- A gated run (or one holding a queue's slot) that stopped running gives back its lock
+        -- (its slot) and may let others go.
         PERFORM tide._release(ARRAY[r.run_id]);
     END IF;
 END
@@ -365,11 +366,12 @@ BEGIN
     DELETE FROM tide.step s USING old_runs o WHERE s.run_id = o.run_id;
     DELETE FROM tide.pending p USING old_runs o WHERE p.run_id = o.run_id;
     DELETE FROM tide.lock l USING old_runs o WHERE l.run_id = o.run_id;
+    UPDATE tide.queue_slot q SET run_id = NULL FROM old_runs o WHERE q.run_id = o.run_id;
     RETURN NULL;
 END
 $$;
 COMMENT ON FUNCTION tide._run_deleted() IS
-    'Trigger: deleting runs deletes their history (with their attempts), steps and tide.pending rows (the foreign keys they do not have).';
+    'Trigger: deleting runs deletes their history (with their attempts), steps and tide.pending rows (the foreign keys they do not have), and frees their queue slots.';
 CREATE TRIGGER run_deleted AFTER DELETE ON tide.run
     REFERENCING OLD TABLE AS old_runs
     FOR EACH STATEMENT EXECUTE FUNCTION tide._run_deleted();
