@@ -172,7 +172,7 @@ emit_tx_ms=$(one_tx_ms "$tmp/emit_one_tx.sql")
 base_tx_ms=$(one_tx_ms "$tmp/base_one_tx.sql")
 emit_tps=$(tps "$tmp/emit.sql" 1 2000)
 base_emit_tps=$(tps "$tmp/base_emit.sql" 1 2000)
-# Event claim + complete_many at batch 50, on emitted runs.
+# Event claim + complete_runs at batch 50, on emitted runs.
 cat > "$tmp/event_many.sql" <<'SQL'
 SELECT array_agg(run_id)::text AS ids, array_agg(lease_token)::text AS tokens
   FROM tide.claim_runs('bench_ev', 'bench', :batch) \gset
@@ -195,13 +195,13 @@ pct() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f%%", 100 * a / b }'; }
 echo
 echo "==> claim + complete, $CLIENTS clients (runs per second, best of 3 rounds)"
 printf '%-46s %10s %10s %7s\n' "batch, completion" pg_tide baseline ratio
-for row in "1 tide_1 complete" "50 tide_50 complete" "50 many_50 complete_many" "50 queued_50 complete_many,+queue+max_concurrency" "50 logged_50 complete_many,+log_runs+=+log"; do
+for row in "1 tide_1 complete_run" "50 tide_50 complete_run" "50 many_50 complete_runs" "50 queued_50 complete_runs,+queue+max_concurrency" "50 logged_50 complete_runs,+log_runs+=+log"; do
     set -- $row
     t=$(rate "${result[$2]}" "$1"); b=$(rate "${result[base_$1]}" "$1")
     printf '%-46s %10s %10s %7s\n' "$1, tide.${3//+/ }" "$t" "$b" "$(pct "$t" "$b")"
 done
 echo "(runs left unfinished by pg_tide: $left; target: batch 50 at least 50% of the baseline)"
-echo "queue max_concurrency at batch 50: $(pct "${result[queued_50]}" "${result[many_50]}") of complete_many without a queue (target: at least 87%, i.e. at most 15% added)"
+echo "queue max_concurrency at batch 50: $(pct "${result[queued_50]}" "${result[many_50]}") of complete_runs without a queue (target: at least 87%, i.e. at most 15% added)"
 echo
 echo "==> one tide.tick() with nothing due (average of 500, ms)"
 printf '%-22s %10s\n' "1 task (baseline)" "$tick_1" "10,000 idle tasks" "$tick_10k"
@@ -218,4 +218,4 @@ printf '%-46s %10s %10s %7s\n' "emit, 10,000 in one transaction (events/s)" "$e1
 e4=$(rate "$emit_tps" 1); b4=$(rate "$base_emit_tps" 1)
 printf '%-46s %10s %10s %7s\n' "emit, 1 per transaction, $CLIENTS clients (events/s)" "$e4" "$b4" "$(pct "$e4" "$b4")"
 t=$(rate "$event_50" 50); b=$(rate "$base_ev_50" 50)
-printf '%-46s %10s %10s %7s\n' "event claim + complete_many, batch 50 (runs/s)" "$t" "$b" "$(pct "$t" "$b")"
+printf '%-46s %10s %10s %7s\n' "event claim + complete_runs, batch 50 (runs/s)" "$t" "$b" "$(pct "$t" "$b")"

@@ -3,8 +3,9 @@
 # start a cluster with pg_tide preloaded and its workers, schedule realistic tasks, show their
 # fire times and business windows across DST, then watch real runs: on time, a retry, a dead
 # letter and its replay; event runs in per-key order under a lock; a long task in batches,
-# paused and resumed; then a failing task's alert, a heartbeat check and the dashboard. The
-# cluster is left running for you to explore.
+# paused and resumed; pg_cron jobs imported and a VACUUM run at top level; one-off and delayed
+# jobs; a queue limit holding; then a failing task's alert, a heartbeat check and the dashboard.
+# The cluster is left running for you to explore.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"

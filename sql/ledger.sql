@@ -213,10 +213,9 @@ BEGIN
     ELSE
         DELETE FROM tide.pending p WHERE p.run_id = r.run_id;
     END IF;
-    IF r.state <> 'running'
-       AND (r.gated OR EXISTS (SELECT 1 FROM tide.queue_slot s WHERE s.run_id = r.run_id)) THEN
-        -- A gated run (or one holding a queue's slot) that stopped running gives back its lock
-        -- (its slot) and may let others go.
+    IF r.state <> 'running' AND (r.gated OR tide._queue_limited(r.owner, r.queue)) THEN
+        -- A gated run (or one of a queue with a concurrency limit) that stopped running gives
+        -- back its lock and may let others go.
         PERFORM tide._release(ARRAY[r.run_id]);
     END IF;
 END
@@ -366,12 +365,11 @@ BEGIN
     DELETE FROM tide.step s USING old_runs o WHERE s.run_id = o.run_id;
     DELETE FROM tide.pending p USING old_runs o WHERE p.run_id = o.run_id;
     DELETE FROM tide.lock l USING old_runs o WHERE l.run_id = o.run_id;
-    UPDATE tide.queue_slot q SET run_id = NULL FROM old_runs o WHERE q.run_id = o.run_id;
     RETURN NULL;
 END
 $$;
 COMMENT ON FUNCTION tide._run_deleted() IS
-    'Trigger: deleting runs deletes their history (with their attempts), steps and tide.pending rows (the foreign keys they do not have), and frees their queue slots.';
+    'Trigger: deleting runs deletes their history (with their attempts), steps and tide.pending rows (the foreign keys they do not have).';
 CREATE TRIGGER run_deleted AFTER DELETE ON tide.run
     REFERENCING OLD TABLE AS old_runs
     FOR EACH STATEMENT EXECUTE FUNCTION tide._run_deleted();

@@ -264,13 +264,6 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     DELETE FROM tide.lock l WHERE l.run_id = ANY (p_run_ids);
-    -- Their queues' slots (tide.queue_slot): free again, or gone above a lowered limit.
-    IF EXISTS (SELECT 1 FROM tide.queue_slot s WHERE s.run_id = ANY (p_run_ids)) THEN
-        DELETE FROM tide.queue_slot s USING tide.queue q
-         WHERE s.run_id = ANY (p_run_ids) AND q.owner = s.owner AND q.name = s.queue
-           AND s.slot > coalesce(q.max_concurrency, 0);
-        UPDATE tide.queue_slot s SET run_id = NULL WHERE s.run_id = ANY (p_run_ids);
-    END IF;
     BEGIN
         PERFORM tide._wake(p_run_ids);
     EXCEPTION WHEN lock_not_available THEN
@@ -280,7 +273,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide._release(bigint[]) IS
-    'Internal: frees the locks and queue slots of runs that no longer run and wakes the runs waiting for them.';
+    'Internal: frees the locks of runs that no longer run and wakes the runs waiting for them.';
 
 -- Which of the claimed candidates may go; the others are parked, deferred or skipped. Called by
 -- tide._claim only when a candidate is gated. Each candidate is decided in its own

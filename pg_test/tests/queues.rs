@@ -70,6 +70,49 @@ fn max_concurrency_holds_for_external_workers(cluster: &Cluster) -> Result<(), F
     }
     assert!(held.is_empty());
 
+    // Two claims at once: the second one, having counted before the first committed, waits for
+    // the queue's lock at its end, counts again, and is undone: never more than the limit.
+    exec(
+        &mut c,
+        "SELECT count(*) FROM tide.enqueue('call_api', (SELECT jsonb_agg(jsonb_build_object('i', g)) FROM generate_series(1, 6) g));",
+    )?;
+    exec(&mut c, "BEGIN")?;
+    // (n => 2: a claim locks the candidates it looks at; the second claim must find others.)
+    let first_claim = claim(&mut c, "api", 2)?;
+    assert_eq!(first_claim.len(), 2);
+    let second_pid: i32 = one(&mut other, "SELECT pg_backend_pid()")?;
+    let racer = std::thread::spawn(move || claim(&mut other, "api", 10).map(|got| (got.len(), other)));
+    let mut watcher = cluster.connect("q_conc")?;
+    wait_for("the second claim to wait for the queue's lock", Duration::from_secs(30), || {
+        let waiting: bool = watcher
+            .query_one(
+                "SELECT coalesce(bool_or(wait_event_type = 'Lock'), false) FROM pg_stat_activity WHERE pid = $1",
+                &[&second_pid],
+            )
+            .map_err(|e| pg_tide_pg_test::describe(&e))?
+            .get(0);
+        Ok(waiting.then_some(()))
+    })?;
+    exec(&mut c, "COMMIT")?;
+    let (raced, mut other) = racer.join().map_err(|_| "the second claim panicked")??;
+    assert_eq!(raced, 0, "the second claim is undone: the first one holds both slots");
+    assert_eq!(running(&mut c, "api")?, 2);
+    complete(&mut c, &first_claim)?;
+    let rest = claim(&mut other, "api", 10)?;
+    assert_eq!(rest.len(), 2, "the slots freed, the parked runs go");
+    complete(&mut c, &rest)?;
+    // Work off the rest (each end wakes the next).
+    loop {
+        let got = claim(&mut other, "api", 10)?;
+        if got.is_empty() {
+            break;
+        }
+        assert!(got.len() <= 2);
+        complete(&mut c, &got)?;
+    }
+    let left: i64 = one(&mut c, "SELECT count(*) FROM tide.pending WHERE queue = 'api'")?;
+    assert_eq!(left, 0, "every run of the queue went");
+
     // A higher limit lets more go at once; dropping the queue removes the limit.
     exec(
         &mut c,
