@@ -398,12 +398,16 @@ BEGIN
     END IF;
     IF short THEN
         UPDATE tide.pending p SET state = 'need_check', due_at = NULL WHERE p.run_id = complete_run.run_id
-        RETURNING p.gated OR tide._queue_limited(p.owner, p.queue) INTO gated;
+        RETURNING p.gated INTO gated;
     ELSE
-        DELETE FROM tide.pending p WHERE p.run_id = complete_run.run_id RETURNING p.gated OR tide._queue_limited(p.owner, p.queue) INTO gated;
+        DELETE FROM tide.pending p WHERE p.run_id = complete_run.run_id RETURNING p.gated INTO gated;
     END IF;
     IF gated THEN
         PERFORM tide._release(ARRAY[complete_run.run_id]);
+    END IF;
+    IF EXISTS (SELECT 1 FROM tide.queue) THEN
+        -- A run of a queue with a max_concurrency frees room for its next (tide.queue).
+        PERFORM tide._wake_queues(ARRAY[complete_run.run_id]);
     END IF;
     INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner, attempt, worker, lease_token,
                                 claimed_at, outcome)
@@ -462,7 +466,7 @@ BEGIN
          WHERE r.run_id = i.run_id AND r.lease_token = i.token AND r.state = 'running'
            AND (any_owner OR r.owner = caller OR tide._may_act(r.owner))
         RETURNING r.run_id, r.attempts, r.reason, r.owner, r.lease_owner, r.lease_token, r.claimed_at,
-                  r.gated OR tide._queue_limited(r.owner, r.queue) AS gated
+                  r.gated
     ), done_pending AS (
         DELETE FROM tide.pending p USING done_run d WHERE p.run_id = d.run_id
     ), history AS (
@@ -488,6 +492,9 @@ BEGIN
     END IF;
     IF gated_ids IS NOT NULL THEN
         PERFORM tide._release(gated_ids);
+    END IF;
+    IF EXISTS (SELECT 1 FROM tide.queue) THEN
+        PERFORM tide._wake_queues(done_ids);
     END IF;
     PERFORM tide._log_runs('success', done_ids);
     RETURN cardinality(done_ids);
@@ -726,9 +733,7 @@ SET search_path = pg_catalog, pg_temp
 SET lock_timeout = '5s'
 AS $$
 BEGIN
-    PERFORM 1 FROM tide.run x
-     WHERE x.run_id = p_run_id AND x.lease_token = p_token AND x.state = 'running' FOR UPDATE;
-    IF NOT FOUND THEN
+    IF NOT tide._still_held(p_run_id, p_token) THEN
         RETURN 'fenced';
     END IF;
     IF p_sqlstate IS NULL THEN
@@ -741,6 +746,19 @@ END
 $$;
 COMMENT ON FUNCTION tide._top_level_finish(bigint, bigint, text, text, integer, bigint, bigint) IS
     'Internal: records the outcome of a top-level command (completed with its statement count, or failed by its SQLSTATE) if the claim still holds the run.';
+
+-- Whether a claim still holds its run (running, under its lease token), locking the run.
+CREATE FUNCTION tide._still_held(p_run_id bigint, p_token bigint) RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM 1 FROM tide.run x
+     WHERE x.run_id = p_run_id AND x.lease_token = p_token AND x.state = 'running' FOR UPDATE;
+    RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION tide._still_held(bigint, bigint) IS 'Internal: whether a claim still holds its run (locked for the caller''s change).';
 
 -- A task's timeout as the milliseconds of a statement timeout (at most 7 days: the bound
 -- tide.schedule enforces keeps it inside an int).
@@ -758,9 +776,7 @@ SET search_path = pg_catalog, pg_temp
 SET lock_timeout = '5s'
 AS $$
 BEGIN
-    PERFORM 1 FROM tide.run x
-     WHERE x.run_id = p_run_id AND x.lease_token = p_token AND x.state = 'running' FOR UPDATE;
-    IF FOUND THEN
+    IF tide._still_held(p_run_id, p_token) THEN
         PERFORM tide._fail(p_run_id, format('the executor could not finish the run: %s', p_error),
                            'transient', NULL, 'lost', now());
     END IF;

@@ -213,10 +213,13 @@ BEGIN
     ELSE
         DELETE FROM tide.pending p WHERE p.run_id = r.run_id;
     END IF;
-    IF r.state <> 'running' AND (r.gated OR tide._queue_limited(r.owner, r.queue)) THEN
-        -- A gated run (or one of a queue with a concurrency limit) that stopped running gives
-        -- back its lock and may let others go.
+    IF r.state <> 'running' AND r.gated THEN
+        -- A gated run that stopped running gives back its lock and may let others go.
         PERFORM tide._release(ARRAY[r.run_id]);
+    END IF;
+    IF r.state <> 'running' AND EXISTS (SELECT 1 FROM tide.queue) THEN
+        -- And one of a queue with a max_concurrency frees room (tide.queue).
+        PERFORM tide._wake_queues(ARRAY[r.run_id]);
     END IF;
 END
 $$;

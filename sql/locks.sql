@@ -241,11 +241,6 @@ BEGIN
         SELECT array_agg(w.run_id) INTO more FROM w;
         woken := woken || coalesce(more, '{}');
     END LOOP;
-    -- Slots of queues with a concurrency limit (tide.queue).
-    FOR rec IN SELECT DISTINCT r.owner, r.queue FROM tide.run r
-                WHERE r.run_id = ANY (p_run_ids) AND tide._queue_limited(r.owner, r.queue) LOOP
-        PERFORM tide._wake_queue(rec.owner, rec.queue);
-    END LOOP;
     IF cardinality(woken) > 0 THEN
         PERFORM pg_notify('pg_tide_ready', q.queue)
            FROM (SELECT DISTINCT p.queue FROM tide.pending p WHERE p.run_id = ANY (woken)) q;

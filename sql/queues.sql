@@ -173,6 +173,31 @@ AS $$ SELECT tide._set_queue_paused(name, false) $$;
 COMMENT ON FUNCTION tide.resume_queue(text) IS
     'resume_queue(name): lets the runs of a paused queue start again; false if it was not paused.';
 
+-- How many runs of a role's queue are running (its own claim's uncommitted ones included).
+CREATE FUNCTION tide._queue_running(p_owner name, p_queue text) RETURNS bigint
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT count(*) FROM tide.pending x WHERE x.queue = p_queue AND x.owner = p_owner AND x.state = 'running'
+$$;
+COMMENT ON FUNCTION tide._queue_running(name, text) IS 'Internal: the running runs of a queue.';
+
+-- Locks the queues of some runs that have a rate (p_rate) or a max_concurrency (not p_rate),
+-- in a fixed order, until the transaction ends.
+CREATE FUNCTION tide._lock_queues(p_ids bigint[], p_rate boolean) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM 1 FROM tide.queue q
+     WHERE (q.owner, q.name) IN (SELECT p.owner, p.queue FROM tide.pending p WHERE p.run_id = ANY (p_ids))
+       AND CASE WHEN p_rate THEN q.rate IS NOT NULL ELSE q.max_concurrency IS NOT NULL END
+     ORDER BY q.owner, q.name
+       FOR NO KEY UPDATE;
+END
+$$;
+COMMENT ON FUNCTION tide._lock_queues(bigint[], boolean) IS 'Internal: locks the rate-limited (or concurrency-limited) queues of some runs.';
+
 -- Runs of a queue parked for its limits look again now (a limit was raised, a slot or the
 -- queue freed): as many as could start.
 CREATE FUNCTION tide._wake_queue(p_owner name, p_queue text) RETURNS integer
@@ -189,9 +214,7 @@ BEGIN
         RETURN 0;
     END IF;
     room := CASE WHEN q.max_concurrency IS NULL THEN 1000000
-                 ELSE greatest(0, q.max_concurrency - (SELECT count(*) FROM tide.pending x
-                                                        WHERE x.queue = p_queue AND x.owner = p_owner
-                                                          AND x.state = 'running')) END;
+                 ELSE greatest(0, q.max_concurrency - tide._queue_running(p_owner, p_queue)) END;
     WITH target AS (
         SELECT x.run_id FROM tide.pending x
          WHERE x.queue = p_queue AND x.owner = p_owner AND x.state = 'ready' AND x.parked
@@ -209,6 +232,28 @@ END
 $$;
 COMMENT ON FUNCTION tide._wake_queue(name, text) IS
     'Internal: unparks the runs of a queue that may start now (up to its free slots).';
+
+-- Runs that stopped running free room in their queues: the runs parked there look again (only
+-- queues with a max_concurrency, and only when some run is parked at all: most ends wake
+-- nobody).
+CREATE FUNCTION tide._wake_queues(p_run_ids bigint[]) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    rec record;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM tide.pending p WHERE p.parked) THEN
+        RETURN;
+    END IF;
+    FOR rec IN SELECT DISTINCT r.owner, r.queue FROM tide.run r
+                WHERE r.run_id = ANY (p_run_ids) AND tide._queue_limited(r.owner, r.queue) LOOP
+        PERFORM tide._wake_queue(rec.owner, rec.queue);
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION tide._wake_queues(bigint[]) IS
+    'Internal: wakes the runs parked in the queues (with a max_concurrency) of runs that stopped running.';
 
 -- Whether a run's queue has a concurrency limit (its end must wake who waits for a slot).
 -- Inlined into its callers: no SET clause; every name is qualified (scripts/pgspot.sh lists it).
@@ -234,11 +279,7 @@ AS $$
 DECLARE
     admitted bigint[];
 BEGIN
-    PERFORM 1 FROM tide.queue q
-     WHERE (q.owner, q.name) IN (SELECT p.owner, p.queue FROM tide.pending p WHERE p.run_id = ANY (p_ids))
-       AND q.rate IS NOT NULL
-     ORDER BY q.owner, q.name
-       FOR NO KEY UPDATE;
+    PERFORM tide._lock_queues(p_ids, true);
     WITH cand AS (
         SELECT p.run_id, p.owner, p.queue,
                row_number() OVER (PARTITION BY p.owner, p.queue ORDER BY p.priority DESC, p.run_id) AS k
@@ -246,8 +287,7 @@ BEGIN
     ), lim AS (
         SELECT q.owner, q.name, q.paused, q.rate, tide._queue_tokens(q, now()) AS tokens,
                CASE WHEN q.max_concurrency IS NULL THEN NULL
-                    ELSE q.max_concurrency - (SELECT count(*) FROM tide.pending x
-                                               WHERE x.queue = q.name AND x.owner = q.owner AND x.state = 'running') END AS slots
+                    ELSE q.max_concurrency - tide._queue_running(q.owner, q.name) END AS slots
           FROM tide.queue q
          WHERE (q.owner, q.name) IN (SELECT c.owner, c.queue FROM cand c)
     ), decided AS (
@@ -292,15 +332,10 @@ AS $$
 DECLARE
     over bigint[];
 BEGIN
-    PERFORM 1 FROM tide.queue q
-     WHERE (q.owner, q.name) IN (SELECT p.owner, p.queue FROM tide.pending p WHERE p.run_id = ANY (p_ids))
-       AND q.max_concurrency IS NOT NULL
-     ORDER BY q.owner, q.name
-       FOR NO KEY UPDATE;
+    PERFORM tide._lock_queues(p_ids, false);
     WITH lim AS (
         SELECT q.owner, q.name,
-               (SELECT count(*) FROM tide.pending x
-                 WHERE x.queue = q.name AND x.owner = q.owner AND x.state = 'running') - q.max_concurrency AS excess
+               tide._queue_running(q.owner, q.name) - q.max_concurrency AS excess
           FROM tide.queue q
          WHERE (q.owner, q.name) IN (SELECT p.owner, p.queue FROM tide.pending p WHERE p.run_id = ANY (p_ids))
            AND q.max_concurrency IS NOT NULL
