@@ -30,7 +30,6 @@ inlined=(
     "tide._max_silence(t tide.task)"
     "tide._silence_level(silence interval,max_silence interval)"
     "tide._logfmt(v text)"
-    "tide._queue_limited(p_owner name,p_queue text)"
 )
 args=()
 for f in "${inlined[@]}"; do args+=(--proc-without-search-path "$f"); done

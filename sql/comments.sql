@@ -19,6 +19,10 @@ COMMENT ON FUNCTION tide.rerun(text, date, timestamptz, text, boolean) IS
     'rerun(task, biz_date => NULL, window_start => NULL, version => NULL, force => false): creates or reopens the run of one business window, named by its business date or start. A succeeded window needs force => true; when the rules changed since, version => ''original'' or ''current'' must be chosen. Returns the run id.';
 COMMENT ON FUNCTION tide.run_now(text, date, text, boolean) IS
     'run_now(task, biz_date => NULL, version => NULL, force => false): runs a scheduled task now: the window of its latest fire at or before now (or of the business date given), through the same idempotency key as every run of that window. A run of it already in line is left as it is; a succeeded one needs force => true. Returns the run id.';
+COMMENT ON FUNCTION tide._needs_top_level(text) IS
+    'Internal (tide.import_pg_cron): whether a command must run at top level: several statements, or one PostgreSQL refuses in a transaction block or a function.';
+COMMENT ON FUNCTION tide._import_job(text, text, text, text, text, boolean, boolean) IS
+    'Internal (tide.import_pg_cron): creates one imported task through tide.schedule, called as the pg_cron job''s role, paused when the job was inactive.';
 COMMENT ON FUNCTION tide._args_ok(jsonb) IS
     'Internal: checks one run''s args given to tide.enqueue (a JSON object within the limits of a task''s args); true or a 22023 error.';
 COMMENT ON FUNCTION tide.backoff_delay(integer, interval, double precision, interval, text, double precision) IS

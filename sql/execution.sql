@@ -91,20 +91,11 @@ $$;
 COMMENT ON FUNCTION tide._refuse_stale(bigint, bigint, text) IS
     'Internal: raises the fencing error for a call with a stale lease token.';
 
--- What a claim returns for each run: its context, priority, owner and timeout.
-CREATE TYPE tide._claimed AS (
-    run_id bigint, lease_token bigint, lease_expires_at timestamptz, task text, args jsonb,
-    window_start timestamptz, window_end timestamptz, biz_date date, attempt integer,
-    version integer, checkpoint jsonb, trigger tide.run_trigger, dedupe_key text,
-    priority integer, owner name, timeout interval, topic text, event_key text, payload jsonb);
-COMMENT ON TYPE tide._claimed IS 'Internal: a claimed run''s context, as tide._claim returns it.';
-
--- The claim itself (tide._claim decides how queue limits are kept around it). p_limited: a
--- queue it takes from has limits, so its candidates go through tide._queue_admit first, and the
--- caller writes the start log lines once the claim is final.
-CREATE FUNCTION tide._claim_core(p_executor tide.executor, p_queue text, p_worker text, p_n integer,
-                                 p_lease interval, p_limited boolean)
-RETURNS SETOF tide._claimed
+CREATE FUNCTION tide._claim(p_executor tide.executor, p_queue text, p_worker text, p_n integer, p_lease interval)
+RETURNS TABLE (run_id bigint, lease_token bigint, lease_expires_at timestamptz, task text, args jsonb,
+               window_start timestamptz, window_end timestamptz, biz_date date, attempt integer,
+               version integer, checkpoint jsonb, trigger tide.run_trigger, dedupe_key text,
+               priority integer, owner name, timeout interval, topic text, event_key text, payload jsonb)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 -- Generic plans always: re-planning the claim statements for each call cost more than running
@@ -125,6 +116,9 @@ DECLARE
     -- A role claims only its own runs; a superuser (and pg_tide's executors) any role's.
     only_owner name := CASE WHEN tide._caller_is_superuser() THEN NULL ELSE tide._caller() END;
     is_sql boolean := p_executor = 'sql';
+    -- Whether a queue this claim may take from has limits (tide.queue): then its candidates
+    -- go through tide._queue_admit.
+    limited boolean;
 BEGIN
     IF p_queue IS NULL AND p_executor = 'external' THEN
         RAISE EXCEPTION 'queue must not be NULL' USING ERRCODE = 'null_value_not_allowed',
@@ -142,6 +136,8 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value', HINT = 'claim at most 1000 runs at a time; batches of 10 to 100 work well';
     END IF;
     PERFORM tide._bounded('lease', p_lease, false);
+    limited := EXISTS (SELECT 1 FROM tide.queue q
+                        WHERE (p_queue IS NULL OR q.name = p_queue) AND (only_owner IS NULL OR q.owner = only_owner));
     -- The candidates are fixed in an array first: a LIMIT subquery under FOR UPDATE SKIP LOCKED
     -- may be re-evaluated and claim more rows than asked. When every candidate has to wait (it
     -- is parked, out of the candidates, by tide._admit) the next ones are looked at, a few
@@ -167,13 +163,16 @@ BEGIN
         IF ids IS NULL THEN
             RETURN;
         END IF;
-        IF p_limited THEN
+        IF limited THEN
             -- Queue limits first (paused, max_concurrency, rate): the candidates they hold back
             -- are parked, and the next ones are looked at.
-            ids := tide._queue_admit(ids);
-            CONTINUE WHEN cardinality(ids) = 0;
-            SELECT array_agg(p.owner ORDER BY u.n), bool_or(p.gated) INTO owners, gated
-              FROM unnest(ids) WITH ORDINALITY AS u(id, n) JOIN tide.pending p ON p.run_id = u.id;
+            candidates := tide._queue_admit(ids);
+            CONTINUE WHEN cardinality(candidates) = 0;
+            IF cardinality(candidates) < cardinality(ids) THEN
+                ids := candidates;
+                SELECT array_agg(p.owner ORDER BY u.n), bool_or(p.gated) INTO owners, gated
+                  FROM unnest(ids) WITH ORDINALITY AS u(id, n) JOIN tide.pending p ON p.run_id = u.id;
+            END IF;
         END IF;
         -- One fencing token per claim: larger than any earlier claim's, so a run claimed again is
         -- never completed with an older one.
@@ -225,71 +224,11 @@ BEGIN
     ignored := set_config('tide.history', '', true);
     INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
     SELECT u.id, 'ready', 'running', why, u.who FROM unnest(ids, owners) AS u(id, who) ORDER BY u.id;
-    IF NOT p_limited THEN
-        PERFORM tide._log_runs('start', ids);
-    END IF;
-END
-$$;
-COMMENT ON FUNCTION tide._claim_core(tide.executor, text, text, integer, interval, boolean) IS
-    'Internal: claims runs (candidates, queue admission, serial groups, locks) and marks them running; tide._claim calls it.';
-
--- The one claim path of external workers and pg_tide's SQL executors. When a queue it takes
--- from has a max_concurrency, the limit is checked again after the claim, under the queue's
--- lock: claims of one queue overlap but for that check. If another claim got there first (the
--- limit would be passed), the claim is undone, its runs beyond the limit wait for a slot, and
--- it is made again.
-CREATE FUNCTION tide._claim(p_executor tide.executor, p_queue text, p_worker text, p_n integer, p_lease interval)
-RETURNS TABLE (run_id bigint, lease_token bigint, lease_expires_at timestamptz, task text, args jsonb,
-               window_start timestamptz, window_end timestamptz, biz_date date, attempt integer,
-               version integer, checkpoint jsonb, trigger tide.run_trigger, dedupe_key text,
-               priority integer, owner name, timeout interval, topic text, event_key text, payload jsonb)
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan
-SET lock_timeout = '1s'
-AS $$
-DECLARE
-    only_owner name := CASE WHEN tide._caller_is_superuser() THEN NULL ELSE tide._caller() END;
-    claimed tide._claimed[];
-    over bigint[];
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM tide.queue q
-                    WHERE (p_queue IS NULL OR q.name = p_queue) AND (only_owner IS NULL OR q.owner = only_owner)) THEN
-        RETURN QUERY SELECT * FROM tide._claim_core(p_executor, p_queue, p_worker, p_n, p_lease, false);
-        RETURN;
-    END IF;
-    FOR attempt IN 1..5 LOOP
-        BEGIN
-            SELECT array_agg(c) INTO claimed
-              FROM tide._claim_core(p_executor, p_queue, p_worker, p_n, p_lease, true) c;
-            over := tide._queue_over(ARRAY(SELECT (c).run_id FROM unnest(claimed) c));
-            IF cardinality(over) > 0 THEN
-                RAISE EXCEPTION USING ERRCODE = 'TDQ00';
-            END IF;
-            EXIT;
-        EXCEPTION
-            WHEN SQLSTATE 'TDQ00' THEN
-                -- Undone; the runs beyond the limit wait for a slot (a run of the queue that
-                -- ends wakes them).
-                claimed := NULL;
-                UPDATE tide.pending p SET parked = true, due_at = now() + tide._park_time()
-                 WHERE p.run_id = ANY (over) AND p.state = 'ready';
-            WHEN lock_not_available THEN
-                -- The queue is held by a claim that does not commit (a worker's open
-                -- transaction): undone, nothing claimed this time; the runs stay ready.
-                claimed := NULL;
-                EXIT;
-        END;
-    END LOOP;
-    IF claimed IS NULL THEN
-        RETURN;
-    END IF;
-    PERFORM tide._log_runs('start', ARRAY(SELECT (c).run_id FROM unnest(claimed) c));
-    RETURN QUERY SELECT (c).* FROM unnest(claimed) c;
+    PERFORM tide._log_runs('start', ids);
 END
 $$;
 COMMENT ON FUNCTION tide._claim(tide.executor, text, text, integer, interval) IS
-    'Internal: the one claim path of external workers and pg_tide''s SQL executors; returns the claim context with the run''s priority, owner and timeout. Keeps queue limits around tide._claim_core.';
+    'Internal: the one claim path of external workers and pg_tide''s SQL executors; returns the claim context with the run''s priority, owner and timeout.';
 
 CREATE FUNCTION tide.claim_runs(queue text DEFAULT 'default', worker text DEFAULT NULL, n integer DEFAULT 1,
                            lease interval DEFAULT NULL)
@@ -1196,7 +1135,7 @@ DECLARE
     n integer;
 BEGIN
     FOREACH step IN ARRAY ARRAY['unparked', 'retried', 'executor_gone', 'taken_back', 'released',
-                                'not_ready_deadline', 'effects_taken_back'] LOOP
+                                'not_ready_deadline', 'effects_taken_back', 'slots_freed'] LOOP
         BEGIN
             n := tide._tick_step(step, p_now);
         EXCEPTION WHEN others THEN
@@ -1321,6 +1260,18 @@ BEGIN
         END LOOP;
     WHEN 'effects_taken_back' THEN
         n := tide._tick_effects(p_now);
+    WHEN 'slots_freed' THEN
+        -- Queue slots still held by runs that ended without giving them back are free again.
+        -- Slots a claim is taking right now are locked, and skipped.
+        UPDATE tide.queue_slot s SET run_id = NULL
+         WHERE (s.owner, s.queue, s.slot) IN (
+               SELECT x.owner, x.queue, x.slot FROM tide.queue_slot x
+                WHERE x.run_id IS NOT NULL
+                  AND NOT EXISTS (SELECT 1 FROM tide.run r
+                                   WHERE r.run_id = x.run_id
+                                     AND r.state NOT IN ('succeeded', 'dead', 'cancelled', 'skipped', 'need_check'))
+                  FOR UPDATE SKIP LOCKED);
+        GET DIAGNOSTICS n = ROW_COUNT;
     END CASE;
     RETURN n;
 END

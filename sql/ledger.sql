@@ -368,11 +368,12 @@ BEGIN
     DELETE FROM tide.step s USING old_runs o WHERE s.run_id = o.run_id;
     DELETE FROM tide.pending p USING old_runs o WHERE p.run_id = o.run_id;
     DELETE FROM tide.lock l USING old_runs o WHERE l.run_id = o.run_id;
+    UPDATE tide.queue_slot q SET run_id = NULL FROM old_runs o WHERE q.run_id = o.run_id;
     RETURN NULL;
 END
 $$;
 COMMENT ON FUNCTION tide._run_deleted() IS
-    'Trigger: deleting runs deletes their history (with their attempts), steps and tide.pending rows (the foreign keys they do not have).';
+    'Trigger: deleting runs deletes their history (with their attempts), steps and tide.pending rows (the foreign keys they do not have), and frees their queue slots.';
 CREATE TRIGGER run_deleted AFTER DELETE ON tide.run
     REFERENCING OLD TABLE AS old_runs
     FOR EACH STATEMENT EXECUTE FUNCTION tide._run_deleted();

@@ -36,6 +36,72 @@ CREATE POLICY queue_owner ON tide.queue FOR SELECT USING (owner = current_user);
 GRANT SELECT ON tide.queue TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('tide.queue', '');
 
+-- A queue's concurrency slots: slots 1..max_concurrency, each free or held by one running run
+-- of the queue. A claim takes free slots with SKIP LOCKED, so claims of one queue go side by
+-- side (a count of running runs would have to be locked against every other claim up to its
+-- commit); a run that stops running gives its slot back. No index on run_id: taking and giving
+-- back a slot are HOT updates of a row found by its queue.
+CREATE TABLE tide.queue_slot (
+    owner  name NOT NULL,
+    queue  text NOT NULL,
+    slot   integer NOT NULL,
+    run_id bigint,
+    CONSTRAINT queue_slot_pkey PRIMARY KEY (owner, queue, slot),
+    CONSTRAINT queue_slot_queue_fkey FOREIGN KEY (owner, queue) REFERENCES tide.queue (owner, name) ON DELETE CASCADE
+) WITH (fillfactor = 50);
+COMMENT ON TABLE tide.queue_slot IS
+    'Concurrency slots of queues with a max_concurrency: free (run_id NULL) or held by a running run of the queue.';
+ALTER TABLE tide.queue_slot ENABLE ROW LEVEL SECURITY;
+CREATE POLICY queue_slot_owner ON tide.queue_slot FOR SELECT USING (owner = current_user);
+GRANT SELECT ON tide.queue_slot TO PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('tide.queue_slot', '');
+
+-- The slots of a queue after its limit was set: none without a limit; else slots 1..limit
+-- exist (slots above a lowered limit are never taken again), slots of runs that ended are
+-- free, and running runs of the queue without a slot take one (free ones first, then new ones
+-- above the limit), so that held slots count its running runs.
+CREATE FUNCTION tide._sync_slots(p_owner name, p_queue text) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    lim integer;
+    running record;
+BEGIN
+    SELECT q.max_concurrency INTO lim FROM tide.queue q WHERE q.owner = p_owner AND q.name = p_queue;
+    IF lim IS NULL THEN
+        DELETE FROM tide.queue_slot s WHERE s.owner = p_owner AND s.queue = p_queue;
+        RETURN;
+    END IF;
+    INSERT INTO tide.queue_slot (owner, queue, slot)
+    SELECT p_owner, p_queue, g FROM generate_series(1, lim) g
+    ON CONFLICT ON CONSTRAINT queue_slot_pkey DO NOTHING;
+    UPDATE tide.queue_slot s SET run_id = NULL
+     WHERE s.owner = p_owner AND s.queue = p_queue AND s.run_id IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM tide.run r
+                        WHERE r.run_id = s.run_id
+                          AND r.state NOT IN ('succeeded', 'dead', 'cancelled', 'skipped', 'need_check'));
+    FOR running IN SELECT p.run_id FROM tide.pending p
+                    WHERE p.owner = p_owner AND p.queue = p_queue AND p.state = 'running'
+                      AND NOT EXISTS (SELECT 1 FROM tide.queue_slot s
+                                       WHERE s.owner = p_owner AND s.queue = p_queue AND s.run_id = p.run_id)
+                    ORDER BY p.run_id LOOP
+        UPDATE tide.queue_slot s SET run_id = running.run_id
+         WHERE (s.owner, s.queue, s.slot) = (SELECT x.owner, x.queue, x.slot FROM tide.queue_slot x
+                                              WHERE x.owner = p_owner AND x.queue = p_queue AND x.run_id IS NULL
+                                                AND x.slot <= lim
+                                              ORDER BY x.slot LIMIT 1);
+        IF NOT FOUND THEN
+            INSERT INTO tide.queue_slot (owner, queue, slot, run_id)
+            SELECT p_owner, p_queue, greatest(coalesce(max(x.slot), 0), lim) + 1, running.run_id FROM tide.queue_slot x
+             WHERE x.owner = p_owner AND x.queue = p_queue;
+        END IF;
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION tide._sync_slots(name, text) IS
+    'Internal: makes a queue''s slots match its max_concurrency and its running runs.';
+
 -- The start tokens of a queue at an instant.
 CREATE FUNCTION tide._queue_tokens(q tide.queue, p_at timestamptz) RETURNS double precision
 LANGUAGE sql IMMUTABLE
@@ -112,6 +178,7 @@ BEGIN
            tokens = least(q.tokens, EXCLUDED.tokens),
            budget = CASE WHEN q.retry_budget IS NULL THEN EXCLUDED.budget ELSE least(q.budget, EXCLUDED.budget) END,
            updated_at = now();
+    PERFORM tide._sync_slots(tide._caller(), create_queue.name);
     -- Runs waiting for a limit that is now higher (or gone) may go.
     PERFORM tide._wake_queue(tide._caller(), create_queue.name);
     RETURN create_queue.name;
@@ -173,31 +240,6 @@ AS $$ SELECT tide._set_queue_paused(name, false) $$;
 COMMENT ON FUNCTION tide.resume_queue(text) IS
     'resume_queue(name): lets the runs of a paused queue start again; false if it was not paused.';
 
--- How many runs of a role's queue are running (its own claim's uncommitted ones included).
-CREATE FUNCTION tide._queue_running(p_owner name, p_queue text) RETURNS bigint
-LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT count(*) FROM tide.pending x WHERE x.queue = p_queue AND x.owner = p_owner AND x.state = 'running'
-$$;
-COMMENT ON FUNCTION tide._queue_running(name, text) IS 'Internal: the running runs of a queue.';
-
--- Locks the queues of some runs that have a rate (p_rate) or a max_concurrency (not p_rate),
--- in a fixed order, until the transaction ends.
-CREATE FUNCTION tide._lock_queues(p_ids bigint[], p_rate boolean) RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    PERFORM 1 FROM tide.queue q
-     WHERE (q.owner, q.name) IN (SELECT p.owner, p.queue FROM tide.pending p WHERE p.run_id = ANY (p_ids))
-       AND CASE WHEN p_rate THEN q.rate IS NOT NULL ELSE q.max_concurrency IS NOT NULL END
-     ORDER BY q.owner, q.name
-       FOR NO KEY UPDATE;
-END
-$$;
-COMMENT ON FUNCTION tide._lock_queues(bigint[], boolean) IS 'Internal: locks the rate-limited (or concurrency-limited) queues of some runs.';
-
 -- Runs of a queue parked for its limits look again now (a limit was raised, a slot or the
 -- queue freed): as many as could start.
 CREATE FUNCTION tide._wake_queue(p_owner name, p_queue text) RETURNS integer
@@ -214,7 +256,9 @@ BEGIN
         RETURN 0;
     END IF;
     room := CASE WHEN q.max_concurrency IS NULL THEN 1000000
-                 ELSE greatest(0, q.max_concurrency - tide._queue_running(p_owner, p_queue)) END;
+                 ELSE (SELECT count(*) FROM tide.queue_slot s
+                        WHERE s.owner = p_owner AND s.queue = p_queue AND s.run_id IS NULL
+                          AND s.slot <= q.max_concurrency) END;
     WITH target AS (
         SELECT x.run_id FROM tide.pending x
          WHERE x.queue = p_queue AND x.owner = p_owner AND x.state = 'ready' AND x.parked
@@ -233,9 +277,8 @@ $$;
 COMMENT ON FUNCTION tide._wake_queue(name, text) IS
     'Internal: unparks the runs of a queue that may start now (up to its free slots).';
 
--- Runs that stopped running free room in their queues: the runs parked there look again (only
--- queues with a max_concurrency, and only when some run is parked at all: most ends wake
--- nobody).
+-- Runs that stopped running give their queues' slots back, and the runs parked there look
+-- again (only queues with a max_concurrency).
 CREATE FUNCTION tide._wake_queues(p_run_ids bigint[]) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -243,114 +286,99 @@ AS $$
 DECLARE
     rec record;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM tide.pending p WHERE p.parked) THEN
-        RETURN;
-    END IF;
-    FOR rec IN SELECT DISTINCT r.owner, r.queue FROM tide.run r
-                WHERE r.run_id = ANY (p_run_ids) AND tide._queue_limited(r.owner, r.queue) LOOP
-        PERFORM tide._wake_queue(rec.owner, rec.queue);
+    -- One statement for the batch: the slots of all queues are few (their max_concurrency).
+    FOR rec IN WITH freed AS (
+                   UPDATE tide.queue_slot s SET run_id = NULL
+                     FROM unnest(p_run_ids) AS u(id)
+                    WHERE s.run_id = u.id
+                   RETURNING s.owner, s.queue)
+               SELECT DISTINCT f.owner, f.queue FROM freed f LOOP
+        IF EXISTS (SELECT 1 FROM tide.pending p WHERE p.parked AND p.queue = rec.queue AND p.owner = rec.owner) THEN
+            PERFORM tide._wake_queue(rec.owner, rec.queue);
+        END IF;
     END LOOP;
 END
 $$;
 COMMENT ON FUNCTION tide._wake_queues(bigint[]) IS
-    'Internal: wakes the runs parked in the queues (with a max_concurrency) of runs that stopped running.';
+    'Internal: gives back the queue slots of runs that stopped running and wakes the runs parked in those queues.';
 
--- Whether a run's queue has a concurrency limit (its end must wake who waits for a slot).
--- Inlined into its callers: no SET clause; every name is qualified (scripts/pgspot.sh lists it).
-CREATE FUNCTION tide._queue_limited(p_owner name, p_queue text) RETURNS boolean
-LANGUAGE sql STABLE
-AS $$
-    SELECT EXISTS (SELECT 1 FROM tide.queue q
-                    WHERE q.owner OPERATOR(pg_catalog.=) p_owner AND q.name OPERATOR(pg_catalog.=) p_queue
-                      AND q.max_concurrency IS NOT NULL)
-$$;
-COMMENT ON FUNCTION tide._queue_limited(name, text) IS 'Internal: whether a queue has a concurrency limit.';
-
--- Which claimed candidates their queues let start now: not paused, within max_concurrency as
--- far as the committed running runs tell (tide._queue_over checks it again under the queue's
--- lock once the claim is made), a start token each. The others are parked: until woken by a
--- run of the queue that ends (a slot), until their token is due (rate), or until resume_queue.
--- One statement for the batch; only rate-limited queues are locked here (their token bucket),
--- in a fixed order, so claims of them take turns.
+-- Which claimed candidates their queues let start now: not paused, a start token each (rate),
+-- a free slot each (max_concurrency). The others are parked: until their token is due, until
+-- a slot is given back (the run that ends wakes them), until resume_queue. Slots are taken with
+-- SKIP LOCKED, so claims of one queue go side by side; only a rate-limited queue's row is
+-- locked (its token bucket), and claims of it take turns.
 CREATE FUNCTION tide._queue_admit(p_ids bigint[]) RETURNS bigint[]
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    admitted bigint[];
+    q record;
+    bucket tide.queue;
+    have double precision;
+    cap integer;
+    n integer;
+    slots integer[];
+    admitted bigint[] := '{}';
 BEGIN
-    PERFORM tide._lock_queues(p_ids, true);
-    WITH cand AS (
-        SELECT p.run_id, p.owner, p.queue,
-               row_number() OVER (PARTITION BY p.owner, p.queue ORDER BY p.priority DESC, p.run_id) AS k
-          FROM tide.pending p WHERE p.run_id = ANY (p_ids)
-    ), lim AS (
-        SELECT q.owner, q.name, q.paused, q.rate, tide._queue_tokens(q, now()) AS tokens,
-               CASE WHEN q.max_concurrency IS NULL THEN NULL
-                    ELSE q.max_concurrency - tide._queue_running(q.owner, q.name) END AS slots
-          FROM tide.queue q
-         WHERE (q.owner, q.name) IN (SELECT c.owner, c.queue FROM cand c)
-    ), decided AS (
-        SELECT c.run_id, c.owner, c.queue, c.k, l.rate, l.tokens,
-               CASE WHEN l.owner IS NULL THEN 'go'
-                    WHEN l.paused THEN 'paused'
-                    WHEN c.k > l.slots THEN 'full'
-                    WHEN c.k > floor(l.tokens) THEN 'rate'
-                    ELSE 'go' END AS verdict
-          FROM cand c LEFT JOIN lim l ON l.owner = c.owner AND l.name = c.queue
-    ), parked AS (
+    FOR q IN
+        SELECT c.owner, c.queue, array_agg(c.run_id ORDER BY c.priority DESC, c.run_id) AS runs,
+               x.name IS NOT NULL AS declared, x.paused, x.max_concurrency, x.rate
+          FROM tide.pending c
+          LEFT JOIN tide.queue x ON x.owner = c.owner AND x.name = c.queue
+         WHERE c.run_id = ANY (p_ids)
+         GROUP BY c.owner, c.queue, x.name, x.paused, x.max_concurrency, x.rate
+         ORDER BY c.owner, c.queue
+    LOOP
+        IF NOT q.declared THEN
+            admitted := admitted || q.runs;
+            CONTINUE;
+        END IF;
+        IF q.paused THEN
+            UPDATE tide.pending p SET parked = true, due_at = now() + tide._park_time()
+             WHERE p.run_id = ANY (q.runs) AND p.state = 'ready';
+            CONTINUE;
+        END IF;
+        cap := cardinality(q.runs);
+        IF q.rate IS NOT NULL THEN
+            SELECT * INTO bucket FROM tide.queue x WHERE x.owner = q.owner AND x.name = q.queue FOR NO KEY UPDATE;
+            have := tide._queue_tokens(bucket, now());
+            cap := least(cap, floor(have)::integer);
+        END IF;
+        n := cap;
+        IF q.max_concurrency IS NOT NULL AND cap > 0 THEN
+            -- Fixed in an array first: a LIMIT under SKIP LOCKED may be re-evaluated.
+            SELECT array_agg(f.slot ORDER BY f.slot) INTO slots FROM (
+                SELECT s.slot FROM tide.queue_slot s
+                 WHERE s.owner = q.owner AND s.queue = q.queue AND s.run_id IS NULL
+                   AND s.slot <= q.max_concurrency
+                 ORDER BY s.slot LIMIT cap
+                   FOR UPDATE SKIP LOCKED) f;
+            n := coalesce(cardinality(slots), 0);
+            UPDATE tide.queue_slot s SET run_id = u.run_id
+              FROM unnest(slots, q.runs[1:n]) AS u(slot, run_id)
+             WHERE s.owner = q.owner AND s.queue = q.queue AND s.slot = u.slot;
+        END IF;
+        IF q.rate IS NOT NULL THEN
+            UPDATE tide.queue x SET tokens = have - n, tokens_at = now()
+             WHERE x.owner = q.owner AND x.name = q.queue;
+        END IF;
+        admitted := admitted || q.runs[1:n];
+        CONTINUE WHEN n >= cardinality(q.runs);
+        -- The rest wait: for their token (the k-th run's is due after (k - have) / rate
+        -- seconds), else for a slot.
         UPDATE tide.pending p
            SET parked = true,
-               due_at = CASE WHEN d.verdict = 'rate'
-                             THEN now() + make_interval(secs => (d.k - d.tokens) / d.rate)
+               due_at = CASE WHEN q.rate IS NOT NULL AND u.k > floor(have)
+                             THEN now() + make_interval(secs => (u.k - have) / q.rate)
                              ELSE now() + tide._park_time() END
-          FROM decided d
-         WHERE p.run_id = d.run_id AND d.verdict <> 'go' AND p.state = 'ready'
-    ), spent AS (
-        UPDATE tide.queue q
-           SET tokens = l.tokens - s.started, tokens_at = now()
-          FROM (SELECT d.owner, d.queue, count(*) AS started FROM decided d WHERE d.verdict = 'go'
-                 GROUP BY d.owner, d.queue) s
-          JOIN lim l ON l.owner = s.owner AND l.name = s.queue
-         WHERE q.owner = s.owner AND q.name = s.queue AND q.rate IS NOT NULL
-    )
-    SELECT array_agg(d.run_id ORDER BY d.run_id) INTO admitted FROM decided d WHERE d.verdict = 'go';
-    RETURN coalesce(admitted, '{}');
+          FROM unnest(q.runs) WITH ORDINALITY AS u(run_id, k)
+         WHERE u.k > n AND p.run_id = u.run_id AND p.state = 'ready';
+    END LOOP;
+    RETURN admitted;
 END
 $$;
 COMMENT ON FUNCTION tide._queue_admit(bigint[]) IS
-    'Internal: the claimed candidates their queues let start (paused, max_concurrency, rate); parks the others.';
-
--- After a claim marked its runs running: under the lock of each of their queues with a
--- max_concurrency (taken in a fixed order, held to the claim's commit, so the next claim of the
--- queue counts this one's runs), the runs beyond the limit, the claim's lowest priority first.
--- Empty when the claim stays within every limit.
-CREATE FUNCTION tide._queue_over(p_ids bigint[]) RETURNS bigint[]
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    over bigint[];
-BEGIN
-    PERFORM tide._lock_queues(p_ids, false);
-    WITH lim AS (
-        SELECT q.owner, q.name,
-               tide._queue_running(q.owner, q.name) - q.max_concurrency AS excess
-          FROM tide.queue q
-         WHERE (q.owner, q.name) IN (SELECT p.owner, p.queue FROM tide.pending p WHERE p.run_id = ANY (p_ids))
-           AND q.max_concurrency IS NOT NULL
-    ), mine AS (
-        SELECT p.run_id, l.excess,
-               row_number() OVER (PARTITION BY p.owner, p.queue ORDER BY p.priority, p.run_id DESC) AS k
-          FROM tide.pending p JOIN lim l ON l.owner = p.owner AND l.name = p.queue
-         WHERE p.run_id = ANY (p_ids) AND l.excess > 0
-    )
-    SELECT array_agg(m.run_id) INTO over FROM mine m WHERE m.k <= m.excess;
-    RETURN coalesce(over, '{}');
-END
-$$;
-COMMENT ON FUNCTION tide._queue_over(bigint[]) IS
-    'Internal: the runs of a claim beyond their queues'' max_concurrency, counted under the queues'' locks.';
+    'Internal: the claimed candidates their queues let start (paused, rate, a free slot of max_concurrency); parks the others.';
 
 -- A transient failure spends one unit of its queue's retry budget. Returns the instant before
 -- which the retry must not run (NULL: no budget, or budget left).
