@@ -117,11 +117,8 @@ DECLARE
     only_owner name := CASE WHEN tide._caller_is_superuser() THEN NULL ELSE tide._caller() END;
     is_sql boolean := p_executor = 'sql';
     -- Whether a queue this claim may take from has limits (tide.queue): then its candidates
-    -- go through tide._queue_admit, which notes the shard each takes room from.
+    -- go through tide._queue_admit.
     limited boolean;
-    admitted bigint[];
-    shards integer[];
-    queues text[];
 BEGIN
     IF p_queue IS NULL AND p_executor = 'external' THEN
         RAISE EXCEPTION 'queue must not be NULL' USING ERRCODE = 'null_value_not_allowed',
@@ -147,18 +144,16 @@ BEGIN
     -- rounds at most: a claimer must not come back empty while other runs are claimable.
     FOR round IN 1..10 LOOP
         IF p_queue IS NULL THEN
-            SELECT array_agg(c.run_id), array_agg(c.owner), bool_or(c.gated), array_agg(c.queue)
-              INTO ids, owners, gated, queues FROM (
-                SELECT p.run_id, p.owner, p.gated, p.queue FROM tide.pending p
+            SELECT array_agg(c.run_id), array_agg(c.owner), bool_or(c.gated) INTO ids, owners, gated FROM (
+                SELECT p.run_id, p.owner, p.gated FROM tide.pending p
                  WHERE p.state = 'ready' AND NOT p.parked AND p.executor = p_executor
                    AND (p.due_at IS NULL OR p.due_at <= now())
                    AND (only_owner IS NULL OR p.owner = only_owner)
                  ORDER BY p.priority DESC, p.run_id
                  LIMIT p_n FOR UPDATE SKIP LOCKED) c;
         ELSE
-            SELECT array_agg(c.run_id), array_agg(c.owner), bool_or(c.gated), array_agg(c.queue)
-              INTO ids, owners, gated, queues FROM (
-                SELECT p.run_id, p.owner, p.gated, p.queue FROM tide.pending p
+            SELECT array_agg(c.run_id), array_agg(c.owner), bool_or(c.gated) INTO ids, owners, gated FROM (
+                SELECT p.run_id, p.owner, p.gated FROM tide.pending p
                  WHERE p.state = 'ready' AND NOT p.parked AND p.executor = p_executor AND p.queue = p_queue
                    AND (p.due_at IS NULL OR p.due_at <= now())
                    AND (only_owner IS NULL OR p.owner = only_owner)
@@ -171,10 +166,10 @@ BEGIN
         IF limited THEN
             -- Queue limits first (paused, max_concurrency, rate): the candidates they hold back
             -- are parked, and the next ones are looked at.
-            SELECT a.admitted, a.shards INTO admitted, shards FROM tide._queue_admit(ids, owners, queues) a;
-            CONTINUE WHEN cardinality(admitted) = 0;
-            IF cardinality(admitted) < cardinality(ids) THEN
-                ids := admitted;
+            candidates := tide._queue_admit(ids);
+            CONTINUE WHEN cardinality(candidates) = 0;
+            IF cardinality(candidates) < cardinality(ids) THEN
+                ids := candidates;
                 SELECT array_agg(p.owner ORDER BY u.n), bool_or(p.gated) INTO owners, gated
                   FROM unnest(ids) WITH ORDINALITY AS u(id, n) JOIN tide.pending p ON p.run_id = u.id;
             END IF;
@@ -186,13 +181,6 @@ BEGIN
         -- Serial groups, overlap, concurrency and locks decide which may go (sql/locks.sql).
         candidates := ids;
         ids := tide._admit(candidates, token, p_executor, p_lease);
-        IF limited AND cardinality(ids) < cardinality(candidates) THEN
-            -- The room taken for the candidates that must wait after all goes back.
-            PERFORM tide._give_back(array_agg(p.owner), array_agg(p.queue), array_agg(u.shard))
-               FROM unnest(admitted, shards) AS u(id, shard) JOIN tide.pending p ON p.run_id = u.id
-              WHERE u.shard IS NOT NULL AND u.id <> ALL (ids)
-             HAVING count(*) > 0;
-        END IF;
         IF cardinality(ids) > 0 THEN
             SELECT array_agg(p.owner ORDER BY u.n) INTO owners
               FROM unnest(ids) WITH ORDINALITY AS u(id, n) JOIN tide.pending p ON p.run_id = u.id;
@@ -206,13 +194,7 @@ BEGIN
     IF cardinality(ids) = 0 THEN
         RETURN;
     END IF;
-    IF limited THEN
-        UPDATE tide.pending p SET state = 'running', due_at = NULL, shard = u.shard
-          FROM unnest(admitted, shards) AS u(id, shard)
-         WHERE p.run_id = u.id AND u.id = ANY (ids);
-    ELSE
-        UPDATE tide.pending p SET state = 'running', due_at = NULL WHERE p.run_id = ANY (ids);
-    END IF;
+    UPDATE tide.pending p SET state = 'running', due_at = NULL WHERE p.run_id = ANY (ids);
     -- This path writes its own history rows below, one statement for the batch.
     ignored := set_config('tide.history', 'written', true);
     RETURN QUERY
@@ -319,8 +301,6 @@ DECLARE
     worker text;
     claimed timestamptz;
     gated boolean;
-    held_shard integer;
-    held_queue text;
     ignored text;
     -- Who may complete the run: its owner (the common case, compared without a call), a member
     -- of the owner's role, a superuser.
@@ -356,19 +336,17 @@ BEGIN
         PERFORM tide._refuse_stale(complete_run.run_id, complete_run.lease_token, 'tide.complete_run');
     END IF;
     IF short THEN
-        SELECT p.shard, p.queue INTO held_shard, held_queue FROM tide.pending p WHERE p.run_id = complete_run.run_id;
-        UPDATE tide.pending p SET state = 'need_check', due_at = NULL, shard = NULL WHERE p.run_id = complete_run.run_id
+        UPDATE tide.pending p SET state = 'need_check', due_at = NULL WHERE p.run_id = complete_run.run_id
         RETURNING p.gated INTO gated;
     ELSE
-        DELETE FROM tide.pending p WHERE p.run_id = complete_run.run_id
-        RETURNING p.gated, p.shard, p.queue INTO gated, held_shard, held_queue;
+        DELETE FROM tide.pending p WHERE p.run_id = complete_run.run_id RETURNING p.gated INTO gated;
     END IF;
     IF gated THEN
         PERFORM tide._release(ARRAY[complete_run.run_id]);
     END IF;
-    IF held_shard IS NOT NULL THEN
-        -- Its room in its queue goes back (tide.queue_shard).
-        PERFORM tide._give_back(ARRAY[who], ARRAY[held_queue], ARRAY[held_shard]);
+    IF EXISTS (SELECT 1 FROM tide.queue) THEN
+        -- A run of a queue with a max_concurrency frees room for its next (tide.queue).
+        PERFORM tide._wake_queues(ARRAY[complete_run.run_id]);
     END IF;
     INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner, attempt, worker, lease_token,
                                 claimed_at, outcome)
@@ -390,9 +368,6 @@ AS $$
 DECLARE
     done_ids bigint[];
     gated_ids bigint[];
-    held_owners name[];
-    held_queues text[];
-    held_shards integer[];
     stale record;
     ignored text;
     caller name := tide._caller();
@@ -433,7 +408,6 @@ BEGIN
                   r.gated
     ), done_pending AS (
         DELETE FROM tide.pending p USING done_run d WHERE p.run_id = d.run_id
-        RETURNING p.owner, p.queue, p.shard
     ), history AS (
         INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner, attempt, worker, lease_token,
                                     claimed_at, outcome)
@@ -441,12 +415,8 @@ BEGIN
                d.claimed_at, 'succeeded'
           FROM done_run d ORDER BY d.run_id
     )
-    SELECT (SELECT array_agg(d.run_id) FROM done_run d),
-           (SELECT array_agg(d.run_id) FROM done_run d WHERE d.gated),
-           (SELECT array_agg(x.owner) FROM done_pending x WHERE x.shard IS NOT NULL),
-           (SELECT array_agg(x.queue) FROM done_pending x WHERE x.shard IS NOT NULL),
-           (SELECT array_agg(x.shard) FROM done_pending x WHERE x.shard IS NOT NULL)
-      INTO done_ids, gated_ids, held_owners, held_queues, held_shards;
+    SELECT array_agg(d.run_id), array_agg(d.run_id) FILTER (WHERE d.gated)
+      INTO done_ids, gated_ids FROM done_run d;
     ignored := set_config('tide.history', '', true);
     IF coalesce(cardinality(done_ids), 0) < cardinality(complete_runs.run_ids) THEN
         -- All or nothing: raising undoes the completions above.
@@ -462,9 +432,8 @@ BEGIN
     IF gated_ids IS NOT NULL THEN
         PERFORM tide._release(gated_ids);
     END IF;
-    IF held_shards IS NOT NULL THEN
-        -- Their room in their queues goes back (tide.queue_shard).
-        PERFORM tide._give_back(held_owners, held_queues, held_shards);
+    IF EXISTS (SELECT 1 FROM tide.queue) THEN
+        PERFORM tide._wake_queues(done_ids);
     END IF;
     PERFORM tide._log_runs('success', done_ids);
     RETURN cardinality(done_ids);
@@ -1166,7 +1135,7 @@ DECLARE
     n integer;
 BEGIN
     FOREACH step IN ARRAY ARRAY['unparked', 'retried', 'executor_gone', 'taken_back', 'released',
-                                'not_ready_deadline', 'effects_taken_back', 'queues_recounted'] LOOP
+                                'not_ready_deadline', 'effects_taken_back', 'slots_freed'] LOOP
         BEGIN
             n := tide._tick_step(step, p_now);
         EXCEPTION WHEN others THEN
@@ -1291,17 +1260,17 @@ BEGIN
         END LOOP;
     WHEN 'effects_taken_back' THEN
         n := tide._tick_effects(p_now);
-    WHEN 'queues_recounted' THEN
-        -- Each queue shard's used, recounted from its running runs (a give-back that was missed
-        -- does not last). Shards a claim holds right now are locked, and skipped.
-        UPDATE tide.queue_shard s SET used = c.running
-          FROM (SELECT x.owner, x.queue, x.shard,
-                       (SELECT count(*) FROM tide.pending p
-                         WHERE p.owner = x.owner AND p.queue = x.queue AND p.shard = x.shard
-                           AND p.state = 'running') AS running
-                  FROM tide.queue_shard x
-                   FOR UPDATE SKIP LOCKED) c
-         WHERE s.owner = c.owner AND s.queue = c.queue AND s.shard = c.shard AND s.used <> c.running;
+    WHEN 'slots_freed' THEN
+        -- Queue slots still held by runs that ended without giving them back are free again.
+        -- Slots a claim is taking right now are locked, and skipped.
+        UPDATE tide.queue_slot s SET run_id = NULL
+         WHERE (s.owner, s.queue, s.slot) IN (
+               SELECT x.owner, x.queue, x.slot FROM tide.queue_slot x
+                WHERE x.run_id IS NOT NULL
+                  AND NOT EXISTS (SELECT 1 FROM tide.run r
+                                   WHERE r.run_id = x.run_id
+                                     AND r.state NOT IN ('succeeded', 'dead', 'cancelled', 'skipped', 'need_check'))
+                  FOR UPDATE SKIP LOCKED);
         GET DIAGNOSTICS n = ROW_COUNT;
     END CASE;
     RETURN n;

@@ -175,10 +175,7 @@ CREATE TABLE tide.pending (
     gated    boolean NOT NULL DEFAULT false,
     -- A ready run that cannot go yet (behind its group, its task's concurrency, a busy lock): out
     -- of the claim indexes until woken by the run it waits for, or at due_at in any case.
-    parked   boolean NOT NULL DEFAULT false,
-    -- A running run of a queue with a max_concurrency: the shard of the queue it holds room in
-    -- (tide.queue_shard), given back when it stops running.
-    shard    integer
+    parked   boolean NOT NULL DEFAULT false
 );
 COMMENT ON TABLE tide.pending IS
     'The unfinished and unresolved (dead, need_check) runs, a narrow copy of their state, queue and due time: what claims, the scheduler and task health scan. Maintained by pg_tide; read tide.run.';
@@ -203,14 +200,7 @@ CREATE FUNCTION tide._sync_pending(r tide.run) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    held_shard integer;
-    held_queue text;
 BEGIN
-    IF r.state <> 'running' THEN
-        SELECT p.shard, p.queue INTO held_shard, held_queue
-          FROM tide.pending p WHERE p.run_id = r.run_id AND p.shard IS NOT NULL;
-    END IF;
     IF r.state IN ('waiting', 'ready', 'running', 'retry', 'held', 'paused', 'dead', 'need_check') THEN
         INSERT INTO tide.pending AS p (run_id, task_id, state, executor, queue, priority, due_at, owner,
                                        gate, lock_key, gated)
@@ -219,8 +209,7 @@ BEGIN
         ON CONFLICT ON CONSTRAINT pending_pkey DO UPDATE
            SET state = EXCLUDED.state, executor = EXCLUDED.executor, queue = EXCLUDED.queue,
                priority = EXCLUDED.priority, due_at = EXCLUDED.due_at, gate = EXCLUDED.gate,
-               lock_key = EXCLUDED.lock_key, gated = EXCLUDED.gated, parked = false,
-               shard = CASE WHEN EXCLUDED.state = 'running' THEN p.shard END;
+               lock_key = EXCLUDED.lock_key, gated = EXCLUDED.gated, parked = false;
     ELSE
         DELETE FROM tide.pending p WHERE p.run_id = r.run_id;
     END IF;
@@ -228,9 +217,9 @@ BEGIN
         -- A gated run that stopped running gives back its lock and may let others go.
         PERFORM tide._release(ARRAY[r.run_id]);
     END IF;
-    IF held_shard IS NOT NULL THEN
-        -- And its room in its queue (tide.queue_shard).
-        PERFORM tide._give_back(ARRAY[r.owner], ARRAY[held_queue], ARRAY[held_shard]);
+    IF r.state <> 'running' AND EXISTS (SELECT 1 FROM tide.queue) THEN
+        -- And one of a queue with a max_concurrency frees room (tide.queue).
+        PERFORM tide._wake_queues(ARRAY[r.run_id]);
     END IF;
 END
 $$;
@@ -374,27 +363,17 @@ CREATE FUNCTION tide._run_deleted() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    owners name[];
-    queues text[];
-    shards integer[];
 BEGIN
     DELETE FROM tide.run_event e USING old_runs o WHERE e.run_id = o.run_id;
     DELETE FROM tide.step s USING old_runs o WHERE s.run_id = o.run_id;
-    WITH gone AS (
-        DELETE FROM tide.pending p USING old_runs o WHERE p.run_id = o.run_id
-        RETURNING p.owner, p.queue, p.shard)
-    SELECT array_agg(g.owner), array_agg(g.queue), array_agg(g.shard) INTO owners, queues, shards
-      FROM gone g WHERE g.shard IS NOT NULL;
-    IF owners IS NOT NULL THEN
-        PERFORM tide._give_back(owners, queues, shards);
-    END IF;
+    DELETE FROM tide.pending p USING old_runs o WHERE p.run_id = o.run_id;
     DELETE FROM tide.lock l USING old_runs o WHERE l.run_id = o.run_id;
+    UPDATE tide.queue_slot q SET run_id = NULL FROM old_runs o WHERE q.run_id = o.run_id;
     RETURN NULL;
 END
 $$;
 COMMENT ON FUNCTION tide._run_deleted() IS
-    'Trigger: deleting runs deletes their history (with their attempts), steps and tide.pending rows (the foreign keys they do not have), and gives their queue room back.';
+    'Trigger: deleting runs deletes their history (with their attempts), steps and tide.pending rows (the foreign keys they do not have), and frees their queue slots.';
 CREATE TRIGGER run_deleted AFTER DELETE ON tide.run
     REFERENCING OLD TABLE AS old_runs
     FOR EACH STATEMENT EXECUTE FUNCTION tide._run_deleted();

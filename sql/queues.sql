@@ -36,87 +36,71 @@ CREATE POLICY queue_owner ON tide.queue FOR SELECT USING (owner = current_user);
 GRANT SELECT ON tide.queue TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('tide.queue', '');
 
--- A queue's concurrency as shards: max_concurrency split over at most 8 rows (cap each), with
--- how many of the queue's running runs each holds (used). A claim takes room from one or two
--- shards it can lock at once (SKIP LOCKED), so claims of one queue go side by side, and notes
--- the shard on each run's tide.pending row; a run that stops running gives its unit back to
--- that shard. One row written per claim and per completion batch, not one per run. The tick
--- recounts the shards from tide.pending, so nothing a missed give-back leaves lasts.
-CREATE TABLE tide.queue_shard (
+-- A queue's concurrency slots: slots 1..max_concurrency, each free or held by one running run
+-- of the queue. A claim takes free slots with SKIP LOCKED, so claims of one queue go side by
+-- side (a count of running runs would have to be locked against every other claim up to its
+-- commit); a run that stops running gives its slot back. No index on run_id: taking and giving
+-- back a slot are HOT updates of a row found by its queue.
+CREATE TABLE tide.queue_slot (
     owner  name NOT NULL,
     queue  text NOT NULL,
-    shard  integer NOT NULL,
-    cap    integer NOT NULL,
-    used   integer NOT NULL DEFAULT 0,
-    CONSTRAINT queue_shard_pkey PRIMARY KEY (owner, queue, shard),
-    CONSTRAINT queue_shard_queue_fkey FOREIGN KEY (owner, queue) REFERENCES tide.queue (owner, name) ON DELETE CASCADE
+    slot   integer NOT NULL,
+    run_id bigint,
+    CONSTRAINT queue_slot_pkey PRIMARY KEY (owner, queue, slot),
+    CONSTRAINT queue_slot_queue_fkey FOREIGN KEY (owner, queue) REFERENCES tide.queue (owner, name) ON DELETE CASCADE
 ) WITH (fillfactor = 50);
-COMMENT ON TABLE tide.queue_shard IS
-    'A queue''s max_concurrency split over a few rows: cap each, used = its running runs (tide.pending.shard).';
-ALTER TABLE tide.queue_shard ENABLE ROW LEVEL SECURITY;
-CREATE POLICY queue_shard_owner ON tide.queue_shard FOR SELECT USING (owner = current_user);
-GRANT SELECT ON tide.queue_shard TO PUBLIC;
-SELECT pg_catalog.pg_extension_config_dump('tide.queue_shard', '');
+COMMENT ON TABLE tide.queue_slot IS
+    'Concurrency slots of queues with a max_concurrency: free (run_id NULL) or held by a running run of the queue.';
+ALTER TABLE tide.queue_slot ENABLE ROW LEVEL SECURITY;
+CREATE POLICY queue_slot_owner ON tide.queue_slot FOR SELECT USING (owner = current_user);
+GRANT SELECT ON tide.queue_slot TO PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('tide.queue_slot', '');
 
--- The shards of a queue after its limit was set: none without a limit; else min(limit, 8)
--- shards sharing the limit, its running runs spread over them.
-CREATE FUNCTION tide._sync_shards(p_owner name, p_queue text) RETURNS void
+-- The slots of a queue after its limit was set: none without a limit; else slots 1..limit
+-- exist (slots above a lowered limit are never taken again), slots of runs that ended are
+-- free, and running runs of the queue without a slot take one (free ones first, then new ones
+-- above the limit), so that held slots count its running runs.
+CREATE FUNCTION tide._sync_slots(p_owner name, p_queue text) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     lim integer;
-    n integer;
+    running record;
 BEGIN
     SELECT q.max_concurrency INTO lim FROM tide.queue q WHERE q.owner = p_owner AND q.name = p_queue;
-    DELETE FROM tide.queue_shard s WHERE s.owner = p_owner AND s.queue = p_queue;
-    UPDATE tide.pending p SET shard = NULL WHERE p.owner = p_owner AND p.queue = p_queue AND p.shard IS NOT NULL;
     IF lim IS NULL THEN
+        DELETE FROM tide.queue_slot s WHERE s.owner = p_owner AND s.queue = p_queue;
         RETURN;
     END IF;
-    n := least(lim, 8);
-    INSERT INTO tide.queue_shard (owner, queue, shard, cap)
-    SELECT p_owner, p_queue, g, lim / n + CASE WHEN g <= lim % n THEN 1 ELSE 0 END FROM generate_series(1, n) g;
-    WITH spread AS (
-        SELECT p.run_id, (row_number() OVER (ORDER BY p.run_id) - 1) % n + 1 AS shard
-          FROM tide.pending p WHERE p.owner = p_owner AND p.queue = p_queue AND p.state = 'running'
-    ), noted AS (
-        UPDATE tide.pending p SET shard = x.shard FROM spread x WHERE p.run_id = x.run_id RETURNING p.shard
-    )
-    UPDATE tide.queue_shard s SET used = c.n
-      FROM (SELECT o.shard, count(*) AS n FROM noted o GROUP BY o.shard) c
-     WHERE s.owner = p_owner AND s.queue = p_queue AND s.shard = c.shard;
-END
-$$;
-COMMENT ON FUNCTION tide._sync_shards(name, text) IS
-    'Internal: makes a queue''s shards match its max_concurrency and its running runs.';
-
--- Runs that stopped running give their units back to their queues' shards (one row per
--- owner, queue and shard in the arrays, one run each), and the runs parked in those queues
--- look again.
-CREATE FUNCTION tide._give_back(p_owners name[], p_queues text[], p_shards integer[]) RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    rec record;
-BEGIN
-    FOR rec IN WITH freed AS (
-                   UPDATE tide.queue_shard s SET used = greatest(0, s.used - c.n)
-                     FROM (SELECT u.o, u.q, u.sh, count(*) AS n
-                             FROM unnest(p_owners, p_queues, p_shards) AS u(o, q, sh)
-                            WHERE u.sh IS NOT NULL GROUP BY u.o, u.q, u.sh) c
-                    WHERE s.owner = c.o AND s.queue = c.q AND s.shard = c.sh
-                   RETURNING s.owner, s.queue)
-               SELECT DISTINCT f.owner, f.queue FROM freed f LOOP
-        IF EXISTS (SELECT 1 FROM tide.pending p WHERE p.parked AND p.queue = rec.queue AND p.owner = rec.owner) THEN
-            PERFORM tide._wake_queue(rec.owner, rec.queue);
+    INSERT INTO tide.queue_slot (owner, queue, slot)
+    SELECT p_owner, p_queue, g FROM generate_series(1, lim) g
+    ON CONFLICT ON CONSTRAINT queue_slot_pkey DO NOTHING;
+    UPDATE tide.queue_slot s SET run_id = NULL
+     WHERE s.owner = p_owner AND s.queue = p_queue AND s.run_id IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM tide.run r
+                        WHERE r.run_id = s.run_id
+                          AND r.state NOT IN ('succeeded', 'dead', 'cancelled', 'skipped', 'need_check'));
+    FOR running IN SELECT p.run_id FROM tide.pending p
+                    WHERE p.owner = p_owner AND p.queue = p_queue AND p.state = 'running'
+                      AND NOT EXISTS (SELECT 1 FROM tide.queue_slot s
+                                       WHERE s.owner = p_owner AND s.queue = p_queue AND s.run_id = p.run_id)
+                    ORDER BY p.run_id LOOP
+        UPDATE tide.queue_slot s SET run_id = running.run_id
+         WHERE (s.owner, s.queue, s.slot) = (SELECT x.owner, x.queue, x.slot FROM tide.queue_slot x
+                                              WHERE x.owner = p_owner AND x.queue = p_queue AND x.run_id IS NULL
+                                                AND x.slot <= lim
+                                              ORDER BY x.slot LIMIT 1);
+        IF NOT FOUND THEN
+            INSERT INTO tide.queue_slot (owner, queue, slot, run_id)
+            SELECT p_owner, p_queue, greatest(coalesce(max(x.slot), 0), lim) + 1, running.run_id FROM tide.queue_slot x
+             WHERE x.owner = p_owner AND x.queue = p_queue;
         END IF;
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION tide._give_back(name[], text[], integer[]) IS
-    'Internal: gives the queue shard units of runs that stopped running back and wakes the runs parked in those queues.';
+COMMENT ON FUNCTION tide._sync_slots(name, text) IS
+    'Internal: makes a queue''s slots match its max_concurrency and its running runs.';
 
 -- The start tokens of a queue at an instant.
 CREATE FUNCTION tide._queue_tokens(q tide.queue, p_at timestamptz) RETURNS double precision
@@ -194,7 +178,7 @@ BEGIN
            tokens = least(q.tokens, EXCLUDED.tokens),
            budget = CASE WHEN q.retry_budget IS NULL THEN EXCLUDED.budget ELSE least(q.budget, EXCLUDED.budget) END,
            updated_at = now();
-    PERFORM tide._sync_shards(tide._caller(), create_queue.name);
+    PERFORM tide._sync_slots(tide._caller(), create_queue.name);
     -- Runs waiting for a limit that is now higher (or gone) may go.
     PERFORM tide._wake_queue(tide._caller(), create_queue.name);
     RETURN create_queue.name;
@@ -272,8 +256,9 @@ BEGIN
         RETURN 0;
     END IF;
     room := CASE WHEN q.max_concurrency IS NULL THEN 1000000
-                 ELSE (SELECT coalesce(sum(greatest(s.cap - s.used, 0)), 0) FROM tide.queue_shard s
-                        WHERE s.owner = p_owner AND s.queue = p_queue) END;
+                 ELSE (SELECT count(*) FROM tide.queue_slot s
+                        WHERE s.owner = p_owner AND s.queue = p_queue AND s.run_id IS NULL
+                          AND s.slot <= q.max_concurrency) END;
     WITH target AS (
         SELECT x.run_id FROM tide.pending x
          WHERE x.queue = p_queue AND x.owner = p_owner AND x.state = 'ready' AND x.parked
@@ -290,41 +275,64 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide._wake_queue(name, text) IS
-    'Internal: unparks the runs of a queue that may start now (up to its free room).';
+    'Internal: unparks the runs of a queue that may start now (up to its free slots).';
+
+-- Runs that stopped running give their queues' slots back, and the runs parked there look
+-- again (only queues with a max_concurrency).
+CREATE FUNCTION tide._wake_queues(p_run_ids bigint[]) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    rec record;
+BEGIN
+    -- One statement for the batch: the slots of all queues are few (their max_concurrency).
+    FOR rec IN WITH freed AS (
+                   UPDATE tide.queue_slot s SET run_id = NULL
+                     FROM unnest(p_run_ids) AS u(id)
+                    WHERE s.run_id = u.id
+                   RETURNING s.owner, s.queue)
+               SELECT DISTINCT f.owner, f.queue FROM freed f LOOP
+        IF EXISTS (SELECT 1 FROM tide.pending p WHERE p.parked AND p.queue = rec.queue AND p.owner = rec.owner) THEN
+            PERFORM tide._wake_queue(rec.owner, rec.queue);
+        END IF;
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION tide._wake_queues(bigint[]) IS
+    'Internal: gives back the queue slots of runs that stopped running and wakes the runs parked in those queues.';
 
 -- Which claimed candidates their queues let start now: not paused, a start token each (rate),
--- room in the queue's shards (max_concurrency). Returns them with the shard each takes room
--- from (NULL outside a max_concurrency). The others are parked: until their token is due,
--- until a run of the queue gives room back (it wakes them), until resume_queue. Shards are
--- taken with SKIP LOCKED, so claims of one queue go side by side; only a rate-limited queue's
--- row is locked (its token bucket), and claims of it take turns.
-CREATE FUNCTION tide._queue_admit(p_ids bigint[], p_owners name[], p_queues text[],
-                                  OUT admitted bigint[], OUT shards integer[])
+-- a free slot each (max_concurrency). The others are parked: until their token is due, until
+-- a slot is given back (the run that ends wakes them), until resume_queue. Slots are taken with
+-- SKIP LOCKED, so claims of one queue go side by side; only a rate-limited queue's row is
+-- locked (its token bucket), and claims of it take turns.
+CREATE FUNCTION tide._queue_admit(p_ids bigint[]) RETURNS bigint[]
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     q record;
-    sh record;
     bucket tide.queue;
     have double precision;
     cap integer;
-    m integer;
     n integer;
-    wait interval;
+    slots integer[];
+    admitted bigint[] := '{}';
 BEGIN
-    admitted := '{}';
-    shards := '{}';
     FOR q IN
-        -- The candidates come in claim order (priority, then oldest), with their owners and
-        -- queues.
-        SELECT c.owner, c.queue, array_agg(c.run_id ORDER BY c.n) AS runs,
-               x.paused, x.max_concurrency, x.rate
-          FROM unnest(p_ids, p_owners, p_queues) WITH ORDINALITY AS c(run_id, owner, queue, n)
+        SELECT c.owner, c.queue, array_agg(c.run_id ORDER BY c.priority DESC, c.run_id) AS runs,
+               x.name IS NOT NULL AS declared, x.paused, x.max_concurrency, x.rate
+          FROM tide.pending c
           LEFT JOIN tide.queue x ON x.owner = c.owner AND x.name = c.queue
-         GROUP BY c.owner, c.queue, x.paused, x.max_concurrency, x.rate
+         WHERE c.run_id = ANY (p_ids)
+         GROUP BY c.owner, c.queue, x.name, x.paused, x.max_concurrency, x.rate
          ORDER BY c.owner, c.queue
     LOOP
+        IF NOT q.declared THEN
+            admitted := admitted || q.runs;
+            CONTINUE;
+        END IF;
         IF q.paused THEN
             UPDATE tide.pending p SET parked = true, due_at = now() + tide._park_time()
              WHERE p.run_id = ANY (q.runs) AND p.state = 'ready';
@@ -336,26 +344,19 @@ BEGIN
             have := tide._queue_tokens(bucket, now());
             cap := least(cap, floor(have)::integer);
         END IF;
-        IF q.max_concurrency IS NULL THEN
-            n := cap;
-            shards := shards || array_fill(NULL::integer, ARRAY[n]);
-        ELSE
-            -- Room from the shards that no other claim holds now, those with most of it first;
-            -- a row is locked as it is read, so the shards not needed stay free for others.
-            n := 0;
-            IF cap > 0 THEN
-                FOR sh IN SELECT s.shard, s.cap - s.used AS room FROM tide.queue_shard s
-                           WHERE s.owner = q.owner AND s.queue = q.queue AND s.used < s.cap
-                           ORDER BY s.used - s.cap, s.shard
-                             FOR UPDATE SKIP LOCKED LOOP
-                    m := least(sh.room, cap - n);
-                    UPDATE tide.queue_shard s SET used = s.used + m
-                     WHERE s.owner = q.owner AND s.queue = q.queue AND s.shard = sh.shard;
-                    shards := shards || array_fill(sh.shard, ARRAY[m]);
-                    n := n + m;
-                    EXIT WHEN n >= cap;
-                END LOOP;
-            END IF;
+        n := cap;
+        IF q.max_concurrency IS NOT NULL AND cap > 0 THEN
+            -- Fixed in an array first: a LIMIT under SKIP LOCKED may be re-evaluated.
+            SELECT array_agg(f.slot ORDER BY f.slot) INTO slots FROM (
+                SELECT s.slot FROM tide.queue_slot s
+                 WHERE s.owner = q.owner AND s.queue = q.queue AND s.run_id IS NULL
+                   AND s.slot <= q.max_concurrency
+                 ORDER BY s.slot LIMIT cap
+                   FOR UPDATE SKIP LOCKED) f;
+            n := coalesce(cardinality(slots), 0);
+            UPDATE tide.queue_slot s SET run_id = u.run_id
+              FROM unnest(slots, q.runs[1:n]) AS u(slot, run_id)
+             WHERE s.owner = q.owner AND s.queue = q.queue AND s.slot = u.slot;
         END IF;
         IF q.rate IS NOT NULL THEN
             UPDATE tide.queue x SET tokens = have - n, tokens_at = now()
@@ -364,25 +365,20 @@ BEGIN
         admitted := admitted || q.runs[1:n];
         CONTINUE WHEN n >= cardinality(q.runs);
         -- The rest wait: for their token (the k-th run's is due after (k - have) / rate
-        -- seconds), else for room. A run that ends wakes them; in case that wake-up misses
-        -- them (a claim parking them has not committed yet), they look again in 5 seconds, or
-        -- in 1 when the room is there but other claims hold it right now.
-        wait := CASE WHEN q.max_concurrency IS NOT NULL
-                      AND EXISTS (SELECT 1 FROM tide.queue_shard s
-                                   WHERE s.owner = q.owner AND s.queue = q.queue AND s.used < s.cap)
-                     THEN interval '1 second' ELSE interval '5 seconds' END;
+        -- seconds), else for a slot.
         UPDATE tide.pending p
            SET parked = true,
                due_at = CASE WHEN q.rate IS NOT NULL AND u.k > floor(have)
                              THEN now() + make_interval(secs => (u.k - have) / q.rate)
-                             ELSE now() + wait END
+                             ELSE now() + tide._park_time() END
           FROM unnest(q.runs) WITH ORDINALITY AS u(run_id, k)
          WHERE u.k > n AND p.run_id = u.run_id AND p.state = 'ready';
     END LOOP;
+    RETURN admitted;
 END
 $$;
-COMMENT ON FUNCTION tide._queue_admit(bigint[], name[], text[]) IS
-    'Internal: the claimed candidates their queues let start (paused, rate, room in max_concurrency), with the shard each takes room from; parks the others.';
+COMMENT ON FUNCTION tide._queue_admit(bigint[]) IS
+    'Internal: the claimed candidates their queues let start (paused, rate, a free slot of max_concurrency); parks the others.';
 
 -- A transient failure spends one unit of its queue's retry budget. Returns the instant before
 -- which the retry must not run (NULL: no budget, or budget left).
