@@ -318,6 +318,7 @@ DECLARE
     cap integer;
     n integer;
     slots integer[];
+    wait interval;
     admitted bigint[] := '{}';
 BEGIN
     FOR q IN
@@ -365,12 +366,19 @@ BEGIN
         admitted := admitted || q.runs[1:n];
         CONTINUE WHEN n >= cardinality(q.runs);
         -- The rest wait: for their token (the k-th run's is due after (k - have) / rate
-        -- seconds), else for a slot.
+        -- seconds), else for a slot. A run that ends wakes them; in case that wake-up misses
+        -- them (this claim, parking them, has not committed yet), they look again in 5
+        -- seconds, or in 1 when free slots are there but other claims hold them right now.
+        wait := CASE WHEN q.max_concurrency IS NOT NULL
+                      AND EXISTS (SELECT 1 FROM tide.queue_slot s
+                                   WHERE s.owner = q.owner AND s.queue = q.queue AND s.run_id IS NULL
+                                     AND s.slot <= q.max_concurrency)
+                     THEN interval '1 second' ELSE interval '5 seconds' END;
         UPDATE tide.pending p
            SET parked = true,
                due_at = CASE WHEN q.rate IS NOT NULL AND u.k > floor(have)
                              THEN now() + make_interval(secs => (u.k - have) / q.rate)
-                             ELSE now() + tide._park_time() END
+                             ELSE now() + wait END
           FROM unnest(q.runs) WITH ORDINALITY AS u(run_id, k)
          WHERE u.k > n AND p.run_id = u.run_id AND p.state = 'ready';
     END LOOP;
