@@ -181,6 +181,11 @@ BEGIN
         -- Serial groups, overlap, concurrency and locks decide which may go (sql/locks.sql).
         candidates := ids;
         ids := tide._admit(candidates, token, p_executor, p_lease);
+        IF limited AND cardinality(ids) < cardinality(candidates) THEN
+            -- The queue slots taken for the candidates that must wait after all are free again.
+            UPDATE tide.queue_slot s SET run_id = NULL
+             WHERE s.run_id = ANY (candidates) AND s.run_id <> ALL (ids);
+        END IF;
         IF cardinality(ids) > 0 THEN
             SELECT array_agg(p.owner ORDER BY u.n) INTO owners
               FROM unnest(ids) WITH ORDINALITY AS u(id, n) JOIN tide.pending p ON p.run_id = u.id;

@@ -148,6 +148,29 @@ fn max_concurrency_holds_for_external_workers(cluster: &Cluster) -> Result<(), F
     assert_eq!(claim(&mut bob, "api", 10)?.len(), 0, "bob's own queue is at its limit already");
     let seen: String = one(&mut bob, "SELECT string_agg(owner || '/' || name, ',') FROM tide.queue")?;
     assert_eq!(seen, "q_bob/api", "a role sees its own queues only");
+
+    // A candidate the queue admits but its serial group holds back (an event of a key whose
+    // earlier event is running) gives its slot back at once: the next run, of another key,
+    // takes it in the same claim.
+    exec(
+        &mut c,
+        "SELECT tide.create_queue('keyed', max_concurrency => 2);
+         SELECT tide.schedule('keyed_api', NULL, topics => ARRAY['keyed.ev'], queue => 'keyed');
+         SELECT tide.emit('keyed.ev', event_key => 'x');
+         SELECT tide.emit('keyed.ev', event_key => 'x');
+         SELECT tide.emit('keyed.ev', event_key => 'y');",
+    )?;
+    let holder = claim(&mut c, "keyed", 1)?;
+    assert_eq!(holder.len(), 1);
+    let next = claim(&mut c, "keyed", 1)?;
+    assert_eq!(next.len(), 1, "the second run of key x waits; the run of key y goes");
+    let key: String = one(
+        &mut c,
+        &format!("SELECT event_key FROM tide.run WHERE run_id = {}", next[0].0),
+    )?;
+    assert_eq!(key, "y");
+    let held: i64 = one(&mut c, "SELECT count(*) FROM tide.queue_slot WHERE queue = 'keyed' AND run_id IS NOT NULL")?;
+    assert_eq!(held, 2, "two slots held: the two running runs'");
     Ok(())
 }
 
