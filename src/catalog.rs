@@ -380,7 +380,8 @@ fn schedule(
     // The name is taken: the same definition is a no-op (a deploy script runs it every time);
     // another one is refused unless replace => true makes it the task's next rule version.
     let rule_columns = "schedule, command, tz, biz_window, queue, args, dst_gap, dst_overlap";
-    let new_values = "$2, $3, $4, $5::tide.biz_window, $6, $7::jsonb, $8::tide.dst_gap, $9::tide.dst_overlap";
+    let new_values =
+        "$2, $3, $4, $5::tide.biz_window, $6, $7::jsonb, $8::tide.dst_gap, $9::tide.dst_overlap";
     let query = format!(
         "SELECT task_id,
                 ({rule_columns}, {cols}) IS NOT DISTINCT FROM ({new_values}, {vals}),
@@ -445,7 +446,9 @@ fn schedule(
 /// The `pending` option of tide.alter and tide.schedule(replace => true): what unstarted runs
 /// created under older rules do.
 fn pending_policy(pending: Option<&str>, function: &'static str) -> String {
-    let pending = required(pending, "pending", function).trim().to_ascii_lowercase();
+    let pending = required(pending, "pending", function)
+        .trim()
+        .to_ascii_lowercase();
     if !matches!(pending.as_str(), "hold" | "adopt" | "keep") {
         raise(TideError::BadPending(pending), function);
     }

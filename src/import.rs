@@ -50,7 +50,9 @@ unsafe fn refuses_transaction_block(node: *mut pg_sys::Node) -> bool {
             NodeTag::T_VacuumStmt => (*node.cast::<pg_sys::VacuumStmt>()).is_vacuumcmd,
             NodeTag::T_IndexStmt => (*node.cast::<pg_sys::IndexStmt>()).concurrent,
             NodeTag::T_DropStmt => (*node.cast::<pg_sys::DropStmt>()).concurrent,
-            NodeTag::T_ReindexStmt => has_option((*node.cast::<pg_sys::ReindexStmt>()).params, "concurrently"),
+            NodeTag::T_ReindexStmt => {
+                has_option((*node.cast::<pg_sys::ReindexStmt>()).params, "concurrently")
+            }
             NodeTag::T_ClusterStmt => (*node.cast::<pg_sys::ClusterStmt>()).relation.is_null(),
             NodeTag::T_CallStmt
             | NodeTag::T_TransactionStmt
@@ -75,7 +77,9 @@ unsafe fn has_option(params: *mut pg_sys::List, name: &str) -> bool {
     }
     unsafe {
         (0..usize::try_from((*params).length).unwrap_or(0)).any(|i| {
-            let option = (*(*params).elements.add(i)).ptr_value.cast::<pg_sys::DefElem>();
+            let option = (*(*params).elements.add(i))
+                .ptr_value
+                .cast::<pg_sys::DefElem>();
             !(*option).defname.is_null()
                 && std::ffi::CStr::from_ptr((*option).defname).to_bytes() == name.as_bytes()
         })
@@ -112,12 +116,21 @@ fn import_job(
         let mut context: c_int = 0;
         pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
         let level = crate::caller::enter_user_code();
-        pg_sys::SetUserIdAndSecContext(oid, context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as c_int);
+        pg_sys::SetUserIdAndSecContext(
+            oid,
+            context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as c_int,
+        );
         (user, context, level)
     };
     let id = Spi::get_one_with_args::<i64>(
         "SELECT tide.schedule($1, $2, $3, tz => $4, top_level => $5)",
-        &[task.into(), schedule.into(), command.into(), tz.into(), top_level.into()],
+        &[
+            task.into(),
+            schedule.into(),
+            command.into(),
+            tz.into(),
+            top_level.into(),
+        ],
     )
     .or_raise(F)
     .unwrap_or_default();

@@ -28,8 +28,8 @@ mod tick;
 mod timeline;
 
 // Settings and background workers.
-mod settings;
 mod import;
+mod settings;
 mod toplevel;
 mod worker;
 
@@ -75,7 +75,11 @@ mod tide {}
 // queue admission and the retry budget.
 ::pgrx::extension_sql_file!("../sql/queues.sql", name = "queues", requires = ["locks"]);
 // Moving over from pg_cron: tide.import_pg_cron.
-::pgrx::extension_sql_file!("../sql/import.sql", name = "import", requires = ["execution"]);
+::pgrx::extension_sql_file!(
+    "../sql/import.sql",
+    name = "import",
+    requires = ["execution"]
+);
 // One-off and delayed jobs: tide.enqueue.
 ::pgrx::extension_sql_file!("../sql/jobs.sql", name = "jobs", requires = ["locks"]);
 // Monitoring: health, heartbeat checks, alerts, metrics, run log lines, explain, retention.

@@ -318,25 +318,72 @@ pub const MAX_CATCH_UP: i32 = 10_000;
 /// and chrono's ranges, so no arithmetic can overflow at run time.
 const INTERVAL_BOUNDS: &[(&str, i64, i64, &str)] = &[
     // A timeout arms a timer counted in milliseconds in an int: at most 24.8 days.
-    ("timeout", MS_100, 7, "an interval of 100 milliseconds to 7 days"),
+    (
+        "timeout",
+        MS_100,
+        7,
+        "an interval of 100 milliseconds to 7 days",
+    ),
     ("lease", SECOND, 30, "an interval of 1 second to 30 days"),
-    ("backoff_base", MS_100, 30, "an interval of 100 milliseconds to 30 days"),
-    ("backoff_cap", MS_100, 30, "an interval of 100 milliseconds to 30 days"),
-    ("recheck_interval", SECOND, 31, "an interval of 1 second to 31 days"),
+    (
+        "backoff_base",
+        MS_100,
+        30,
+        "an interval of 100 milliseconds to 30 days",
+    ),
+    (
+        "backoff_cap",
+        MS_100,
+        30,
+        "an interval of 100 milliseconds to 30 days",
+    ),
+    (
+        "recheck_interval",
+        SECOND,
+        31,
+        "an interval of 1 second to 31 days",
+    ),
     ("batch_pause", 0, 1, "an interval of 0 to 1 day"),
-    ("misfire_threshold", SECOND, 366, "an interval of 1 second to 366 days"),
-    ("ready_timeout", SECOND, 366, "an interval of 1 second to 366 days"),
+    (
+        "misfire_threshold",
+        SECOND,
+        366,
+        "an interval of 1 second to 366 days",
+    ),
+    (
+        "ready_timeout",
+        SECOND,
+        366,
+        "an interval of 1 second to 366 days",
+    ),
     ("grace", SECOND, 366, "an interval of 1 second to 366 days"),
-    ("max_silence", SECOND, 3660, "an interval of 1 second to 3660 days (10 years)"),
-    ("period", SECOND, 3660, "an interval of 1 second to 3660 days (10 years)"),
-    ("source_retention", SECOND, 36_525, "an interval of 1 second to 36525 days (100 years)"),
+    (
+        "max_silence",
+        SECOND,
+        3660,
+        "an interval of 1 second to 3660 days (10 years)",
+    ),
+    (
+        "period",
+        SECOND,
+        3660,
+        "an interval of 1 second to 3660 days (10 years)",
+    ),
+    (
+        "source_retention",
+        SECOND,
+        36_525,
+        "an interval of 1 second to 36525 days (100 years)",
+    ),
 ];
 const SECOND: i64 = 1_000_000;
 const MS_100: i64 = 100_000;
 
 /// The bounds of an interval option (see `INTERVAL_BOUNDS`); `None` for no such option.
 fn bounds_of(param: &str) -> Option<&'static (&'static str, i64, i64, &'static str)> {
-    INTERVAL_BOUNDS.iter().find(|(name, _, _, _)| *name == param)
+    INTERVAL_BOUNDS
+        .iter()
+        .find(|(name, _, _, _)| *name == param)
 }
 
 /// The name of an interval option with documented bounds, as a static string for errors.
@@ -362,7 +409,9 @@ pub fn check_interval(param: &'static str, span: Span, zero_ok: bool) -> Result<
     }
     let micros = span.approx_micros();
     let bounds = bounds_of(param);
-    let max = bounds.map_or(i128::MAX, |(_, _, days, _)| i128::from(*days) * 86_400_000_000);
+    let max = bounds.map_or(i128::MAX, |(_, _, days, _)| {
+        i128::from(*days) * 86_400_000_000
+    });
     let min = bounds.map_or(0, |(_, min, _, _)| i128::from(*min));
     let too_short = if micros == 0 { !zero_ok } else { micros < min };
     if micros > max || micros < 0 || too_short {
@@ -909,7 +958,10 @@ mod tests {
                 micros: 0,
             };
             let e = check_interval(name, over, true).unwrap_err();
-            assert_eq!(e.to_string(), format!("{name} must be {text}, got {} days", days + 1));
+            assert_eq!(
+                e.to_string(),
+                format!("{name} must be {text}, got {} days", days + 1)
+            );
             let shortest = Span {
                 months: 0,
                 days: 0,
@@ -922,8 +974,16 @@ mod tests {
                     ..shortest
                 };
                 let e = check_interval(name, under, false).unwrap_err();
-                assert!(e.to_string().starts_with(&format!("{name} must be {text}, got ")), "{e}");
-                let floor = if *min == SECOND { "1 second" } else { "100 milliseconds" };
+                assert!(
+                    e.to_string()
+                        .starts_with(&format!("{name} must be {text}, got ")),
+                    "{e}"
+                );
+                let floor = if *min == SECOND {
+                    "1 second"
+                } else {
+                    "100 milliseconds"
+                };
                 assert!(text.contains(floor), "{name}: {text}");
             }
         }
@@ -936,7 +996,10 @@ mod tests {
         let e = check_interval("backoff_base", one_ms, false).unwrap_err();
         assert_eq!(
             e.to_string(),
-            format!("backoff_base must be an interval of 100 milliseconds to 30 days, got {}", one_ms.describe())
+            format!(
+                "backoff_base must be an interval of 100 milliseconds to 30 days, got {}",
+                one_ms.describe()
+            )
         );
         assert_eq!(interval_option("nonsense"), None);
     }

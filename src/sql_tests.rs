@@ -223,21 +223,30 @@ mod tests {
 
     #[pg_test]
     fn schedule_again_is_a_no_op_and_replace_makes_a_new_version() {
-        let define = "SELECT tide.schedule('deploy', '0 2 * * *', 'SELECT 1', tz => 'europe/berlin',
+        let define =
+            "SELECT tide.schedule('deploy', '0 2 * * *', 'SELECT 1', tz => 'europe/berlin',
                                           max_attempts => 3, lock_key => 'k')";
         let id: i64 = one(define);
         let next: String = one("SELECT next_fire_at::text FROM tide.task");
         // The same definition, written differently (the zone's case), is the same task.
-        assert_eq!(one::<i64>(define), id, "the same definition returns the same task_id");
+        assert_eq!(
+            one::<i64>(define),
+            id,
+            "the same definition returns the same task_id"
+        );
         assert_eq!(one::<i32>("SELECT max(version) FROM tide.task_version"), 1);
         // A different one is refused with a hint, and changes nothing.
-        let refused = error_of("SELECT tide.schedule('deploy', '0 3 * * *', 'SELECT 1', tz => 'Europe/Berlin')");
+        let refused = error_of(
+            "SELECT tide.schedule('deploy', '0 3 * * *', 'SELECT 1', tz => 'Europe/Berlin')",
+        );
         assert!(
-            refused.starts_with("23505|task \"deploy\" already exists with a different definition|"),
+            refused
+                .starts_with("23505|task \"deploy\" already exists with a different definition|"),
             "{refused}"
         );
         assert!(refused.contains("replace => true"), "{refused}");
-        let unchanged: String = one("SELECT concat_ws(',', schedule, max_attempts, lock_key, version) FROM tide.task");
+        let unchanged: String =
+            one("SELECT concat_ws(',', schedule, max_attempts, lock_key, version) FROM tide.task");
         assert_eq!(unchanged, "0 2 * * *,3,k,1");
         // replace => true: the definition given, whole (options left out take their defaults).
         let replaced: i64 = one(
@@ -250,7 +259,10 @@ mod tests {
                 .replace("$1", &format!("'{next}'"))
                 .as_str(),
         );
-        assert_eq!(row, "0 3 * * *,SELECT 2,5,-,2,t", "new rules, version 2, next fire moved");
+        assert_eq!(
+            row, "0 3 * * *,SELECT 2,5,-,2,t",
+            "new rules, version 2, next fire moved"
+        );
         // Replacing with what is there already makes no version.
         one::<i64>("SELECT tide.schedule('deploy', '0 3 * * *', 'SELECT 2', tz => 'Europe/Berlin', replace => true)");
         assert_eq!(one::<i32>("SELECT max(version) FROM tide.task_version"), 2);

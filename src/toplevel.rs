@@ -62,9 +62,9 @@ pub fn run(run_id: i64, token: i64) -> Result<(), String> {
             "no background worker slot was free to run the top-level command (raise max_worker_processes)"
                 .to_string()
         })?;
-    worker
-        .wait_for_shutdown()
-        .map_err(|status| format!("the top-level command's worker could not be followed: {status:?}"))
+    worker.wait_for_shutdown().map_err(|status| {
+        format!("the top-level command's worker could not be followed: {status:?}")
+    })
 }
 
 /// What the command did: statements run, the error that stopped it, what it reported.
@@ -226,7 +226,11 @@ fn execute(run_id: i64, command: &str, owner: &str, timeout_ms: i32) -> Outcome 
             Vec::new()
         } else {
             (0..usize::try_from((*list).length).unwrap_or(0))
-                .map(|i| (*(*list).elements.add(i)).ptr_value.cast::<pg_sys::RawStmt>())
+                .map(|i| {
+                    (*(*list).elements.add(i))
+                        .ptr_value
+                        .cast::<pg_sys::RawStmt>()
+                })
                 .collect()
         }
     };

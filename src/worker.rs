@@ -229,7 +229,9 @@ fn execute_one(worker: &str) -> bool {
             // worker that could not start, or ended without recording the outcome, leaves
             // the run to be failed here as lost (and retried).
             let why = match crate::toplevel::run(run.run_id, run.token) {
-                Ok(()) => "the top-level command's worker ended without recording the outcome".to_string(),
+                Ok(()) => {
+                    "the top-level command's worker ended without recording the outcome".to_string()
+                }
                 Err(message) => message,
             };
             in_transaction("top-level check", || {

@@ -308,7 +308,10 @@ fn retries_back_off_then_dead_letter_then_replay(cluster: &Cluster) -> Result<()
     assert_eq!(code, "55000");
     assert!(message.contains("already succeeded"), "{message}");
     assert!(hint.contains("force => true"), "{hint}");
-    exec(&mut c, &format!("SELECT tide.replay_run({run}, force => true)"))?;
+    exec(
+        &mut c,
+        &format!("SELECT tide.replay_run({run}, force => true)"),
+    )?;
     let history: String = one(
         &mut c,
         &format!(
@@ -706,9 +709,15 @@ fn short_counts_need_a_check(cluster: &Cluster) -> Result<(), Failed> {
         )?;
         assert_eq!(state, "need_check", "a shortfall is not success");
     }
-    let accepted: String = one(&mut c, &format!("SELECT tide.resolve_run({a}, 'accept')::text"))?;
+    let accepted: String = one(
+        &mut c,
+        &format!("SELECT tide.resolve_run({a}, 'accept')::text"),
+    )?;
     assert_eq!(accepted, "succeeded");
-    let replayed: String = one(&mut c, &format!("SELECT tide.resolve_run({b}, 'replay')::text"))?;
+    let replayed: String = one(
+        &mut c,
+        &format!("SELECT tide.resolve_run({b}, 'replay')::text"),
+    )?;
     assert_eq!(replayed, "ready");
     let (code, _, _) = refused(&mut c, &format!("SELECT tide.resolve_run({b}, 'accept')"))?;
     assert_eq!(code, "55000", "only need_check runs are resolved");
@@ -920,7 +929,10 @@ fn small_functions_happy_paths_and_bad_input(cluster: &Cluster) -> Result<(), Fa
 
     // Their happy paths.
     let run = rerun_hours_ago(&mut c, "s", 2)?;
-    let cancelled: String = one(&mut c, &format!("SELECT tide.cancel_run({run}, 'not needed')"))?;
+    let cancelled: String = one(
+        &mut c,
+        &format!("SELECT tide.cancel_run({run}, 'not needed')"),
+    )?;
     assert_eq!(cancelled, "cancelled");
     let state: String = one(
         &mut c,
@@ -928,8 +940,14 @@ fn small_functions_happy_paths_and_bad_input(cluster: &Cluster) -> Result<(), Fa
     )?;
     assert_eq!(state, "cancelled|cancelled by postgres: not needed");
     let again: String = one(&mut c, &format!("SELECT tide.cancel_run({run})"))?;
-    assert_eq!(again, "cancelled", "cancelling a cancelled run again changes nothing");
-    let reason: String = one(&mut c, &format!("SELECT reason FROM tide.run WHERE run_id = {run}"))?;
+    assert_eq!(
+        again, "cancelled",
+        "cancelling a cancelled run again changes nothing"
+    );
+    let reason: String = one(
+        &mut c,
+        &format!("SELECT reason FROM tide.run WHERE run_id = {run}"),
+    )?;
     assert_eq!(reason, "cancelled by postgres: not needed");
     let (code, message, hint) = refused(
         &mut c,
@@ -1459,9 +1477,11 @@ fn pg_cron_schedules_keep_their_meaning(cluster: &Cluster) -> Result<(), Failed>
         .map(|r| r.get(0))
         .map_err(|e| pg_tide_pg_test::describe(&e))
     };
-    wait_for("three runs of a '2 seconds' task", Duration::from_secs(60), || {
-        Ok((done(&mut c)? >= 3).then_some(()))
-    })?;
+    wait_for(
+        "three runs of a '2 seconds' task",
+        Duration::from_secs(60),
+        || Ok((done(&mut c)? >= 3).then_some(())),
+    )?;
     exec(&mut c, "SELECT tide.pause('every_2s')")?;
     let shape: String = one(
         &mut c,
@@ -1498,8 +1518,14 @@ fn pg_cron_schedules_keep_their_meaning(cluster: &Cluster) -> Result<(), Failed>
     exec(&mut c, "SELECT tide.unschedule('month_end')")?;
 
     for (sql, needle) in [
-        ("SELECT tide.schedule('at_boot', '@reboot', 'SELECT 1')", "\"@reboot\" is not supported"),
-        ("SELECT tide.schedule('too_slow', '60 seconds', 'SELECT 1')", "\"60 seconds\""),
+        (
+            "SELECT tide.schedule('at_boot', '@reboot', 'SELECT 1')",
+            "\"@reboot\" is not supported",
+        ),
+        (
+            "SELECT tide.schedule('too_slow', '60 seconds', 'SELECT 1')",
+            "\"60 seconds\"",
+        ),
         ("SELECT tide.next_fires('0 seconds')", "\"0 seconds\""),
     ] {
         let (code, message, hint) = refused(&mut c, sql)?;
@@ -1525,8 +1551,14 @@ fn enqueue_creates_one_off_and_delayed_runs(cluster: &Cluster) -> Result<(), Fai
         "SELECT tide.schedule('mail', NULL, topics => ARRAY['never'], args => '{\"from\": \"billing\", \"n\": 0}')",
     )?;
     // One run: args merged over the task's, the priority given.
-    let low: i64 = one(&mut c, "SELECT tide.enqueue('mail', '{\"n\": 1}', priority => -5)")?;
-    let high: i64 = one(&mut c, "SELECT tide.enqueue('mail', '{\"n\": 2}', priority => 9)")?;
+    let low: i64 = one(
+        &mut c,
+        "SELECT tide.enqueue('mail', '{\"n\": 1}', priority => -5)",
+    )?;
+    let high: i64 = one(
+        &mut c,
+        "SELECT tide.enqueue('mail', '{\"n\": 2}', priority => 9)",
+    )?;
     let plain: i64 = one(&mut c, "SELECT tide.enqueue('mail', '{\"n\": 3}')")?;
     let row: String = one(
         &mut c,
@@ -1541,7 +1573,11 @@ fn enqueue_creates_one_off_and_delayed_runs(cluster: &Cluster) -> Result<(), Fai
              UNION ALL SELECT c.run_id, 2 FROM tide.claim_runs(n => 1) c
              UNION ALL SELECT c.run_id, 3 FROM tide.claim_runs(n => 1) c) x",
     )?;
-    assert_eq!(order, format!("{high},{plain},{low}"), "per-run priority orders the claims");
+    assert_eq!(
+        order,
+        format!("{high},{plain},{low}"),
+        "per-run priority orders the claims"
+    );
 
     // Many runs in one call, idempotent with a dedupe key: the same batch again creates nothing
     // and returns the same runs; a longer batch adds only the new elements.
@@ -1564,10 +1600,22 @@ fn enqueue_creates_one_off_and_delayed_runs(cluster: &Cluster) -> Result<(), Fai
            FROM tide.run WHERE dedupe_key LIKE 'import:7:%'",
     )?;
     assert_eq!(batch, "1000|1000|import:7:1|t");
-    let one_key_a: i64 = one(&mut c, "SELECT tide.enqueue('mail', '{\"n\": 9}', dedupe_key => 'welcome:9')")?;
-    let one_key_b: i64 = one(&mut c, "SELECT tide.enqueue('mail', '{\"n\": 10}', dedupe_key => 'welcome:9')")?;
-    assert_eq!(one_key_a, one_key_b, "a second enqueue with the key returns the existing run");
-    let kept: String = one(&mut c, &format!("SELECT args->>'n' FROM tide.run WHERE run_id = {one_key_a}"))?;
+    let one_key_a: i64 = one(
+        &mut c,
+        "SELECT tide.enqueue('mail', '{\"n\": 9}', dedupe_key => 'welcome:9')",
+    )?;
+    let one_key_b: i64 = one(
+        &mut c,
+        "SELECT tide.enqueue('mail', '{\"n\": 10}', dedupe_key => 'welcome:9')",
+    )?;
+    assert_eq!(
+        one_key_a, one_key_b,
+        "a second enqueue with the key returns the existing run"
+    );
+    let kept: String = one(
+        &mut c,
+        &format!("SELECT args->>'n' FROM tide.run WHERE run_id = {one_key_a}"),
+    )?;
     assert_eq!(kept, "9", "and writes nothing");
     // Work the batch off so the delayed run below is the only one left.
     exec(
@@ -1575,7 +1623,10 @@ fn enqueue_creates_one_off_and_delayed_runs(cluster: &Cluster) -> Result<(), Fai
         "SELECT tide.complete_runs(array_agg(run_id), array_agg(lease_token)) FROM tide.claim_runs(n => 1000);
          SELECT tide.complete_runs(array_agg(run_id), array_agg(lease_token)) FROM tide.claim_runs(n => 1000);",
     )?;
-    let left: i64 = one(&mut c, "SELECT count(*) FROM tide.pending WHERE state = 'ready'")?;
+    let left: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM tide.pending WHERE state = 'ready'",
+    )?;
     assert_eq!(left, 0);
 
     // A delayed run is not claimable before run_at, and is after.
@@ -1585,12 +1636,16 @@ fn enqueue_creates_one_off_and_delayed_runs(cluster: &Cluster) -> Result<(), Fai
     )?;
     let early: i64 = one(&mut c, "SELECT count(*) FROM tide.claim_runs(n => 10)")?;
     assert_eq!(early, 0, "not before run_at");
-    let claimed = wait_for("the delayed run to be claimable", Duration::from_secs(30), || {
-        let row = c
-            .query_opt("SELECT c.run_id FROM tide.claim_runs(n => 10) c", &[])
-            .map_err(|e| pg_tide_pg_test::describe(&e))?;
-        Ok(row.map(|r| r.get::<_, i64>(0)))
-    })?;
+    let claimed = wait_for(
+        "the delayed run to be claimable",
+        Duration::from_secs(30),
+        || {
+            let row = c
+                .query_opt("SELECT c.run_id FROM tide.claim_runs(n => 10) c", &[])
+                .map_err(|e| pg_tide_pg_test::describe(&e))?;
+            Ok(row.map(|r| r.get::<_, i64>(0)))
+        },
+    )?;
     assert_eq!(claimed, delayed);
     let late: bool = one(
         &mut c,
@@ -1605,12 +1660,36 @@ fn enqueue_creates_one_off_and_delayed_runs(cluster: &Cluster) -> Result<(), Fai
         ("SELECT tide.enqueue(NULL)", "22004", "task"),
         ("SELECT tide.enqueue('mail', NULL)", "22004", "args"),
         ("SELECT tide.enqueue('mail', '7')", "22023", "7"),
-        ("SELECT tide.enqueue('mail', '[{\"n\": 1}, \"x\"]')", "22023", "element 2"),
-        ("SELECT tide.enqueue('mail', priority => 1001)", "22023", "1001"),
-        ("SELECT tide.enqueue('mail', run_at => 'infinity')", "22023", "infinity"),
-        ("SELECT tide.enqueue('mail', run_at => now() + interval '20 years')", "22023", "3660 days"),
-        ("SELECT tide.enqueue('mail', dedupe_key => '#1')", "22023", "'#1'"),
-        ("SELECT tide.enqueue('mail', dedupe_key => ' ')", "22023", "dedupe_key"),
+        (
+            "SELECT tide.enqueue('mail', '[{\"n\": 1}, \"x\"]')",
+            "22023",
+            "element 2",
+        ),
+        (
+            "SELECT tide.enqueue('mail', priority => 1001)",
+            "22023",
+            "1001",
+        ),
+        (
+            "SELECT tide.enqueue('mail', run_at => 'infinity')",
+            "22023",
+            "infinity",
+        ),
+        (
+            "SELECT tide.enqueue('mail', run_at => now() + interval '20 years')",
+            "22023",
+            "3660 days",
+        ),
+        (
+            "SELECT tide.enqueue('mail', dedupe_key => '#1')",
+            "22023",
+            "'#1'",
+        ),
+        (
+            "SELECT tide.enqueue('mail', dedupe_key => ' ')",
+            "22023",
+            "dedupe_key",
+        ),
     ] {
         let (got, message, hint) = refused(&mut c, sql)?;
         assert_eq!(got, code, "{sql}: {message}");
@@ -1634,7 +1713,10 @@ fn enqueue_creates_one_off_and_delayed_runs(cluster: &Cluster) -> Result<(), Fai
     )?;
     assert_eq!(window, "manual|t|1 day");
     let again: i64 = one(&mut c, "SELECT tide.run_now('nightly')")?;
-    assert_eq!(again, run, "a run of the window already in line is the same run");
+    assert_eq!(
+        again, run,
+        "a run of the window already in line is the same run"
+    );
     exec(
         &mut c,
         "SELECT tide.complete_run(run_id, lease_token) FROM tide.claim_runs(n => 1)",
@@ -1646,7 +1728,10 @@ fn enqueue_creates_one_off_and_delayed_runs(cluster: &Cluster) -> Result<(), Fai
     assert_eq!(forced, run);
     let (code, message, _) = refused(&mut c, "SELECT tide.run_now('mail')")?;
     assert_eq!(code, "22023", "an event task has no windows: {message}");
-    let (code, message, _) = refused(&mut c, "SELECT tide.run_now('nightly', biz_date => current_date + 3)")?;
+    let (code, message, _) = refused(
+        &mut c,
+        "SELECT tide.run_now('nightly', biz_date => current_date + 3)",
+    )?;
     assert_eq!(code, "22023", "a window that has not ended: {message}");
     pending_in_step(&mut c)?;
     Ok(())
@@ -1729,10 +1814,14 @@ fn top_level_commands_run_outside_a_transaction(cluster: &Cluster) -> Result<(),
         .map(|r| r.get::<_, Option<String>>(0).unwrap_or_default())
         .map_err(|e| pg_tide_pg_test::describe(&e))
     };
-    let states = wait_for("four top-level runs to end", Duration::from_secs(60), || {
-        let s = settled(&mut c)?;
-        Ok((s.split(' ').count() == 4).then_some(s))
-    })?;
+    let states = wait_for(
+        "four top-level runs to end",
+        Duration::from_secs(60),
+        || {
+            let s = settled(&mut c)?;
+            Ok((s.split(' ').count() == 4).then_some(s))
+        },
+    )?;
     assert_eq!(
         states,
         "tl_escape:dead tl_forbidden:dead tl_not_mine:succeeded tl_vacuum:succeeded"
@@ -1762,9 +1851,18 @@ fn top_level_commands_run_outside_a_transaction(cluster: &Cluster) -> Result<(),
         "SELECT string_agg(t.name || '=' || r.last_error, ' | ' ORDER BY t.name) FROM tide.run r JOIN tide.task t USING (task_id)
           WHERE t.name IN ('tl_forbidden', 'tl_escape')",
     )?;
-    assert!(errors.contains("tl_forbidden=must be owner of table tl_theirs"), "{errors}");
-    assert!(errors.contains("tl_escape=cannot set parameter \"role\""), "{errors}");
-    let indexes: i64 = one(&mut c, "SELECT count(*) FROM pg_indexes WHERE tablename = 'tl_theirs'")?;
+    assert!(
+        errors.contains("tl_forbidden=must be owner of table tl_theirs"),
+        "{errors}"
+    );
+    assert!(
+        errors.contains("tl_escape=cannot set parameter \"role\""),
+        "{errors}"
+    );
+    let indexes: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM pg_indexes WHERE tablename = 'tl_theirs'",
+    )?;
     assert_eq!(indexes, 0);
     // A top-level command needs a command, and is not a long task.
     for sql in [

@@ -123,7 +123,11 @@ fn emit_creates_runs_in_the_callers_transaction(cluster: &Cluster) -> Result<(),
             "22023",
             "topic 'has space'",
         ),
-        ("SELECT tide.emit('t', event_key => '')", "22023", "event_key ''"),
+        (
+            "SELECT tide.emit('t', event_key => '')",
+            "22023",
+            "event_key ''",
+        ),
         (
             "SELECT tide.emit('t', dedupe_key => '#5')",
             "22023",
@@ -625,7 +629,10 @@ fn an_external_task_run_many_ways_acts_once(cluster: &Cluster) -> Result<(), Fai
     let late = work(&mut c, run, slow_token).expect_err("the slow worker is fenced");
     assert_eq!(late.code().map(|s| s.code()), Some("55000"));
     // 3. A replay and 4. a forced rerun of the succeeded window.
-    exec(&mut c, &format!("SELECT tide.replay_run({run}, force => true)"))?;
+    exec(
+        &mut c,
+        &format!("SELECT tide.replay_run({run}, force => true)"),
+    )?;
     let again = claim(&mut c, 1)?;
     work(&mut c, run, again[0].1).map_err(db_err)?;
     exec(
@@ -700,7 +707,10 @@ fn an_sql_task_run_many_ways_acts_once(cluster: &Cluster) -> Result<(), Failed> 
         })
     };
     finished(&mut c, 1)?;
-    exec(&mut c, &format!("SELECT tide.replay_run({run}, force => true)"))?;
+    exec(
+        &mut c,
+        &format!("SELECT tide.replay_run({run}, force => true)"),
+    )?;
     finished(&mut c, 2)?;
     exec(
         &mut c,

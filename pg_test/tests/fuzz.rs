@@ -297,7 +297,10 @@ fn setup(cluster: &Cluster) -> Result<(Client, Client, Fixtures), Failed> {
          SELECT tide.create_effect('sms', 'fuzz:1');",
     )?;
     let claimed = fuzzer
-        .query("SELECT run_id, lease_token FROM tide.claim_runs(n => 1)", &[])
+        .query(
+            "SELECT run_id, lease_token FROM tide.claim_runs(n => 1)",
+            &[],
+        )
         .map_err(db_err)?;
     let mut runs: Vec<i64> = admin
         .query("SELECT run_id FROM tide.run ORDER BY run_id", &[])

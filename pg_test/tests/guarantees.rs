@@ -67,7 +67,10 @@ fn sends_are_recorded_once_per_key(cluster: &Cluster) -> Result<(), Failed> {
         &mut c,
         "SELECT tide.create_effect('sms', 'invoice:7:reminder', '{\"to\": \"+1556\"}')",
     )?;
-    assert_eq!(again, first, "recorded once; the second call returns the same effect");
+    assert_eq!(
+        again, first,
+        "recorded once; the second call returns the same effect"
+    );
     // A rolled-back transaction records nothing.
     exec(
         &mut c,
@@ -83,7 +86,10 @@ fn sends_are_recorded_once_per_key(cluster: &Cluster) -> Result<(), Failed> {
     // Another role's identical key is its own message (keys are per owner).
     exec(&mut c, "DROP ROLE IF EXISTS carol; CREATE ROLE carol LOGIN")?;
     let mut carol = cluster.connect_as("e_once", "carol")?;
-    let theirs: i64 = one(&mut carol, "SELECT tide.create_effect('sms', 'invoice:7:reminder')")?;
+    let theirs: i64 = one(
+        &mut carol,
+        "SELECT tide.create_effect('sms', 'invoice:7:reminder')",
+    )?;
     assert_ne!(theirs, first, "carol's key is her own effect");
     let seen: i64 = one(&mut carol, "SELECT count(*) FROM tide.effect")?;
     assert_eq!(seen, 1, "carol sees only her own");
@@ -121,7 +127,11 @@ fn sends_are_recorded_once_per_key(cluster: &Cluster) -> Result<(), Failed> {
             "22023",
             "lease must be an interval of 1 second to 30 days, got 0 seconds",
         ),
-        ("SELECT tide.complete_effect(-1, 1)", "42704", "no side effect -1"),
+        (
+            "SELECT tide.complete_effect(-1, 1)",
+            "42704",
+            "no side effect -1",
+        ),
         (
             "SELECT tide.fail_effect(1, 1, NULL)",
             "22004",
@@ -167,14 +177,20 @@ fn delivery_is_fenced_and_never_repeated_once_delivered(cluster: &Cluster) -> Re
     assert_eq!((again, key2.as_str()), (id, "order:1:shipped"));
     assert!(second > first, "a new, larger fencing token");
     // The first worker comes back: fenced out, nothing changes.
-    let (code, message, _) = refused(&mut c, &format!("SELECT tide.complete_effect({id}, {first})"))?;
+    let (code, message, _) = refused(
+        &mut c,
+        &format!("SELECT tide.complete_effect({id}, {first})"),
+    )?;
     assert_eq!(code, "55000", "{message}");
     let state: String = one(
         &mut c,
         &format!("SELECT state::text FROM tide.effect WHERE effect_id = {id}"),
     )?;
     assert_eq!(state, "sending");
-    exec(&mut c, &format!("SELECT tide.complete_effect({id}, {second})"))?;
+    exec(
+        &mut c,
+        &format!("SELECT tide.complete_effect({id}, {second})"),
+    )?;
     // Delivered: never handed out again, whatever the tick does.
     exec(&mut c, "SELECT tide.tick(now() + interval '1 hour')")?;
     assert!(claim(&mut c, "push")?.is_none());
@@ -327,7 +343,10 @@ fn steps_done_are_skipped_by_retries_and_reruns(cluster: &Cluster) -> Result<(),
         ),
     )?;
     // A forced replay skips both.
-    exec(&mut c, &format!("SELECT tide.replay_run({run}, force => true)"))?;
+    exec(
+        &mut c,
+        &format!("SELECT tide.replay_run({run}, force => true)"),
+    )?;
     let third = claim_run(&mut c)?;
     assert_eq!(step(&mut c, third, "fetch")?, "true {\"rows\": 10}");
     assert_eq!(step(&mut c, third, "load")?, "true -");
@@ -452,7 +471,10 @@ fn a_taken_back_run_resumes_from_its_checkpoint(cluster: &Cluster) -> Result<(),
         &format!("SELECT tide.heartbeat_run({run}, {first}, '{{\"done_upto\": 1000}}')"),
     )?;
     assert_eq!(code, "55000");
-    exec(&mut c, &format!("SELECT tide.complete_run({run}, {second})"))?;
+    exec(
+        &mut c,
+        &format!("SELECT tide.complete_run({run}, {second})"),
+    )?;
     let outcomes: String = one(
         &mut c,
         &format!("SELECT string_agg(outcome::text, ',' ORDER BY attempt) FROM tide.attempt WHERE run_id = {run}"),

@@ -319,7 +319,10 @@ fn heartbeat_checks_go_late_then_down(cluster: &Cluster) -> Result<(), Failed> {
     assert_eq!(status(&mut c, "backup", "now()")?, "down");
     let paused: bool = one(&mut c, "SELECT tide.pause_check('backup')")?;
     let again: bool = one(&mut c, "SELECT tide.pause_check('backup')")?;
-    assert!(paused && !again, "true when it changed, false when it already was");
+    assert!(
+        paused && !again,
+        "true when it changed, false when it already was"
+    );
     assert_eq!(
         status(&mut c, "backup", "now() + interval '1 day'")?,
         "paused"
@@ -351,7 +354,11 @@ fn heartbeat_checks_go_late_then_down(cluster: &Cluster) -> Result<(), Failed> {
     assert_eq!(kinds, "check:backup:up check:report:up task:t:new");
 
     for (sql, code, needle) in [
-        ("SELECT tide.create_check('x', '0 3 * *')", "22023", "0 3 * *"),
+        (
+            "SELECT tide.create_check('x', '0 3 * *')",
+            "22023",
+            "0 3 * *",
+        ),
         (
             "SELECT tide.create_check('x', '1 day', tz => 'Mars/Base')",
             "22023",
@@ -373,7 +380,11 @@ fn heartbeat_checks_go_late_then_down(cluster: &Cluster) -> Result<(), Failed> {
             "22023",
             "must not be empty",
         ),
-        ("SELECT tide.create_check('x', NULL)", "22004", "must not be NULL"),
+        (
+            "SELECT tide.create_check('x', NULL)",
+            "22004",
+            "must not be NULL",
+        ),
         ("SELECT tide.heartbeat_check('nope')", "42704", "\"nope\""),
         ("SELECT tide.pause_check('nope')", "42704", "\"nope\""),
         ("SELECT tide.resume_check('nope')", "42704", "\"nope\""),
@@ -388,7 +399,10 @@ fn heartbeat_checks_go_late_then_down(cluster: &Cluster) -> Result<(), Failed> {
     assert_eq!(checks, 2, "refused declarations write nothing");
     let dropped: bool = one(&mut c, "SELECT tide.drop_check('report')")?;
     let nothing: bool = one(&mut c, "SELECT tide.drop_check('report')")?;
-    assert!(dropped && !nothing, "a removal is true once, then false: nothing by that name");
+    assert!(
+        dropped && !nothing,
+        "a removal is true once, then false: nothing by that name"
+    );
     let left: String = one(&mut c, "SELECT string_agg(name, ',') FROM tide.check")?;
     assert_eq!(left, "backup");
     Ok(())
@@ -445,7 +459,10 @@ fn failures_skips_need_check_and_dead_letters_alert(cluster: &Cluster) -> Result
     )?;
     tick(&mut c, "now() + interval '6 minutes'")?;
     assert_eq!(open_alerts(&mut c)?, "task:f:need_checkx1");
-    exec(&mut c, &format!("SELECT tide.resolve_run({short}, 'accept')"))?;
+    exec(
+        &mut c,
+        &format!("SELECT tide.resolve_run({short}, 'accept')"),
+    )?;
     tick(&mut c, "now() + interval '7 minutes'")?;
     assert_eq!(open_alerts(&mut c)?, "");
 
@@ -582,7 +599,10 @@ fn pruning_removes_only_what_it_should(cluster: &Cluster) -> Result<(), Failed> 
     let token = claim_run(&mut c, runs[0])?;
     exec(
         &mut c,
-        &format!("SELECT tide.fail_run({}, {token}, 'bad', 'business')", runs[0]),
+        &format!(
+            "SELECT tide.fail_run({}, {token}, 'bad', 'business')",
+            runs[0]
+        ),
     )?;
     let token = claim_run(&mut c, runs[1])?;
     exec(
@@ -930,7 +950,11 @@ fn alerts_are_delivered_once_per_opening(cluster: &Cluster) -> Result<(), Failed
             "22023",
             "'fire'",
         ),
-        ("SELECT tide.drop_alert_route('no such')", "22023", "'no such'"),
+        (
+            "SELECT tide.drop_alert_route('no such')",
+            "22023",
+            "'no such'",
+        ),
     ] {
         let (got, message, hint) = refused(&mut c, sql)?;
         assert_eq!(got, code, "{sql}: {message}");

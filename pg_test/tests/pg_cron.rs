@@ -6,7 +6,9 @@
 
 use std::time::Duration;
 
-use pg_tide_pg_test::{db_err, one, refused, run_tests_with, wait_for, Client, Cluster, Failed, TestFn};
+use pg_tide_pg_test::{
+    db_err, one, refused, run_tests_with, wait_for, Client, Cluster, Failed, TestFn,
+};
 
 const CRON_DB: &str = "tide_cron";
 
@@ -42,7 +44,10 @@ fn import_reports_then_moves_jobs(cluster: &Cluster) -> Result<(), Failed> {
          SELECT cron.schedule_in_database('elsewhere', '0 1 * * *', 'SELECT 6', 'postgres');",
     )?;
     let mut bob = cluster.connect_as(CRON_DB, "cron_bob")?;
-    exec(&mut bob, "SELECT cron.schedule('bobs-count', '* * * * *', 'INSERT INTO tally VALUES (1)')")?;
+    exec(
+        &mut bob,
+        "SELECT cron.schedule('bobs-count', '* * * * *', 'INSERT INTO tally VALUES (1)')",
+    )?;
 
     // A role sees its own jobs only.
     let bobs = rows(
@@ -69,7 +74,10 @@ fn import_reports_then_moves_jobs(cluster: &Cluster) -> Result<(), Failed> {
             "bobs-count|bobs-count|* * * * *|GMT|cron_bob|f|f|to import",
         ]
     );
-    let nothing: i64 = one(&mut c, "SELECT (SELECT count(*) FROM tide.task) * 100 + (SELECT count(*) FROM cron.job)")?;
+    let nothing: i64 = one(
+        &mut c,
+        "SELECT (SELECT count(*) FROM tide.task) * 100 + (SELECT count(*) FROM cron.job)",
+    )?;
     assert_eq!(nothing, 7, "a report creates no task and keeps every job");
 
     // Apply: the tasks exist (as the jobs' roles), the jobs left pg_cron, in one transaction.
@@ -78,9 +86,16 @@ fn import_reports_then_moves_jobs(cluster: &Cluster) -> Result<(), Failed> {
         "SELECT task || '|' || action FROM tide.import_pg_cron(apply => true) ORDER BY jobid",
     )?;
     assert_eq!(applied.len(), 7);
-    assert!(applied.contains(&"nightly-vacuum|imported".to_string()), "{applied:?}");
+    assert!(
+        applied.contains(&"nightly-vacuum|imported".to_string()),
+        "{applied:?}"
+    );
     let left = rows(&mut c, "SELECT jobname FROM cron.job ORDER BY jobid")?;
-    assert_eq!(left, ["never", "elsewhere"], "only what could not be carried over stays");
+    assert_eq!(
+        left,
+        ["never", "elsewhere"],
+        "only what could not be carried over stays"
+    );
     let tasks = rows(
         &mut c,
         "SELECT concat_ws('|', name, owner, schedule, tz, top_level, paused) FROM tide.task ORDER BY task_id",
@@ -96,22 +111,32 @@ fn import_reports_then_moves_jobs(cluster: &Cluster) -> Result<(), Failed> {
         ]
     );
     // Importing again changes nothing: the rest is still reported, with its reason.
-    let again = rows(&mut c, "SELECT task || '|' || action FROM tide.import_pg_cron(apply => true)")?;
-    assert_eq!(again, ["never|kept in pg_cron", "elsewhere|kept in pg_cron"]);
+    let again = rows(
+        &mut c,
+        "SELECT task || '|' || action FROM tide.import_pg_cron(apply => true)",
+    )?;
+    assert_eq!(
+        again,
+        ["never|kept in pg_cron", "elsewhere|kept in pg_cron"]
+    );
 
     // The imported VACUUM job runs at top level as its owner.
     exec(&mut c, "SELECT tide.run_now('nightly-vacuum')")?;
-    let state = wait_for("the imported VACUUM to run", Duration::from_secs(60), || {
-        let s: Option<String> = c
-            .query_opt(
-                "SELECT r.state::text FROM tide.run r JOIN tide.task t USING (task_id)
+    let state = wait_for(
+        "the imported VACUUM to run",
+        Duration::from_secs(60),
+        || {
+            let s: Option<String> = c
+                .query_opt(
+                    "SELECT r.state::text FROM tide.run r JOIN tide.task t USING (task_id)
                   WHERE t.name = 'nightly-vacuum' AND r.state IN ('succeeded', 'dead')",
-                &[],
-            )
-            .map_err(|e| pg_tide_pg_test::describe(&e))?
-            .map(|r| r.get(0));
-        Ok(s)
-    })?;
+                    &[],
+                )
+                .map_err(|e| pg_tide_pg_test::describe(&e))?
+                .map(|r| r.get(0));
+            Ok(s)
+        },
+    )?;
     assert_eq!(state, "succeeded");
 
     // Bad input.

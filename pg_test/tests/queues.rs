@@ -14,15 +14,16 @@ fn exec(c: &mut Client, sql: &str) -> Result<(), Failed> {
 
 /// Claims up to `n` runs of a queue: (run_id, lease_token).
 fn claim(c: &mut Client, queue: &str, n: i32) -> Result<Vec<(i64, i64)>, Failed> {
-    Ok(c
-        .query(
-            &format!("SELECT run_id, lease_token FROM tide.claim_runs('{queue}', 'w', {n}) ORDER BY run_id"),
-            &[],
-        )
-        .map_err(db_err)?
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect())
+    Ok(c.query(
+        &format!(
+            "SELECT run_id, lease_token FROM tide.claim_runs('{queue}', 'w', {n}) ORDER BY run_id"
+        ),
+        &[],
+    )
+    .map_err(db_err)?
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect())
 }
 
 fn complete(c: &mut Client, runs: &[(i64, i64)]) -> Result<(), Failed> {
@@ -46,7 +47,10 @@ fn max_concurrency_holds_for_external_workers(cluster: &Cluster) -> Result<(), F
         "SELECT tide.schedule('call_api', NULL, topics => ARRAY['unused'], queue => 'api');
          SELECT count(*) FROM tide.enqueue('call_api', (SELECT jsonb_agg(jsonb_build_object('i', g)) FROM generate_series(1, 10) g));",
     )?;
-    let name: String = one(&mut c, "SELECT tide.create_queue('api', max_concurrency => 2)")?;
+    let name: String = one(
+        &mut c,
+        "SELECT tide.create_queue('api', max_concurrency => 2)",
+    )?;
     assert_eq!(name, "api");
     // Two workers asking for many get two runs between them.
     let first = claim(&mut c, "api", 10)?;
@@ -81,7 +85,11 @@ fn max_concurrency_holds_for_external_workers(cluster: &Cluster) -> Result<(), F
     let first_claim = claim(&mut c, "api", 2)?;
     assert_eq!(first_claim.len(), 2);
     let raced = claim(&mut other, "api", 10)?;
-    assert_eq!(raced.len(), 0, "the second claim finds no free slot while the first is open");
+    assert_eq!(
+        raced.len(),
+        0,
+        "the second claim finds no free slot while the first is open"
+    );
     exec(&mut c, "COMMIT")?;
     assert_eq!(running(&mut c, "api")?, 2);
     complete(&mut c, &first_claim)?;
@@ -97,7 +105,10 @@ fn max_concurrency_holds_for_external_workers(cluster: &Cluster) -> Result<(), F
         assert!(got.len() <= 2);
         complete(&mut c, &got)?;
     }
-    let left: i64 = one(&mut c, "SELECT count(*) FROM tide.pending WHERE queue = 'api'")?;
+    let left: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM tide.pending WHERE queue = 'api'",
+    )?;
     assert_eq!(left, 0, "every run of the queue went");
 
     // A higher limit lets more go at once; dropping the queue removes the limit.
@@ -106,7 +117,10 @@ fn max_concurrency_holds_for_external_workers(cluster: &Cluster) -> Result<(), F
         "SELECT count(*) FROM tide.enqueue('call_api', (SELECT jsonb_agg(jsonb_build_object('i', g)) FROM generate_series(1, 10) g));",
     )?;
     assert_eq!(claim(&mut c, "api", 10)?.len(), 2);
-    exec(&mut c, "SELECT tide.create_queue('api', max_concurrency => 5)")?;
+    exec(
+        &mut c,
+        "SELECT tide.create_queue('api', max_concurrency => 5)",
+    )?;
     assert_eq!(claim(&mut c, "api", 10)?.len(), 3);
     let dropped: bool = one(&mut c, "SELECT tide.drop_queue('api')")?;
     let again: bool = one(&mut c, "SELECT tide.drop_queue('api')")?;
@@ -121,7 +135,11 @@ fn max_concurrency_holds_for_external_workers(cluster: &Cluster) -> Result<(), F
     let paused: bool = one(&mut c, "SELECT tide.pause_queue('api')")?;
     let paused_again: bool = one(&mut c, "SELECT tide.pause_queue('api')")?;
     assert!(paused && !paused_again);
-    assert_eq!(claim(&mut c, "api", 10)?.len(), 0, "a paused queue starts nothing");
+    assert_eq!(
+        claim(&mut c, "api", 10)?.len(),
+        0,
+        "a paused queue starts nothing"
+    );
     let resumed: bool = one(&mut c, "SELECT tide.resume_queue('api')")?;
     assert!(resumed);
     assert_eq!(claim(&mut c, "api", 10)?.len(), 3, "resumed: all three go");
@@ -139,14 +157,25 @@ fn max_concurrency_holds_for_external_workers(cluster: &Cluster) -> Result<(), F
         "SELECT tide.schedule('bobs', NULL, topics => ARRAY['unused'], queue => 'api');
          SELECT count(*) FROM tide.enqueue('bobs', '[{}, {}, {}]');",
     )?;
-    assert_eq!(claim(&mut bob, "api", 10)?.len(), 3, "another role's queue does not hold bob");
+    assert_eq!(
+        claim(&mut bob, "api", 10)?.len(),
+        3,
+        "another role's queue does not hold bob"
+    );
     exec(
         &mut bob,
         "SELECT tide.create_queue('api', max_concurrency => 1);
          SELECT count(*) FROM tide.enqueue('bobs', '[{}, {}, {}]');",
     )?;
-    assert_eq!(claim(&mut bob, "api", 10)?.len(), 0, "bob's own queue is at its limit already");
-    let seen: String = one(&mut bob, "SELECT string_agg(owner || '/' || name, ',') FROM tide.queue")?;
+    assert_eq!(
+        claim(&mut bob, "api", 10)?.len(),
+        0,
+        "bob's own queue is at its limit already"
+    );
+    let seen: String = one(
+        &mut bob,
+        "SELECT string_agg(owner || '/' || name, ',') FROM tide.queue",
+    )?;
     assert_eq!(seen, "q_bob/api", "a role sees its own queues only");
 
     // A candidate the queue admits but its serial group holds back (an event of a key whose
@@ -163,13 +192,23 @@ fn max_concurrency_holds_for_external_workers(cluster: &Cluster) -> Result<(), F
     let holder = claim(&mut c, "keyed", 1)?;
     assert_eq!(holder.len(), 1);
     let next = claim(&mut c, "keyed", 1)?;
-    assert_eq!(next.len(), 1, "the second run of key x waits; the run of key y goes");
+    assert_eq!(
+        next.len(),
+        1,
+        "the second run of key x waits; the run of key y goes"
+    );
     let key: String = one(
         &mut c,
-        &format!("SELECT event_key FROM tide.run WHERE run_id = {}", next[0].0),
+        &format!(
+            "SELECT event_key FROM tide.run WHERE run_id = {}",
+            next[0].0
+        ),
     )?;
     assert_eq!(key, "y");
-    let held: i64 = one(&mut c, "SELECT count(*) FROM tide.queue_slot WHERE queue = 'keyed' AND run_id IS NOT NULL")?;
+    let held: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM tide.queue_slot WHERE queue = 'keyed' AND run_id IS NOT NULL",
+    )?;
     assert_eq!(held, 2, "two slots held: the two running runs'");
     Ok(())
 }
@@ -191,21 +230,34 @@ fn sql_executors_honour_queues(cluster: &Cluster) -> Result<(), Failed> {
         "SELECT count(*) FROM tide.enqueue('q_slow_work',
              (SELECT jsonb_agg(jsonb_build_object('n', g)) FROM generate_series(1, 6) g));",
     )?;
-    wait_for("six runs of a queue with max_concurrency 1", Duration::from_secs(60), || {
-        let done: i64 = c
-            .query_one("SELECT count(*) FROM q_slow_spans WHERE ended IS NOT NULL", &[])
-            .map_err(|e| pg_tide_pg_test::describe(&e))?
-            .get(0);
-        Ok((done == 6).then_some(()))
-    })?;
+    wait_for(
+        "six runs of a queue with max_concurrency 1",
+        Duration::from_secs(60),
+        || {
+            let done: i64 = c
+                .query_one(
+                    "SELECT count(*) FROM q_slow_spans WHERE ended IS NOT NULL",
+                    &[],
+                )
+                .map_err(|e| pg_tide_pg_test::describe(&e))?
+                .get(0);
+            Ok((done == 6).then_some(()))
+        },
+    )?;
     // The executors took them one at a time: no two spans overlap.
     let overlaps: i64 = one(
         &mut c,
         "SELECT count(*) FROM q_slow_spans a JOIN q_slow_spans b ON a.n < b.n
           WHERE a.started < b.ended AND b.started < a.ended",
     )?;
-    assert_eq!(overlaps, 0, "SQL runs of a max_concurrency 1 queue never overlap");
-    exec(&mut c, "SELECT tide.unschedule('q_slow_work'); SELECT tide.drop_queue('q_slow')")?;
+    assert_eq!(
+        overlaps, 0,
+        "SQL runs of a max_concurrency 1 queue never overlap"
+    );
+    exec(
+        &mut c,
+        "SELECT tide.unschedule('q_slow_work'); SELECT tide.drop_queue('q_slow')",
+    )?;
     Ok(())
 }
 
@@ -232,7 +284,10 @@ fn rate_paces_starts_and_replays(cluster: &Cluster) -> Result<(), Failed> {
     let mut started = 0;
     let deadline = Instant::now() + Duration::from_secs(30);
     while started < 12 {
-        assert!(Instant::now() < deadline, "12 replays did not start within 30 s");
+        assert!(
+            Instant::now() < deadline,
+            "12 replays did not start within 30 s"
+        );
         let got = claim(&mut c, "partner", 100)?;
         started += got.len();
         complete(&mut c, &got)?;
@@ -246,7 +301,10 @@ fn rate_paces_starts_and_replays(cluster: &Cluster) -> Result<(), Failed> {
                    FROM tide.run WHERE trigger = 'replay') s
           WHERE k >= 4 AND at - first < make_interval(secs => (k - 4 + 1) / 4.0 - 0.01)",
     )?;
-    assert_eq!(late, "", "starts that came faster than the rate allows (k:seconds)");
+    assert_eq!(
+        late, "",
+        "starts that came faster than the rate allows (k:seconds)"
+    );
     Ok(())
 }
 
@@ -271,8 +329,14 @@ fn retry_budget_holds_back_a_retry_storm(cluster: &Cluster) -> Result<(), Failed
         "SELECT string_agg(round(extract(epoch FROM run_after - updated_at))::text, ',' ORDER BY run_id) FROM tide.run",
     )?;
     assert_eq!(waits, "1,1,1,20,40");
-    let reason: String = one(&mut c, "SELECT reason FROM tide.run ORDER BY run_id DESC LIMIT 1")?;
-    assert!(reason.contains("the retry budget of queue bank is spent"), "{reason}");
+    let reason: String = one(
+        &mut c,
+        "SELECT reason FROM tide.run ORDER BY run_id DESC LIMIT 1",
+    )?;
+    assert!(
+        reason.contains("the retry budget of queue bank is spent"),
+        "{reason}"
+    );
     exec(&mut c, "SELECT tide.tick()")?;
     let alert: String = one(
         &mut c,
@@ -282,7 +346,10 @@ fn retry_budget_holds_back_a_retry_storm(cluster: &Cluster) -> Result<(), Failed
     assert_eq!(alert, "queue|bank|retry_budget|warning|3");
     // Two minutes later the budget has refilled: the alert resolves.
     exec(&mut c, "SELECT tide.tick(now() + interval '2 minutes')")?;
-    let open: i64 = one(&mut c, "SELECT count(*) FROM tide.alert WHERE resolved_at IS NULL AND kind = 'retry_budget'")?;
+    let open: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM tide.alert WHERE resolved_at IS NULL AND kind = 'retry_budget'",
+    )?;
     assert_eq!(open, 0);
     Ok(())
 }
@@ -291,16 +358,48 @@ fn bad_queue_input_is_refused(cluster: &Cluster) -> Result<(), Failed> {
     let mut c = cluster.fresh_db("q_bad")?;
     for (sql, code, needle) in [
         ("SELECT tide.create_queue(NULL)", "22004", "name"),
-        ("SELECT tide.create_queue('has space')", "22023", "'has space'"),
-        ("SELECT tide.create_queue('q', max_concurrency => 0)", "22023", "got 0"),
-        ("SELECT tide.create_queue('q', rate => -1)", "22023", "got -1"),
-        ("SELECT tide.create_queue('q', rate => 'NaN')", "22023", "NaN"),
-        ("SELECT tide.create_queue('q', retry_budget => 0)", "22023", "got 0"),
-        ("SELECT tide.create_queue('q', retry_budget => 5, retry_window => '1 second')", "22023", "00:00:01"),
+        (
+            "SELECT tide.create_queue('has space')",
+            "22023",
+            "'has space'",
+        ),
+        (
+            "SELECT tide.create_queue('q', max_concurrency => 0)",
+            "22023",
+            "got 0",
+        ),
+        (
+            "SELECT tide.create_queue('q', rate => -1)",
+            "22023",
+            "got -1",
+        ),
+        (
+            "SELECT tide.create_queue('q', rate => 'NaN')",
+            "22023",
+            "NaN",
+        ),
+        (
+            "SELECT tide.create_queue('q', retry_budget => 0)",
+            "22023",
+            "got 0",
+        ),
+        (
+            "SELECT tide.create_queue('q', retry_budget => 5, retry_window => '1 second')",
+            "22023",
+            "00:00:01",
+        ),
         ("SELECT tide.pause_queue(repeat('x', 64))", "22023", "xxxx"),
         ("SELECT tide.drop_queue('')", "22023", "''"),
-        ("SELECT tide.schedule('t', '@daily', backoff_base => '1 ms')", "22023", "100 milliseconds"),
-        ("SELECT tide.schedule('t', '@daily', lease => '10 ms')", "22023", "1 second"),
+        (
+            "SELECT tide.schedule('t', '@daily', backoff_base => '1 ms')",
+            "22023",
+            "100 milliseconds",
+        ),
+        (
+            "SELECT tide.schedule('t', '@daily', lease => '10 ms')",
+            "22023",
+            "1 second",
+        ),
     ] {
         let (got, message, hint) = refused(&mut c, sql)?;
         assert_eq!(got, code, "{sql}: {message}");
@@ -321,8 +420,14 @@ fn main() {
             "max_concurrency_holds_for_external_workers",
             max_concurrency_holds_for_external_workers,
         ),
-        ("workers_sql_executors_honour_queues", sql_executors_honour_queues),
-        ("rate_paces_starts_and_replays", rate_paces_starts_and_replays),
+        (
+            "workers_sql_executors_honour_queues",
+            sql_executors_honour_queues,
+        ),
+        (
+            "rate_paces_starts_and_replays",
+            rate_paces_starts_and_replays,
+        ),
         (
             "retry_budget_holds_back_a_retry_storm",
             retry_budget_holds_back_a_retry_storm,

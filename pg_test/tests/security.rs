@@ -567,8 +567,14 @@ fn d7_names_belong_to_their_owner(cluster: &Cluster) -> Result<(), Failed> {
     }
     // A removal of a name the caller does not have removes nothing, as for a name nobody has.
     let removed: bool = one(&mut mallory, "SELECT tide.unschedule('alice_only')")?;
-    assert!(!removed, "mallory's unschedule of alice's task removes nothing");
-    let kept: i64 = one(&mut admin, "SELECT count(*) FROM tide.task WHERE name = 'alice_only'")?;
+    assert!(
+        !removed,
+        "mallory's unschedule of alice's task removes nothing"
+    );
+    let kept: i64 = one(
+        &mut admin,
+        "SELECT count(*) FROM tide.task WHERE name = 'alice_only'",
+    )?;
     assert_eq!(kept, 1, "alice's task is still there");
     exec(&mut mallory, "SELECT tide.pause('daily_bill')")?;
     let paused: String = one(
@@ -832,7 +838,10 @@ fn d11_absurd_input_is_refused(cluster: &Cluster) -> Result<(), Failed> {
         ("SELECT tide.schedule(E'\\t\\n', '@daily')", "22023"),
         ("SELECT tide.drop_emit_trigger(NULL, 'x')", "22004"),
         ("SELECT tide.create_emit_trigger(NULL, 'x')", "22004"),
-        ("SELECT tide.create_effect('sms', repeat('k', 5000))", "22023"),
+        (
+            "SELECT tide.create_effect('sms', repeat('k', 5000))",
+            "22023",
+        ),
         ("SELECT tide.fail_run(NULL, NULL, 'x')", "22004"),
     ] {
         assert_eq!(c_result(&mut mallory, sql)?.as_deref(), Some(want), "{sql}");

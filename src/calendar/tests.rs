@@ -854,7 +854,11 @@ fn seconds_intervals_fire_every_n_seconds_counted_from_the_epoch() {
     // so it runs on through the change every N seconds of the local wall clock.
     assert_eq!(
         fires("10 seconds", "UTC", "2026-03-08T06:59:50Z", SHIFT_ONCE, 3),
-        ["2026-03-08T07:00:00Z", "2026-03-08T07:00:10Z", "2026-03-08T07:00:20Z"]
+        [
+            "2026-03-08T07:00:00Z",
+            "2026-03-08T07:00:10Z",
+            "2026-03-08T07:00:20Z"
+        ]
     );
     // Any case and spacing pg_cron accepts; 7 does not divide a minute, and the spacing stays 7
     // across the minute (a cron '*/7' field would fire at :00 after :56, 4 seconds later):
@@ -862,15 +866,33 @@ fn seconds_intervals_fire_every_n_seconds_counted_from_the_epoch() {
     // 00:00:50 are :56, then 01:03 and 01:10.
     assert_eq!(
         fires("  7 SECONDS ", "UTC", "2026-01-01T00:00:50Z", SHIFT_ONCE, 3),
-        ["2026-01-01T00:00:56Z", "2026-01-01T00:01:03Z", "2026-01-01T00:01:10Z"]
+        [
+            "2026-01-01T00:00:56Z",
+            "2026-01-01T00:01:03Z",
+            "2026-01-01T00:01:10Z"
+        ]
     );
     assert_eq!(
-        fires("1 second", "Asia/Shanghai", "2026-01-01T00:00:00Z", SHIFT_ONCE, 2),
+        fires(
+            "1 second",
+            "Asia/Shanghai",
+            "2026-01-01T00:00:00Z",
+            SHIFT_ONCE,
+            2
+        ),
         ["2026-01-01T00:00:01Z", "2026-01-01T00:00:02Z"]
     );
-    assert_eq!(fires("30seconds", "UTC", "2026-01-01T00:00:00Z", SHIFT_ONCE, 1), ["2026-01-01T00:00:30Z"]);
+    assert_eq!(
+        fires("30seconds", "UTC", "2026-01-01T00:00:00Z", SHIFT_ONCE, 1),
+        ["2026-01-01T00:00:30Z"]
+    );
     assert!(!Schedule::parse("5 seconds").unwrap().is_fixed_time());
-    for expr in ["0 seconds", "60 seconds", "90 SECONDS", "99999999999999999999 seconds"] {
+    for expr in [
+        "0 seconds",
+        "60 seconds",
+        "90 SECONDS",
+        "99999999999999999999 seconds",
+    ] {
         match Schedule::parse(expr) {
             Err(e @ TideError::BadSecondsInterval(_)) => {
                 assert!(e.to_string().contains(&format!("\"{expr}\"")), "{e}");
@@ -880,8 +902,14 @@ fn seconds_intervals_fire_every_n_seconds_counted_from_the_epoch() {
         }
     }
     // Not an interval: refused as a cron expression.
-    assert!(matches!(Schedule::parse("5 minutes"), Err(TideError::BadCron { .. })));
-    assert!(matches!(Schedule::parse("seconds"), Err(TideError::BadCron { .. })));
+    assert!(matches!(
+        Schedule::parse("5 minutes"),
+        Err(TideError::BadCron { .. })
+    ));
+    assert!(matches!(
+        Schedule::parse("seconds"),
+        Err(TideError::BadCron { .. })
+    ));
 }
 
 #[test]
@@ -889,7 +917,11 @@ fn dollar_is_the_last_day_of_the_month() {
     // 2026: January has 31 days, February 28; 2028 is a leap year.
     assert_eq!(
         fires("0 23 $ * *", "UTC", "2026-01-15T00:00:00Z", SHIFT_ONCE, 3),
-        ["2026-01-31T23:00:00Z", "2026-02-28T23:00:00Z", "2026-03-31T23:00:00Z"]
+        [
+            "2026-01-31T23:00:00Z",
+            "2026-02-28T23:00:00Z",
+            "2026-03-31T23:00:00Z"
+        ]
     );
     assert_eq!(
         fires("0 0 6 $ 2 *", "UTC", "2028-02-01T00:00:00Z", SHIFT_ONCE, 1),
