@@ -522,7 +522,7 @@ BEGIN
             USING ERRCODE = 'object_not_in_prerequisite_state', HINT = 'only a claimed run can fail';
     END IF;
     PERFORM set_config('tide.history', '', true);
-    PERFORM tide._sync_pending(changed);
+    PERFORM tide._sync_pending(changed, true);
     INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner, at, attempt, worker, lease_token,
                                 claimed_at, outcome, error_kind, sqlstate, error)
     VALUES (p_run_id, 'running', new_state, why, r.owner, p_now, r.attempts, r.lease_owner, r.lease_token,
@@ -1266,17 +1266,7 @@ BEGIN
     WHEN 'effects_taken_back' THEN
         n := tide._tick_effects(p_now);
     WHEN 'slots_freed' THEN
-        -- Queue slots still held by runs that ended without giving them back are free again.
-        -- Slots a claim is taking right now are locked, and skipped.
-        UPDATE tide.queue_slot s SET run_id = NULL
-         WHERE (s.owner, s.queue, s.slot) IN (
-               SELECT x.owner, x.queue, x.slot FROM tide.queue_slot x
-                WHERE x.run_id IS NOT NULL
-                  AND NOT EXISTS (SELECT 1 FROM tide.run r
-                                   WHERE r.run_id = x.run_id
-                                     AND r.state NOT IN ('succeeded', 'dead', 'cancelled', 'skipped', 'need_check'))
-                  FOR UPDATE SKIP LOCKED);
-        GET DIAGNOSTICS n = ROW_COUNT;
+        n := tide._free_ended_slots(NULL, NULL);
     END CASE;
     RETURN n;
 END

@@ -196,7 +196,8 @@ CREATE INDEX pending_due_idx ON tide.pending (due_at) WHERE state IN ('retry', '
 CREATE INDEX pending_running_idx ON tide.pending (run_id) WHERE state = 'running';
 
 -- Keeps tide.pending in step with a run that changed (or was created) outside the hot paths.
-CREATE FUNCTION tide._sync_pending(r tide.run) RETURNS void
+-- p_was_running: the run was running before this change (its queue slot, if any, goes back).
+CREATE FUNCTION tide._sync_pending(r tide.run, p_was_running boolean) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -217,13 +218,13 @@ BEGIN
         -- A gated run that stopped running gives back its lock and may let others go.
         PERFORM tide._release(ARRAY[r.run_id]);
     END IF;
-    IF r.state <> 'running' AND EXISTS (SELECT 1 FROM tide.queue) THEN
-        -- And one of a queue with a max_concurrency frees room (tide.queue).
+    IF p_was_running AND r.state <> 'running' AND EXISTS (SELECT 1 FROM tide.queue) THEN
+        -- And one that held a slot of its queue gives it back (tide.queue_slot).
         PERFORM tide._wake_queues(ARRAY[r.run_id]);
     END IF;
 END
 $$;
-COMMENT ON FUNCTION tide._sync_pending(tide.run) IS 'Internal: keeps tide.pending in step with one run.';
+COMMENT ON FUNCTION tide._sync_pending(tide.run, boolean) IS 'Internal: keeps tide.pending in step with one run.';
 
 -- tide.run_event refers to runs without a foreign key: a foreign-key check locks the run row on
 -- every insert, and these inserts are the hot path of every claim and completion. Deleting runs
@@ -335,7 +336,7 @@ BEGIN
         INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
         VALUES (NEW.run_id, OLD.state, NEW.state, NEW.reason, NEW.owner);
     END IF;
-    PERFORM tide._sync_pending(NEW);
+    PERFORM tide._sync_pending(NEW, OLD.state = 'running');
     IF NEW.state = 'skipped' AND OLD.state <> 'skipped' THEN
         PERFORM tide._log_runs('skip', ARRAY[NEW.run_id]);
     END IF;

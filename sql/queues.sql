@@ -56,6 +56,32 @@ CREATE POLICY queue_slot_owner ON tide.queue_slot FOR SELECT USING (owner = curr
 GRANT SELECT ON tide.queue_slot TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('tide.queue_slot', '');
 
+-- Queue slots still held by runs that ended (or are gone) without giving them back are free
+-- again: of one queue, or (NULLs) of every queue. Slots a claim is taking right now are
+-- locked, and skipped. Returns how many.
+CREATE FUNCTION tide._free_ended_slots(p_owner name, p_queue text) RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n integer;
+BEGIN
+    UPDATE tide.queue_slot s SET run_id = NULL
+     WHERE (s.owner, s.queue, s.slot) IN (
+           SELECT x.owner, x.queue, x.slot FROM tide.queue_slot x
+            WHERE x.run_id IS NOT NULL
+              AND (p_owner IS NULL OR (x.owner = p_owner AND x.queue = p_queue))
+              AND NOT EXISTS (SELECT 1 FROM tide.run r
+                               WHERE r.run_id = x.run_id
+                                 AND r.state NOT IN ('succeeded', 'dead', 'cancelled', 'skipped', 'need_check'))
+              FOR UPDATE SKIP LOCKED);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+COMMENT ON FUNCTION tide._free_ended_slots(name, text) IS
+    'Internal: frees the queue slots still held by runs that ended (of one queue, or of all), skipping slots being taken.';
+
 -- The slots of a queue after its limit was set: none without a limit; else slots 1..limit
 -- exist (slots above a lowered limit are never taken again), slots of runs that ended are
 -- free, and running runs of the queue without a slot take one (free ones first, then new ones
@@ -76,11 +102,7 @@ BEGIN
     INSERT INTO tide.queue_slot (owner, queue, slot)
     SELECT p_owner, p_queue, g FROM generate_series(1, lim) g
     ON CONFLICT ON CONSTRAINT queue_slot_pkey DO NOTHING;
-    UPDATE tide.queue_slot s SET run_id = NULL
-     WHERE s.owner = p_owner AND s.queue = p_queue AND s.run_id IS NOT NULL
-       AND NOT EXISTS (SELECT 1 FROM tide.run r
-                        WHERE r.run_id = s.run_id
-                          AND r.state NOT IN ('succeeded', 'dead', 'cancelled', 'skipped', 'need_check'));
+    PERFORM tide._free_ended_slots(p_owner, p_queue);
     FOR running IN SELECT p.run_id FROM tide.pending p
                     WHERE p.owner = p_owner AND p.queue = p_queue AND p.state = 'running'
                       AND NOT EXISTS (SELECT 1 FROM tide.queue_slot s

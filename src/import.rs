@@ -106,7 +106,8 @@ fn import_job(
     if !unsafe { pg_sys::superuser() } {
         pgrx::error!("tide._import_job is pg_tide's own");
     }
-    let role = CString::new(owner).or_raise_text(F);
+    // A role name from pg_roles has no NUL byte; an empty name is "role does not exist".
+    let role = CString::new(owner).unwrap_or_default();
     // SAFETY: looks the role up (an error if it is gone), then switches to it the way a
     // security-definer function switches, as a new level of callers (caller.rs); restored
     // below, and by the transaction's abort on error.
@@ -141,14 +142,4 @@ fn import_job(
     unsafe { pg_sys::SetUserIdAndSecContext(saved_user, saved_context) };
     crate::caller::leave_user_code(level);
     id
-}
-
-trait OrRaiseText<T> {
-    fn or_raise_text(self, function: &'static str) -> T;
-}
-
-impl<T> OrRaiseText<T> for Result<T, std::ffi::NulError> {
-    fn or_raise_text(self, function: &'static str) -> T {
-        self.unwrap_or_else(|_| pgrx::error!("{function}: a role name with a NUL byte"))
-    }
 }
