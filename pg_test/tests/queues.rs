@@ -390,6 +390,7 @@ fn bad_queue_input_is_refused(cluster: &Cluster) -> Result<(), Failed> {
         ),
         ("SELECT tide.pause_queue(repeat('x', 64))", "22023", "xxxx"),
         ("SELECT tide.drop_queue('')", "22023", "''"),
+        ("SELECT tide.resume_queue(NULL)", "22004", "name"),
         (
             "SELECT tide.schedule('t', '@daily', backoff_base => '1 ms')",
             "22023",
