@@ -363,8 +363,12 @@ BEGIN
         END IF;
         cap := cardinality(q.runs);
         IF q.rate IS NOT NULL THEN
-            SELECT * INTO bucket FROM tide.queue x WHERE x.owner = q.owner AND x.name = q.queue FOR NO KEY UPDATE;
-            have := tide._queue_tokens(bucket, now());
+            -- SKIP LOCKED: a queue row held elsewhere (another claim of the queue, or its owner's
+            -- open transaction) gives no tokens now, and never makes this claim wait; the
+            -- candidates look again when their token would be due.
+            SELECT * INTO bucket FROM tide.queue x WHERE x.owner = q.owner AND x.name = q.queue
+               FOR NO KEY UPDATE SKIP LOCKED;
+            have := CASE WHEN FOUND THEN tide._queue_tokens(bucket, now()) ELSE 0 END;
             cap := least(cap, floor(have)::integer);
         END IF;
         n := cap;
@@ -381,7 +385,7 @@ BEGIN
               FROM unnest(slots, q.runs[1:n]) AS u(slot, run_id)
              WHERE s.owner = q.owner AND s.queue = q.queue AND s.slot = u.slot;
         END IF;
-        IF q.rate IS NOT NULL THEN
+        IF q.rate IS NOT NULL AND n > 0 THEN
             UPDATE tide.queue x SET tokens = have - n, tokens_at = now()
              WHERE x.owner = q.owner AND x.name = q.queue;
         END IF;
@@ -412,17 +416,29 @@ COMMENT ON FUNCTION tide._queue_admit(bigint[]) IS
 
 -- A transient failure spends one unit of its queue's retry budget. Returns the instant before
 -- which the retry must not run (NULL: no budget, or budget left).
+-- Failures of one queue take turns on its row; a row held longer (its owner's open
+-- transaction) never stalls the executor failing a run: after 100 ms the budget is read as it
+-- stands, and a spent one still holds the retry back, without spending.
 CREATE FUNCTION tide._spend_retry(p_owner name, p_queue text, p_now timestamptz) RETURNS timestamptz
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '100ms'
 AS $$
 DECLARE
     q tide.queue;
     left_after double precision;
 BEGIN
-    SELECT * INTO q FROM tide.queue x WHERE x.owner = p_owner AND x.name = p_queue AND x.retry_budget IS NOT NULL
-       FOR NO KEY UPDATE;
-    IF NOT FOUND THEN
+    BEGIN
+        SELECT * INTO q FROM tide.queue x WHERE x.owner = p_owner AND x.name = p_queue AND x.retry_budget IS NOT NULL
+           FOR NO KEY UPDATE;
+    EXCEPTION WHEN lock_not_available THEN
+        SELECT * INTO q FROM tide.queue x WHERE x.owner = p_owner AND x.name = p_queue;
+        left_after := tide._queue_budget(q, p_now);
+        RETURN CASE WHEN left_after < 1
+                    THEN p_now + make_interval(secs => (1 - left_after) * extract(epoch FROM q.retry_window)::float8
+                                                       / q.retry_budget) END;
+    END;
+    IF q.owner IS NULL THEN
         RETURN NULL;
     END IF;
     left_after := tide._queue_budget(q, p_now) - 1;

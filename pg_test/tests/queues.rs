@@ -415,6 +415,56 @@ fn bad_queue_input_is_refused(cluster: &Cluster) -> Result<(), Failed> {
     Ok(())
 }
 
+/// A role that holds its own rate-limited queue's row in an open transaction, with runs of the
+/// highest priority in that queue, does not stop pg_tide's executors from running everyone
+/// else's work.
+fn a_held_queue_row_stalls_no_one_else(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "DROP ROLE IF EXISTS q_mallory; CREATE ROLE q_mallory LOGIN;
+         CREATE TABLE IF NOT EXISTS q_others_done (n integer PRIMARY KEY);
+         SELECT tide.schedule('q_others', NULL, topics => ARRAY['unused'],
+                              command => 'INSERT INTO q_others_done VALUES ((tide.args()->>''n'')::int)');",
+    )?;
+    let mut mallory = cluster.connect_as(pg_tide_pg_test::WORKERS_DB, "q_mallory")?;
+    exec(
+        &mut mallory,
+        "SELECT tide.schedule('m_first', NULL, topics => ARRAY['unused'], queue => 'm_paced',
+                              priority => 1000, command => 'SELECT 1');
+         SELECT tide.create_queue('m_paced', rate => 1);",
+    )?;
+    exec(
+        &mut mallory,
+        "BEGIN; SELECT tide.create_queue('m_paced', rate => 2);",
+    )?;
+    // From a second session, her runs (of the highest priority) are ready while her first
+    // session holds the queue's row.
+    let mut mallory_too = cluster.connect_as(pg_tide_pg_test::WORKERS_DB, "q_mallory")?;
+    exec(
+        &mut mallory_too,
+        "SELECT count(*) FROM tide.enqueue('m_first', '[{}, {}, {}, {}, {}, {}, {}, {}, {}, {}]')",
+    )?;
+    exec(
+        &mut c,
+        "SELECT count(*) FROM tide.enqueue('q_others', (SELECT jsonb_agg(jsonb_build_object('n', g)) FROM generate_series(1, 5) g));",
+    )?;
+    wait_for(
+        "everyone else's runs while mallory holds her queue",
+        Duration::from_secs(30),
+        || {
+            let done: i64 = c
+                .query_one("SELECT count(*) FROM q_others_done", &[])
+                .map_err(|e| pg_tide_pg_test::describe(&e))?
+                .get(0);
+            Ok((done == 5).then_some(()))
+        },
+    )?;
+    exec(&mut mallory, "ROLLBACK")?;
+    exec(&mut c, "SELECT tide.unschedule('q_others')")?;
+    Ok(())
+}
+
 fn main() {
     let tests: &[(&str, TestFn)] = &[
         (
@@ -434,6 +484,10 @@ fn main() {
             retry_budget_holds_back_a_retry_storm,
         ),
         ("bad_queue_input_is_refused", bad_queue_input_is_refused),
+        (
+            "workers_a_held_queue_row_stalls_no_one_else",
+            a_held_queue_row_stalls_no_one_else,
+        ),
     ];
     run_tests("queues", tests)
 }
