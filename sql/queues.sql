@@ -309,10 +309,16 @@ DECLARE
     rec record;
 BEGIN
     -- One statement for the batch: the slots of all queues are few (their max_concurrency).
-    FOR rec IN WITH freed AS (
+    -- A slot row someone holds (its owner redefining the queue in an open transaction) is
+    -- skipped, never waited for: the tick frees it later (tide._free_ended_slots).
+    FOR rec IN WITH held AS (
+                   SELECT s.owner, s.queue, s.slot FROM tide.queue_slot s
+                     JOIN unnest(p_run_ids) AS u(id) ON s.run_id = u.id
+                      FOR UPDATE OF s SKIP LOCKED
+               ), freed AS (
                    UPDATE tide.queue_slot s SET run_id = NULL
-                     FROM unnest(p_run_ids) AS u(id)
-                    WHERE s.run_id = u.id
+                     FROM held h
+                    WHERE s.owner = h.owner AND s.queue = h.queue AND s.slot = h.slot
                    RETURNING s.owner, s.queue)
                SELECT DISTINCT f.owner, f.queue FROM freed f LOOP
         IF EXISTS (SELECT 1 FROM tide.pending p WHERE p.parked AND p.queue = rec.queue AND p.owner = rec.owner) THEN
