@@ -267,6 +267,20 @@ fn execute(run_id: i64, command: &str, owner: &str, timeout_ms: i32) -> Outcome 
             }
         }
     }
+    // A command that opened a transaction block and did not end it (BEGIN without COMMIT, or an
+    // error inside the block) leaves it here: it is rolled back, and the run fails saying so.
+    // SAFETY: ends whatever transaction state the statements left, as a backend does at exit.
+    unsafe {
+        if pg_sys::IsTransactionBlock() || pg_sys::IsAbortedTransactionBlockState() {
+            pg_sys::AbortOutOfAnyTransaction();
+            if outcome.error.is_none() {
+                outcome.error = Some((
+                    "25001".into(),
+                    "the command left a transaction block open (BEGIN without COMMIT); its statements since BEGIN were rolled back".into(),
+                ));
+            }
+        }
+    }
     outcome.reported = crate::sealed::leave_top_level();
     // SAFETY: back to the worker's own identity; the parse trees are no longer needed.
     unsafe {

@@ -1883,8 +1883,56 @@ fn top_level_commands_run_outside_a_transaction(cluster: &Cluster) -> Result<(),
     Ok(())
 }
 
+/// A top-level command that leaves a transaction block open is rolled back from its BEGIN and
+/// fails saying so; one that fails inside its block fails with its own error; both are
+/// recorded, and the next run goes on.
+fn top_level_open_blocks_are_rolled_back(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "CREATE TABLE IF NOT EXISTS tl_block (n integer);
+         SELECT tide.schedule('tl_open', '0 0 1 1 *', top_level => true, max_attempts => 1,
+                              command => 'INSERT INTO tl_block VALUES (1); BEGIN; INSERT INTO tl_block VALUES (2)');
+         SELECT tide.schedule('tl_broken', '0 0 1 1 *', top_level => true, max_attempts => 1,
+                              command => 'BEGIN; INSERT INTO tl_block VALUES (3); SELECT 1 / 0; COMMIT');
+         SELECT tide.run_now('tl_open'); SELECT tide.run_now('tl_broken');",
+    )?;
+    let ended = wait_for("both runs to end", Duration::from_secs(60), || {
+        let s: Option<String> = c
+            .query_one(
+                "SELECT string_agg(t.name || '=' || r.state || ':' || r.last_error, ' | ' ORDER BY t.name)
+                   FROM tide.run r JOIN tide.task t USING (task_id)
+                  WHERE t.name IN ('tl_open', 'tl_broken') AND r.state = 'dead'
+                 HAVING count(*) = 2",
+                &[],
+            )
+            .map_err(|e| pg_tide_pg_test::describe(&e))?
+            .get(0);
+        Ok(s)
+    })?;
+    assert!(ended.contains("tl_broken=dead:division by zero"), "{ended}");
+    assert!(
+        ended.contains("tl_open=dead:the command left a transaction block open"),
+        "{ended}"
+    );
+    let kept: String = one(
+        &mut c,
+        "SELECT string_agg(n::text, ',' ORDER BY n) FROM tl_block",
+    )?;
+    assert_eq!(kept, "1", "only the statement before BEGIN committed");
+    exec(
+        &mut c,
+        "SELECT tide.unschedule('tl_open'); SELECT tide.unschedule('tl_broken')",
+    )?;
+    Ok(())
+}
+
 fn main() {
     let tests: &[(&str, TestFn)] = &[
+        (
+            "workers_top_level_open_blocks_are_rolled_back",
+            top_level_open_blocks_are_rolled_back,
+        ),
         (
             "workers_top_level_commands_run_outside_a_transaction",
             top_level_commands_run_outside_a_transaction,
