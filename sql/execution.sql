@@ -167,7 +167,12 @@ BEGIN
             -- Queue limits first (paused, max_concurrency, rate): the candidates they hold back
             -- are parked, and the next ones are looked at.
             candidates := tide._queue_admit(ids);
-            CONTINUE WHEN cardinality(candidates) = 0;
+            IF cardinality(candidates) = 0 THEN
+                -- All parked: nothing of this round is claimed (if it was the last round, the
+                -- claim returns nothing).
+                ids := '{}';
+                CONTINUE;
+            END IF;
             IF cardinality(candidates) < cardinality(ids) THEN
                 ids := candidates;
                 SELECT array_agg(p.owner ORDER BY u.n), bool_or(p.gated) INTO owners, gated

@@ -465,6 +465,32 @@ fn a_held_queue_row_stalls_no_one_else(cluster: &Cluster) -> Result<(), Failed> 
     Ok(())
 }
 
+/// A queue at its limit with many more ready runs than a claim looks at in its rounds: claims
+/// return nothing (they used to fall out of their rounds holding parked candidates and fail on
+/// a run without a lease token), and the run that ends lets the next one go.
+fn a_full_queue_claims_nothing(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("q_full")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('one_at_a_time', NULL, topics => ARRAY['unused'], queue => 'single');
+         SELECT tide.create_queue('single', max_concurrency => 1);
+         SELECT count(*) FROM tide.enqueue('one_at_a_time', (SELECT jsonb_agg(jsonb_build_object('i', g)) FROM generate_series(1, 60) g));",
+    )?;
+    let held = claim(&mut c, "single", 1)?;
+    assert_eq!(held.len(), 1);
+    let mut other = cluster.connect("q_full")?;
+    for n in [1, 1, 3, 1, 2] {
+        let got = claim(&mut other, "single", n)?;
+        assert!(got.is_empty(), "the queue is full, claimed {got:?}");
+    }
+    assert_eq!(running(&mut c, "single")?, 1);
+    complete(&mut c, &held)?;
+    let next = claim(&mut other, "single", 5)?;
+    assert_eq!(next.len(), 1, "the run that ended lets one more go");
+    assert_eq!(running(&mut c, "single")?, 1);
+    Ok(())
+}
+
 fn main() {
     let tests: &[(&str, TestFn)] = &[
         (
@@ -484,6 +510,7 @@ fn main() {
             retry_budget_holds_back_a_retry_storm,
         ),
         ("bad_queue_input_is_refused", bad_queue_input_is_refused),
+        ("a_full_queue_claims_nothing", a_full_queue_claims_nothing),
         (
             "workers_a_held_queue_row_stalls_no_one_else",
             a_held_queue_row_stalls_no_one_else,
