@@ -87,7 +87,9 @@ fn emit_creates_runs_in_the_callers_transaction(cluster: &Cluster) -> Result<(),
     assert_eq!(deleted, 4);
     exec(
         &mut c,
-        "SELECT tide.rerun('audit', biz_date => current_date - 1)",
+        // (Two days back: the window of yesterday's date ends at 01:00 today, UTC, and a test
+        // run between midnight and 01:00 must not find it still open.)
+        "SELECT tide.rerun('audit', biz_date => current_date - 2)",
     )?;
     let audit: String = one(
         &mut c,
@@ -612,7 +614,8 @@ fn an_external_task_run_many_ways_acts_once(cluster: &Cluster) -> Result<(), Fai
     };
     let run: i64 = one(
         &mut c,
-        "SELECT tide.rerun('bill', biz_date => current_date - 1)",
+        // (Two days back: yesterday's window ends at 01:00 today.)
+        "SELECT tide.rerun('bill', biz_date => current_date - 2)",
     )?;
     // 1. Two claimers race: one gets it.
     let mut other = cluster.connect("v_once_ext")?;
@@ -637,7 +640,7 @@ fn an_external_task_run_many_ways_acts_once(cluster: &Cluster) -> Result<(), Fai
     work(&mut c, run, again[0].1).map_err(db_err)?;
     exec(
         &mut c,
-        "SELECT tide.rerun('bill', biz_date => current_date - 1, force => true)",
+        "SELECT tide.rerun('bill', biz_date => current_date - 2, force => true)",
     )?;
     let again = claim(&mut c, 1)?;
     work(&mut c, run, again[0].1).map_err(db_err)?;
@@ -646,7 +649,7 @@ fn an_external_task_run_many_ways_acts_once(cluster: &Cluster) -> Result<(), Fai
         &mut c,
         "SELECT string_agg(biz_date || '=' || amount, ',') FROM ledger",
     )?;
-    let day: String = one(&mut c, "SELECT (current_date - 1)::text")?;
+    let day: String = one(&mut c, "SELECT (current_date - 2)::text")?;
     assert_eq!(ledger, format!("{day}=100"), "as one execution leaves it");
     let successes: i64 = one(
         &mut c,
