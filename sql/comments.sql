@@ -19,6 +19,18 @@ COMMENT ON FUNCTION tide.rerun(text, date, timestamptz, text, boolean) IS
     'rerun(task, biz_date => NULL, window_start => NULL, version => NULL, force => false): creates or reopens the run of one business window, named by its business date or start. A succeeded window needs force => true; when the rules changed since, version => ''original'' or ''current'' must be chosen. Returns the run id.';
 COMMENT ON FUNCTION tide.run_now(text, date, text, boolean) IS
     'run_now(task, biz_date => NULL, version => NULL, force => false): runs a scheduled task now: the window of its latest fire at or before now (or of the business date given), through the same idempotency key as every run of that window. A run of it already in line is left as it is; a succeeded one needs force => true. Returns the run id.';
+COMMENT ON FUNCTION tide._queue_reserve(text, text, integer, integer) IS
+    'Internal: reserves room for up to n runs in a queue''s running count (shared memory) within its limit; returns how many, or -1 when the count must be counted again first.';
+COMMENT ON FUNCTION tide._queue_count_again(text, text) IS
+    'Internal: counts a queue''s counted running runs again (latest snapshot, under the queue''s lock held exclusively) into its shared count; false when this transaction changed the count itself.';
+COMMENT ON FUNCTION tide._queue_unreserve(text, text, integer) IS
+    'Internal: gives back at once room this transaction reserved in a queue''s running count and will not use.';
+COMMENT ON FUNCTION tide._queue_release(text, text, integer) IS
+    'Internal: counted runs of a queue stopped running: their room in its running count goes back when this transaction commits.';
+COMMENT ON FUNCTION tide._queue_forget(text, text) IS
+    'Internal: a queue''s running count must be counted again once this transaction commits (its limits changed).';
+COMMENT ON FUNCTION tide._queue_running(text, text) IS
+    'Internal: a queue''s running count as this transaction sees it (less what it gives back at commit); NULL while it must be counted again.';
 COMMENT ON FUNCTION tide._needs_top_level(text) IS
     'Internal (tide.import_pg_cron): whether a command must run at top level: several statements, or one PostgreSQL refuses in a transaction block or a function.';
 COMMENT ON FUNCTION tide._import_job(text, text, text, text, text, boolean, boolean) IS

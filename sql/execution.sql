@@ -110,6 +110,8 @@ DECLARE
     owners name[];
     gated boolean;
     candidates bigint[];
+    -- The admitted runs whose queues counted them (tide._queue_admit).
+    counted_ids bigint[] := '{}';
     token bigint;
     ignored text;
     why text;
@@ -166,7 +168,7 @@ BEGIN
         IF limited THEN
             -- Queue limits first (paused, max_concurrency, rate): the candidates they hold back
             -- are parked, and the next ones are looked at.
-            candidates := tide._queue_admit(ids);
+            SELECT a.admitted, a.counted INTO candidates, counted_ids FROM tide._queue_admit(ids) a;
             IF cardinality(candidates) = 0 THEN
                 -- All parked: nothing of this round is claimed (if it was the last round, the
                 -- claim returns nothing).
@@ -186,10 +188,13 @@ BEGIN
         -- Serial groups, overlap, concurrency and locks decide which may go (sql/locks.sql).
         candidates := ids;
         ids := tide._admit(candidates, token, p_executor, p_lease);
-        IF limited AND cardinality(ids) < cardinality(candidates) THEN
-            -- The queue slots taken for the candidates that must wait after all are free again.
-            UPDATE tide.queue_slot s SET run_id = NULL
-             WHERE s.run_id = ANY (candidates) AND s.run_id <> ALL (ids);
+        IF cardinality(counted_ids) > 0 AND cardinality(ids) < cardinality(candidates) THEN
+            -- The room reserved for the candidates that must wait after all goes back at once.
+            PERFORM tide._queue_unreserve(g.owner, g.queue, g.n::integer)
+               FROM (SELECT p.owner, p.queue, count(*) AS n FROM tide.pending p
+                      WHERE p.run_id = ANY (counted_ids) AND p.run_id <> ALL (ids)
+                      GROUP BY p.owner, p.queue) g;
+            counted_ids := ARRAY(SELECT c FROM unnest(counted_ids) c WHERE c = ANY (ids));
         END IF;
         IF cardinality(ids) > 0 THEN
             SELECT array_agg(p.owner ORDER BY u.n) INTO owners
@@ -204,7 +209,8 @@ BEGIN
     IF cardinality(ids) = 0 THEN
         RETURN;
     END IF;
-    UPDATE tide.pending p SET state = 'running', due_at = NULL WHERE p.run_id = ANY (ids);
+    UPDATE tide.pending p SET state = 'running', due_at = NULL, counted = p.run_id = ANY (counted_ids)
+     WHERE p.run_id = ANY (ids);
     -- This path writes its own history rows below, one statement for the batch.
     ignored := set_config('tide.history', 'written', true);
     RETURN QUERY
@@ -311,6 +317,9 @@ DECLARE
     worker text;
     claimed timestamptz;
     gated boolean;
+    in_owner name;
+    in_queue text;
+    was_counted boolean;
     ignored text;
     -- Who may complete the run: its owner (the common case, compared without a call), a member
     -- of the owner's role, a superuser.
@@ -346,17 +355,19 @@ BEGIN
         PERFORM tide._refuse_stale(complete_run.run_id, complete_run.lease_token, 'tide.complete_run');
     END IF;
     IF short THEN
+        -- (counted is left as it was: it means something only while running.)
         UPDATE tide.pending p SET state = 'need_check', due_at = NULL WHERE p.run_id = complete_run.run_id
-        RETURNING p.gated INTO gated;
+        RETURNING p.gated, p.owner, p.queue, p.counted INTO gated, in_owner, in_queue, was_counted;
     ELSE
-        DELETE FROM tide.pending p WHERE p.run_id = complete_run.run_id RETURNING p.gated INTO gated;
+        DELETE FROM tide.pending p WHERE p.run_id = complete_run.run_id
+        RETURNING p.gated, p.owner, p.queue, p.counted INTO gated, in_owner, in_queue, was_counted;
     END IF;
     IF gated THEN
         PERFORM tide._release(ARRAY[complete_run.run_id]);
     END IF;
-    IF EXISTS (SELECT 1 FROM tide.queue) THEN
-        -- A run of a queue with a max_concurrency frees room for its next (tide.queue).
-        PERFORM tide._wake_queues(ARRAY[complete_run.run_id]);
+    IF was_counted THEN
+        -- A run its queue's max_concurrency counted gives the room back (tide.queue).
+        PERFORM tide._queue_ended(in_owner, in_queue, 1);
     END IF;
     INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner, attempt, worker, lease_token,
                                 claimed_at, outcome)
@@ -378,6 +389,9 @@ AS $$
 DECLARE
     done_ids bigint[];
     gated_ids bigint[];
+    ended_owners name[];
+    ended_queues text[];
+    ended_n integer[];
     stale record;
     ignored text;
     caller name := tide._caller();
@@ -418,6 +432,11 @@ BEGIN
                   r.gated
     ), done_pending AS (
         DELETE FROM tide.pending p USING done_run d WHERE p.run_id = d.run_id
+        RETURNING p.owner, p.queue, p.counted
+    ), ended AS (
+        -- Runs their queues' max_concurrency counted, by queue.
+        SELECT e.owner, e.queue, count(*)::integer AS n FROM done_pending e WHERE e.counted
+         GROUP BY e.owner, e.queue
     ), history AS (
         INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner, attempt, worker, lease_token,
                                     claimed_at, outcome)
@@ -425,8 +444,10 @@ BEGIN
                d.claimed_at, 'succeeded'
           FROM done_run d ORDER BY d.run_id
     )
-    SELECT array_agg(d.run_id), array_agg(d.run_id) FILTER (WHERE d.gated)
-      INTO done_ids, gated_ids FROM done_run d;
+    SELECT array_agg(d.run_id), array_agg(d.run_id) FILTER (WHERE d.gated),
+           (SELECT array_agg(e.owner) FROM ended e), (SELECT array_agg(e.queue) FROM ended e),
+           (SELECT array_agg(e.n) FROM ended e)
+      INTO done_ids, gated_ids, ended_owners, ended_queues, ended_n FROM done_run d;
     ignored := set_config('tide.history', '', true);
     IF coalesce(cardinality(done_ids), 0) < cardinality(complete_runs.run_ids) THEN
         -- All or nothing: raising undoes the completions above.
@@ -442,8 +463,10 @@ BEGIN
     IF gated_ids IS NOT NULL THEN
         PERFORM tide._release(gated_ids);
     END IF;
-    IF EXISTS (SELECT 1 FROM tide.queue) THEN
-        PERFORM tide._wake_queues(done_ids);
+    IF ended_owners IS NOT NULL THEN
+        -- Room their queues counted goes back (tide.queue).
+        PERFORM tide._queue_ended(u.owner, u.queue, u.n)
+           FROM unnest(ended_owners, ended_queues, ended_n) AS u(owner, queue, n);
     END IF;
     PERFORM tide._log_runs('success', done_ids);
     RETURN cardinality(done_ids);
@@ -1145,7 +1168,7 @@ DECLARE
     n integer;
 BEGIN
     FOREACH step IN ARRAY ARRAY['unparked', 'retried', 'executor_gone', 'taken_back', 'released',
-                                'not_ready_deadline', 'effects_taken_back', 'slots_freed'] LOOP
+                                'not_ready_deadline', 'effects_taken_back'] LOOP
         BEGIN
             n := tide._tick_step(step, p_now);
         EXCEPTION WHEN others THEN
@@ -1270,8 +1293,6 @@ BEGIN
         END LOOP;
     WHEN 'effects_taken_back' THEN
         n := tide._tick_effects(p_now);
-    WHEN 'slots_freed' THEN
-        n := tide._free_ended_slots(NULL, NULL);
     END CASE;
     RETURN n;
 END

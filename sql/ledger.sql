@@ -175,7 +175,10 @@ CREATE TABLE tide.pending (
     gated    boolean NOT NULL DEFAULT false,
     -- A ready run that cannot go yet (behind its group, its task's concurrency, a busy lock): out
     -- of the claim indexes until woken by the run it waits for, or at due_at in any case.
-    parked   boolean NOT NULL DEFAULT false
+    parked   boolean NOT NULL DEFAULT false,
+    -- A running run its queue's max_concurrency counts (the claim that admitted it reserved
+    -- room for it; see src/queue_count.rs): its end gives the room back.
+    counted  boolean NOT NULL DEFAULT false
 );
 COMMENT ON TABLE tide.pending IS
     'The unfinished and unresolved (dead, need_check) runs, a narrow copy of their state, queue and due time: what claims, the scheduler and task health scan. Maintained by pg_tide; read tide.run.';
@@ -196,12 +199,20 @@ CREATE INDEX pending_due_idx ON tide.pending (due_at) WHERE state IN ('retry', '
 CREATE INDEX pending_running_idx ON tide.pending (run_id) WHERE state = 'running';
 
 -- Keeps tide.pending in step with a run that changed (or was created) outside the hot paths.
--- p_was_running: the run was running before this change (its queue slot, if any, goes back).
+-- p_was_running: the run was running before this change (the room its queue counted for it,
+-- if any, goes back).
 CREATE FUNCTION tide._sync_pending(r tide.run, p_was_running boolean) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    was_owner name;
+    was_queue text;
 BEGIN
+    IF p_was_running THEN
+        SELECT p.owner, p.queue INTO was_owner, was_queue FROM tide.pending p
+         WHERE p.run_id = r.run_id AND p.counted AND (r.state <> 'running' OR p.queue <> r.queue);
+    END IF;
     IF r.state IN ('waiting', 'ready', 'running', 'retry', 'held', 'paused', 'dead', 'need_check') THEN
         INSERT INTO tide.pending AS p (run_id, task_id, state, executor, queue, priority, due_at, owner,
                                        gate, lock_key, gated)
@@ -210,7 +221,8 @@ BEGIN
         ON CONFLICT ON CONSTRAINT pending_pkey DO UPDATE
            SET state = EXCLUDED.state, executor = EXCLUDED.executor, queue = EXCLUDED.queue,
                priority = EXCLUDED.priority, due_at = EXCLUDED.due_at, gate = EXCLUDED.gate,
-               lock_key = EXCLUDED.lock_key, gated = EXCLUDED.gated, parked = false;
+               lock_key = EXCLUDED.lock_key, gated = EXCLUDED.gated, parked = false,
+               counted = p.counted AND EXCLUDED.state = 'running' AND EXCLUDED.queue = p.queue;
     ELSE
         DELETE FROM tide.pending p WHERE p.run_id = r.run_id;
     END IF;
@@ -218,9 +230,9 @@ BEGIN
         -- A gated run that stopped running gives back its lock and may let others go.
         PERFORM tide._release(ARRAY[r.run_id]);
     END IF;
-    IF p_was_running AND r.state <> 'running' AND EXISTS (SELECT 1 FROM tide.queue) THEN
-        -- And one that held a slot of its queue gives it back (tide.queue_slot).
-        PERFORM tide._wake_queues(ARRAY[r.run_id]);
+    IF was_owner IS NOT NULL THEN
+        -- And one its queue counted gives the room back and wakes the next.
+        PERFORM tide._queue_ended(was_owner, was_queue, 1);
     END IF;
 END
 $$;
@@ -364,17 +376,23 @@ CREATE FUNCTION tide._run_deleted() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    woken bigint;
 BEGIN
     DELETE FROM tide.run_event e USING old_runs o WHERE e.run_id = o.run_id;
     DELETE FROM tide.step s USING old_runs o WHERE s.run_id = o.run_id;
-    DELETE FROM tide.pending p USING old_runs o WHERE p.run_id = o.run_id;
+    -- Running runs their queues counted give the room back.
+    WITH gone AS (DELETE FROM tide.pending p USING old_runs o WHERE p.run_id = o.run_id
+                  RETURNING p.owner, p.queue, p.state, p.counted)
+    SELECT count(tide._queue_ended(g.owner, g.queue, g.n::integer)) INTO woken
+      FROM (SELECT gone.owner, gone.queue, count(*) AS n FROM gone
+             WHERE gone.counted AND gone.state = 'running' GROUP BY gone.owner, gone.queue) g;
     DELETE FROM tide.lock l USING old_runs o WHERE l.run_id = o.run_id;
-    UPDATE tide.queue_slot q SET run_id = NULL FROM old_runs o WHERE q.run_id = o.run_id;
     RETURN NULL;
 END
 $$;
 COMMENT ON FUNCTION tide._run_deleted() IS
-    'Trigger: deleting runs deletes their history (with their attempts), steps and tide.pending rows (the foreign keys they do not have), and frees their queue slots.';
+    'Trigger: deleting runs deletes their history (with their attempts), steps and tide.pending rows (the foreign keys they do not have), and gives back the room their queues counted for the running ones.';
 CREATE TRIGGER run_deleted AFTER DELETE ON tide.run
     REFERENCING OLD TABLE AS old_runs
     FOR EACH STATEMENT EXECUTE FUNCTION tide._run_deleted();

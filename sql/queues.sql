@@ -36,93 +36,61 @@ CREATE POLICY queue_owner ON tide.queue FOR SELECT USING (owner = current_user);
 GRANT SELECT ON tide.queue TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('tide.queue', '');
 
--- A queue's concurrency slots: slots 1..max_concurrency, each free or held by one running run
--- of the queue. A claim takes free slots with SKIP LOCKED, so claims of one queue go side by
--- side (a count of running runs would have to be locked against every other claim up to its
--- commit); a run that stops running gives its slot back. No index on run_id: taking and giving
--- back a slot are HOT updates of a row found by its queue.
-CREATE TABLE tide.queue_slot (
-    owner  name NOT NULL,
-    queue  text NOT NULL,
-    slot   integer NOT NULL,
-    run_id bigint,
-    CONSTRAINT queue_slot_pkey PRIMARY KEY (owner, queue, slot),
-    CONSTRAINT queue_slot_queue_fkey FOREIGN KEY (owner, queue) REFERENCES tide.queue (owner, name) ON DELETE CASCADE
-) WITH (fillfactor = 50);
-COMMENT ON TABLE tide.queue_slot IS
-    'Concurrency slots of queues with a max_concurrency: free (run_id NULL) or held by a running run of the queue.';
-ALTER TABLE tide.queue_slot ENABLE ROW LEVEL SECURITY;
-CREATE POLICY queue_slot_owner ON tide.queue_slot FOR SELECT USING (owner = current_user);
-GRANT SELECT ON tide.queue_slot TO PUBLIC;
-SELECT pg_catalog.pg_extension_config_dump('tide.queue_slot', '');
+-- A queue's max_concurrency is held with a count of its running runs kept in shared memory
+-- (src/queue_count.rs): a claim reserves room there for the runs it admits (which it marks
+-- counted in tide.pending), and a counted run that stops running gives its room back when its
+-- transaction commits. Neither writes a row of the queue, so claims and completions of one queue
+-- go side by side. After a restart, and after tide.create_queue, the count is counted again from
+-- tide.pending by the next claim.
 
--- Queue slots still held by runs that ended (or are gone) without giving them back are free
--- again: of one queue, or (NULLs) of every queue. Slots a claim is taking right now are
--- locked, and skipped. Returns how many.
-CREATE FUNCTION tide._free_ended_slots(p_owner name, p_queue text) RETURNS integer
+-- Counted runs of a queue stopped running (p_n of them): their room goes back when this
+-- transaction commits, and the runs parked in the queue look again. Returns how many woke.
+CREATE FUNCTION tide._queue_ended(p_owner name, p_queue text, p_n integer) RETURNS integer
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    n integer;
 BEGIN
-    UPDATE tide.queue_slot s SET run_id = NULL
-     WHERE (s.owner, s.queue, s.slot) IN (
-           SELECT x.owner, x.queue, x.slot FROM tide.queue_slot x
-            WHERE x.run_id IS NOT NULL
-              AND (p_owner IS NULL OR (x.owner = p_owner AND x.queue = p_queue))
-              AND NOT EXISTS (SELECT 1 FROM tide.run r
-                               WHERE r.run_id = x.run_id
-                                 AND r.state NOT IN ('succeeded', 'dead', 'cancelled', 'skipped', 'need_check'))
-              FOR UPDATE SKIP LOCKED);
-    GET DIAGNOSTICS n = ROW_COUNT;
-    RETURN n;
-END
-$$;
-COMMENT ON FUNCTION tide._free_ended_slots(name, text) IS
-    'Internal: frees the queue slots still held by runs that ended (of one queue, or of all), skipping slots being taken.';
-
--- The slots of a queue after its limit was set: none without a limit; else slots 1..limit
--- exist (slots above a lowered limit are never taken again), slots of runs that ended are
--- free, and running runs of the queue without a slot take one (free ones first, then new ones
--- above the limit), so that held slots count its running runs.
-CREATE FUNCTION tide._sync_slots(p_owner name, p_queue text) RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    lim integer;
-    running record;
-BEGIN
-    SELECT q.max_concurrency INTO lim FROM tide.queue q WHERE q.owner = p_owner AND q.name = p_queue;
-    IF lim IS NULL THEN
-        DELETE FROM tide.queue_slot s WHERE s.owner = p_owner AND s.queue = p_queue;
-        RETURN;
+    PERFORM tide._queue_release(p_owner, p_queue, p_n);
+    IF EXISTS (SELECT 1 FROM tide.pending p WHERE p.parked AND p.queue = p_queue AND p.owner = p_owner) THEN
+        RETURN tide._wake_queue(p_owner, p_queue);
     END IF;
-    INSERT INTO tide.queue_slot (owner, queue, slot)
-    SELECT p_owner, p_queue, g FROM generate_series(1, lim) g
-    ON CONFLICT ON CONSTRAINT queue_slot_pkey DO NOTHING;
-    PERFORM tide._free_ended_slots(p_owner, p_queue);
-    FOR running IN SELECT p.run_id FROM tide.pending p
-                    WHERE p.owner = p_owner AND p.queue = p_queue AND p.state = 'running'
-                      AND NOT EXISTS (SELECT 1 FROM tide.queue_slot s
-                                       WHERE s.owner = p_owner AND s.queue = p_queue AND s.run_id = p.run_id)
-                    ORDER BY p.run_id LOOP
-        UPDATE tide.queue_slot s SET run_id = running.run_id
-         WHERE (s.owner, s.queue, s.slot) = (SELECT x.owner, x.queue, x.slot FROM tide.queue_slot x
-                                              WHERE x.owner = p_owner AND x.queue = p_queue AND x.run_id IS NULL
-                                                AND x.slot <= lim
-                                              ORDER BY x.slot LIMIT 1);
-        IF NOT FOUND THEN
-            INSERT INTO tide.queue_slot (owner, queue, slot, run_id)
-            SELECT p_owner, p_queue, greatest(coalesce(max(x.slot), 0), lim) + 1, running.run_id FROM tide.queue_slot x
-             WHERE x.owner = p_owner AND x.queue = p_queue;
-        END IF;
-    END LOOP;
+    RETURN 0;
 END
 $$;
-COMMENT ON FUNCTION tide._sync_slots(name, text) IS
-    'Internal: makes a queue''s slots match its max_concurrency and its running runs.';
+COMMENT ON FUNCTION tide._queue_ended(name, text, integer) IS
+    'Internal: counted runs of a queue stopped running: gives their room back at commit and wakes the runs parked in the queue.';
+
+-- The queue's running runs are all counted from now on (runs that started before it had a
+-- limit included), and its count is counted again by the next claim.
+CREATE FUNCTION tide._queue_recount(p_owner name, p_queue text) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM tide._queue_forget(p_owner, p_queue);
+    UPDATE tide.pending p SET counted = true
+     WHERE p.owner = p_owner AND p.queue = p_queue AND p.state = 'running' AND NOT p.counted;
+END
+$$;
+COMMENT ON FUNCTION tide._queue_recount(name, text) IS
+    'Internal: counts every running run of a queue and makes its count be counted again (after its limits changed).';
+
+-- Counts a queue's running runs again, waiting at most 200 ms for the claims and completions of
+-- the queue in flight to end (a transaction left open with one of them would otherwise stall
+-- every claim): false when it could not, and the candidates wait a second.
+CREATE FUNCTION tide._queue_count_again_briefly(p_owner name, p_queue text) RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '200ms'
+AS $$
+BEGIN
+    RETURN tide._queue_count_again(p_owner, p_queue);
+EXCEPTION WHEN lock_not_available THEN
+    RETURN false;
+END
+$$;
+COMMENT ON FUNCTION tide._queue_count_again_briefly(name, text) IS
+    'Internal: counts a queue''s running runs again (its count was stale), waiting at most 200 ms for its lock; false if it could not.';
 
 -- The start tokens of a queue at an instant.
 CREATE FUNCTION tide._queue_tokens(q tide.queue, p_at timestamptz) RETURNS double precision
@@ -200,7 +168,7 @@ BEGIN
            tokens = least(q.tokens, EXCLUDED.tokens),
            budget = CASE WHEN q.retry_budget IS NULL THEN EXCLUDED.budget ELSE least(q.budget, EXCLUDED.budget) END,
            updated_at = now();
-    PERFORM tide._sync_slots(tide._caller(), create_queue.name);
+    PERFORM tide._queue_recount(tide._caller(), create_queue.name);
     -- Runs waiting for a limit that is now higher (or gone) may go.
     PERFORM tide._wake_queue(tide._caller(), create_queue.name);
     RETURN create_queue.name;
@@ -219,6 +187,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
+    PERFORM tide._queue_forget(tide._caller(), drop_queue.name);
     PERFORM tide._wake_queue(tide._caller(), drop_queue.name);
     RETURN true;
 END
@@ -262,8 +231,8 @@ AS $$ SELECT tide._set_queue_paused(name, false) $$;
 COMMENT ON FUNCTION tide.resume_queue(text) IS
     'resume_queue(name): lets the runs of a paused queue start again; false if it was not paused.';
 
--- Runs of a queue parked for its limits look again now (a limit was raised, a slot or the
--- queue freed): as many as could start.
+-- Runs of a queue parked for its limits look again now (a limit was raised, room or the queue
+-- freed): as many as could start.
 CREATE FUNCTION tide._wake_queue(p_owner name, p_queue text) RETURNS integer
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -277,10 +246,9 @@ BEGIN
     IF FOUND AND q.paused THEN
         RETURN 0;
     END IF;
+    -- (A count not known yet wakes up to the limit: the claims decide.)
     room := CASE WHEN q.max_concurrency IS NULL THEN 1000000
-                 ELSE (SELECT count(*) FROM tide.queue_slot s
-                        WHERE s.owner = p_owner AND s.queue = p_queue AND s.run_id IS NULL
-                          AND s.slot <= q.max_concurrency) END;
+                 ELSE greatest(0, q.max_concurrency - coalesce(tide._queue_running(p_owner, p_queue), 0)) END;
     WITH target AS (
         SELECT x.run_id FROM tide.pending x
          WHERE x.queue = p_queue AND x.owner = p_owner AND x.state = 'ready' AND x.parked
@@ -297,45 +265,15 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide._wake_queue(name, text) IS
-    'Internal: unparks the runs of a queue that may start now (up to its free slots).';
-
--- Runs that stopped running give their queues' slots back, and the runs parked there look
--- again (only queues with a max_concurrency).
-CREATE FUNCTION tide._wake_queues(p_run_ids bigint[]) RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    rec record;
-BEGIN
-    -- One statement for the batch: the slots of all queues are few (their max_concurrency).
-    -- A slot row someone holds (its owner redefining the queue in an open transaction) is
-    -- skipped, never waited for: the tick frees it later (tide._free_ended_slots).
-    FOR rec IN WITH held AS (
-                   SELECT s.owner, s.queue, s.slot FROM tide.queue_slot s
-                     JOIN unnest(p_run_ids) AS u(id) ON s.run_id = u.id
-                      FOR UPDATE OF s SKIP LOCKED
-               ), freed AS (
-                   UPDATE tide.queue_slot s SET run_id = NULL
-                     FROM held h
-                    WHERE s.owner = h.owner AND s.queue = h.queue AND s.slot = h.slot
-                   RETURNING s.owner, s.queue)
-               SELECT DISTINCT f.owner, f.queue FROM freed f LOOP
-        IF EXISTS (SELECT 1 FROM tide.pending p WHERE p.parked AND p.queue = rec.queue AND p.owner = rec.owner) THEN
-            PERFORM tide._wake_queue(rec.owner, rec.queue);
-        END IF;
-    END LOOP;
-END
-$$;
-COMMENT ON FUNCTION tide._wake_queues(bigint[]) IS
-    'Internal: gives back the queue slots of runs that stopped running and wakes the runs parked in those queues.';
+    'Internal: unparks the runs of a queue that may start now (up to its free room).';
 
 -- Which claimed candidates their queues let start now: not paused, a start token each (rate),
--- a free slot each (max_concurrency). The others are parked: until their token is due, until
--- a slot is given back (the run that ends wakes them), until resume_queue. Slots are taken with
--- SKIP LOCKED, so claims of one queue go side by side; only a rate-limited queue's row is
--- locked (its token bucket), and claims of it take turns.
-CREATE FUNCTION tide._queue_admit(p_ids bigint[]) RETURNS bigint[]
+-- room each (max_concurrency). The others are parked: until their token is due, until room is
+-- given back (the run that ends wakes them), until resume_queue. Room is reserved in the
+-- queue's shared count (src/queue_count.rs), so claims of one queue go side by side; only a
+-- rate-limited queue's row is locked (its token bucket), and claims of it take turns.
+-- counted: the admitted runs the reservations were for (the claim marks them in tide.pending).
+CREATE FUNCTION tide._queue_admit(p_ids bigint[], OUT admitted bigint[], OUT counted bigint[])
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -345,10 +283,10 @@ DECLARE
     have double precision;
     cap integer;
     n integer;
-    slots integer[];
     wait interval;
-    admitted bigint[] := '{}';
 BEGIN
+    admitted := '{}';
+    counted := '{}';
     FOR q IN
         SELECT c.owner, c.queue, array_agg(c.run_id ORDER BY c.priority DESC, c.run_id) AS runs,
                x.name IS NOT NULL AS declared, x.paused, x.max_concurrency, x.rate
@@ -379,17 +317,14 @@ BEGIN
         END IF;
         n := cap;
         IF q.max_concurrency IS NOT NULL AND cap > 0 THEN
-            -- Fixed in an array first: a LIMIT under SKIP LOCKED may be re-evaluated.
-            SELECT array_agg(f.slot ORDER BY f.slot) INTO slots FROM (
-                SELECT s.slot FROM tide.queue_slot s
-                 WHERE s.owner = q.owner AND s.queue = q.queue AND s.run_id IS NULL
-                   AND s.slot <= q.max_concurrency
-                 ORDER BY s.slot LIMIT cap
-                   FOR UPDATE SKIP LOCKED) f;
-            n := coalesce(cardinality(slots), 0);
-            UPDATE tide.queue_slot s SET run_id = u.run_id
-              FROM unnest(slots, q.runs[1:n]) AS u(slot, run_id)
-             WHERE s.owner = q.owner AND s.queue = q.queue AND s.slot = u.slot;
+            n := tide._queue_reserve(q.owner, q.queue, q.max_concurrency, cap);
+            IF n < 0 THEN
+                -- The count is stale (after a restart, or new limits): counted again first.
+                n := CASE WHEN tide._queue_count_again_briefly(q.owner, q.queue)
+                          THEN greatest(0, tide._queue_reserve(q.owner, q.queue, q.max_concurrency, cap))
+                          ELSE 0 END;
+            END IF;
+            counted := counted || q.runs[1:n];
         END IF;
         IF q.rate IS NOT NULL AND n > 0 THEN
             UPDATE tide.queue x SET tokens = have - n, tokens_at = now()
@@ -398,13 +333,12 @@ BEGIN
         admitted := admitted || q.runs[1:n];
         CONTINUE WHEN n >= cardinality(q.runs);
         -- The rest wait: for their token (the k-th run's is due after (k - have) / rate
-        -- seconds), else for a slot. A run that ends wakes them; in case that wake-up misses
+        -- seconds), else for room. A run that ends wakes them; in case that wake-up misses
         -- them (this claim, parking them, has not committed yet), they look again in 5
-        -- seconds, or in 1 when free slots are there but other claims hold them right now.
+        -- seconds, or in 1 when the queue has room (held by claims still in progress, or its
+        -- count is being counted again).
         wait := CASE WHEN q.max_concurrency IS NOT NULL
-                      AND EXISTS (SELECT 1 FROM tide.queue_slot s
-                                   WHERE s.owner = q.owner AND s.queue = q.queue AND s.run_id IS NULL
-                                     AND s.slot <= q.max_concurrency)
+                      AND coalesce(tide._queue_running(q.owner, q.queue), 0) < q.max_concurrency
                      THEN interval '1 second' ELSE interval '5 seconds' END;
         UPDATE tide.pending p
            SET parked = true,
@@ -414,11 +348,10 @@ BEGIN
           FROM unnest(q.runs) WITH ORDINALITY AS u(run_id, k)
          WHERE u.k > n AND p.run_id = u.run_id AND p.state = 'ready';
     END LOOP;
-    RETURN admitted;
 END
 $$;
 COMMENT ON FUNCTION tide._queue_admit(bigint[]) IS
-    'Internal: the claimed candidates their queues let start (paused, rate, a free slot of max_concurrency); parks the others.';
+    'Internal: the claimed candidates their queues let start (paused, rate, room within max_concurrency) and those counted; parks the others.';
 
 -- A transient failure spends one unit of its queue's retry budget. Returns the instant before
 -- which the retry must not run (NULL: no budget, or budget left).

@@ -23,6 +23,7 @@ mod jsonarg;
 mod ledger;
 mod monitor;
 mod pgtime;
+mod queue_count;
 mod sqlerr;
 mod tick;
 mod timeline;
@@ -100,6 +101,7 @@ pub extern "C-unwind" fn _PG_init() {
     // SAFETY: reads a flag the postmaster sets while loading shared_preload_libraries.
     if unsafe { pgrx::pg_sys::process_shared_preload_libraries_in_progress } {
         worker::register();
+        queue_count::init_shared();
     }
 }
 
