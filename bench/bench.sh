@@ -114,14 +114,21 @@ for round in 1 2 3; do
         result[base_$batch]=$(best "${result[base_$batch]:-}" "$(tps "$tmp/baseline.sql" "$batch" "$tx")")
         result[tide_$batch]=$(best "${result[tide_$batch]:-}" "$(tps "$tmp/tide.sql" "$batch" "$tx")")
     done
-    fill $((CLIENTS * TX_BATCH50 * 50))
-    result[many_50]=$(best "${result[many_50]:-}" "$(tps "$tmp/tide_many.sql" 50 "$TX_BATCH50")")
-    # The same with the queue's max_concurrency (above the 4 x 50 runs in flight, so it admits
-    # every claim): the cost of the queue admission itself.
-    "${PSQL[@]}" -d "$DB" -c "SELECT tide.create_queue('bench', max_concurrency => 1000)" >/dev/null
-    fill $((CLIENTS * TX_BATCH50 * 50))
-    result[queued_50]=$(best "${result[queued_50]:-}" "$(tps "$tmp/tide_many.sql" 50 "$TX_BATCH50")")
-    "${PSQL[@]}" -d "$DB" -c "SELECT tide.drop_queue('bench')" >/dev/null
+    # complete_runs without a queue and with the queue's max_concurrency (above the 4 x 50 runs
+    # in flight, so it admits every claim: the cost of the queue admission itself), in turns
+    # first (the tables grow with every fill).
+    order="many queued"
+    if [ $((round % 2)) = 0 ]; then order="queued many"; fi
+    for which in $order; do
+        if [ "$which" = queued ]; then
+            "${PSQL[@]}" -d "$DB" -c "SELECT tide.create_queue('bench', max_concurrency => 1000)" >/dev/null
+        fi
+        fill $((CLIENTS * TX_BATCH50 * 50))
+        result[${which}_50]=$(best "${result[${which}_50]:-}" "$(tps "$tmp/tide_many.sql" 50 "$TX_BATCH50")")
+        if [ "$which" = queued ]; then
+            "${PSQL[@]}" -d "$DB" -c "SELECT tide.drop_queue('bench')" >/dev/null
+        fi
+    done
 done
 # The same batch path with a log line per run start and success (the default).
 "${PSQL[@]}" -d postgres -c "ALTER DATABASE $DB SET pg_tide.log_runs = log" >/dev/null

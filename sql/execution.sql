@@ -108,6 +108,7 @@ AS $$
 DECLARE
     ids bigint[];
     owners name[];
+    queues text[];
     gated boolean;
     candidates bigint[];
     -- The admitted runs whose queues counted them (tide._queue_admit).
@@ -146,16 +147,18 @@ BEGIN
     -- rounds at most: a claimer must not come back empty while other runs are claimable.
     FOR round IN 1..10 LOOP
         IF p_queue IS NULL THEN
-            SELECT array_agg(c.run_id), array_agg(c.owner), bool_or(c.gated) INTO ids, owners, gated FROM (
-                SELECT p.run_id, p.owner, p.gated FROM tide.pending p
+            SELECT array_agg(c.run_id), array_agg(c.owner), array_agg(c.queue), bool_or(c.gated)
+              INTO ids, owners, queues, gated FROM (
+                SELECT p.run_id, p.owner, p.queue, p.gated FROM tide.pending p
                  WHERE p.state = 'ready' AND NOT p.parked AND p.executor = p_executor
                    AND (p.due_at IS NULL OR p.due_at <= now())
                    AND (only_owner IS NULL OR p.owner = only_owner)
                  ORDER BY p.priority DESC, p.run_id
                  LIMIT p_n FOR UPDATE SKIP LOCKED) c;
         ELSE
-            SELECT array_agg(c.run_id), array_agg(c.owner), bool_or(c.gated) INTO ids, owners, gated FROM (
-                SELECT p.run_id, p.owner, p.gated FROM tide.pending p
+            SELECT array_agg(c.run_id), array_agg(c.owner), array_agg(c.queue), bool_or(c.gated)
+              INTO ids, owners, queues, gated FROM (
+                SELECT p.run_id, p.owner, p.queue, p.gated FROM tide.pending p
                  WHERE p.state = 'ready' AND NOT p.parked AND p.executor = p_executor AND p.queue = p_queue
                    AND (p.due_at IS NULL OR p.due_at <= now())
                    AND (only_owner IS NULL OR p.owner = only_owner)
@@ -168,7 +171,7 @@ BEGIN
         IF limited THEN
             -- Queue limits first (paused, max_concurrency, rate): the candidates they hold back
             -- are parked, and the next ones are looked at.
-            SELECT a.admitted, a.counted INTO candidates, counted_ids FROM tide._queue_admit(ids) a;
+            SELECT a.admitted, a.counted INTO candidates, counted_ids FROM tide._queue_admit(ids, owners, queues) a;
             IF cardinality(candidates) = 0 THEN
                 -- All parked: nothing of this round is claimed (if it was the last round, the
                 -- claim returns nothing).

@@ -273,7 +273,9 @@ COMMENT ON FUNCTION tide._wake_queue(name, text) IS
 -- queue's shared count (src/queue_count.rs), so claims of one queue go side by side; only a
 -- rate-limited queue's row is locked (its token bucket), and claims of it take turns.
 -- counted: the admitted runs the reservations were for (the claim marks them in tide.pending).
-CREATE FUNCTION tide._queue_admit(p_ids bigint[], OUT admitted bigint[], OUT counted bigint[])
+-- p_ids come in the claim's order (priority, then oldest), with their owners and queues.
+CREATE FUNCTION tide._queue_admit(p_ids bigint[], p_owners name[], p_queues text[],
+                                  OUT admitted bigint[], OUT counted bigint[])
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -288,11 +290,10 @@ BEGIN
     admitted := '{}';
     counted := '{}';
     FOR q IN
-        SELECT c.owner, c.queue, array_agg(c.run_id ORDER BY c.priority DESC, c.run_id) AS runs,
+        SELECT c.owner, c.queue, array_agg(c.run_id ORDER BY c.k) AS runs,
                x.name IS NOT NULL AS declared, x.paused, x.max_concurrency, x.rate
-          FROM tide.pending c
+          FROM unnest(p_ids, p_owners, p_queues) WITH ORDINALITY AS c(run_id, owner, queue, k)
           LEFT JOIN tide.queue x ON x.owner = c.owner AND x.name = c.queue
-         WHERE c.run_id = ANY (p_ids)
          GROUP BY c.owner, c.queue, x.name, x.paused, x.max_concurrency, x.rate
          ORDER BY c.owner, c.queue
     LOOP
@@ -350,7 +351,7 @@ BEGIN
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION tide._queue_admit(bigint[]) IS
+COMMENT ON FUNCTION tide._queue_admit(bigint[], name[], text[]) IS
     'Internal: the claimed candidates their queues let start (paused, rate, room within max_concurrency) and those counted; parks the others.';
 
 -- A transient failure spends one unit of its queue's retry budget. Returns the instant before
