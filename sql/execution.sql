@@ -38,29 +38,47 @@ AS $$ SELECT r.args FROM tide.run r WHERE r.run_id = tide.run_id() $$;
 COMMENT ON FUNCTION tide.args() IS
     'Inside a task''s command or readiness check: the run''s args (a JSON object).';
 
-CREATE FUNCTION tide.not_ready(message text DEFAULT 'input not ready') RETURNS void
+-- The error helpers of commands: each raises its SQLSTATE, which decides the run's path.
+CREATE FUNCTION tide._signal(p_sqlstate text, p_message text, p_hint text) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    RAISE EXCEPTION '%', tide._clip(coalesce(message, 'input not ready'), 1000) USING ERRCODE = 'TDNR0',
-        HINT = 'pg_tide re-checks this run at its next window; it is not retried at once';
+    RAISE EXCEPTION USING ERRCODE = p_sqlstate, MESSAGE = tide._clip(p_message, 1000), HINT = p_hint;
 END
+$$;
+COMMENT ON FUNCTION tide._signal(text, text, text) IS
+    'Internal: raises the error of one of the command helpers (tide.not_ready, tide.business_error, tide.transient_error).';
+
+CREATE FUNCTION tide.not_ready(message text DEFAULT 'input not ready') RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT tide._signal('TDNR0', coalesce(message, 'input not ready'),
+                        'pg_tide re-checks this run at its next window; it is not retried at once')
 $$;
 COMMENT ON FUNCTION tide.not_ready(text) IS
     'not_ready(message): inside a task''s command, stop: the input is not there yet (SQLSTATE TDNR0). The run waits for the next window instead of retrying.';
 
 CREATE FUNCTION tide.business_error(message text) RETURNS void
-LANGUAGE plpgsql
+LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
 AS $$
-BEGIN
-    RAISE EXCEPTION '%', tide._clip(coalesce(message, 'business error'), 1000) USING ERRCODE = 'TDBE0',
-        HINT = 'retrying cannot fix this: the run goes to the dead letters (tide.dead_letter) for a human';
-END
+    SELECT tide._signal('TDBE0', coalesce(message, 'business error'),
+                        'retrying cannot fix this: the run goes to the dead letters (tide.dead_letter) for a human')
 $$;
 COMMENT ON FUNCTION tide.business_error(text) IS
     'business_error(message): inside a task''s command, fail for good (SQLSTATE TDBE0): the run goes to the dead letters without retries.';
+
+CREATE FUNCTION tide.transient_error(message text) RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT tide._signal('TDTE0', coalesce(message, 'transient error'),
+                        'pg_tide retries this run with backoff, up to the task''s max_attempts')
+$$;
+COMMENT ON FUNCTION tide.transient_error(text) IS
+    'transient_error(message): inside a task''s command, fail this attempt (SQLSTATE TDTE0): the run is retried with backoff, up to max_attempts, then goes to the dead letters.';
 
 -- A stale lease token: explain who has the run now, change nothing.
 CREATE FUNCTION tide._refuse_stale(p_run_id bigint, p_token bigint, p_function text) RETURNS void
@@ -677,7 +695,7 @@ BEGIN
         -- Fenced: the lease was lost and the run taken back; the command's effects are undone.
         RETURN 'fenced';
     END IF;
-    final := tide._fail(p_run_id, msg, tide.error_kind_of(st)::tide.error_kind, st, 'failed', now());
+    final := tide._fail(p_run_id, msg, tide._error_kind(st, rules->'error_kinds')::tide.error_kind, st, 'failed', now());
     RETURN final::text;
 END
 $$;
@@ -715,8 +733,12 @@ BEGIN
         RETURN tide.complete_run(p_run_id, p_token, jsonb_build_object('statements', p_statements),
                                  p_expected, p_actual)::text;
     END IF;
-    RETURN tide._fail(p_run_id, p_error, tide.error_kind_of(p_sqlstate)::tide.error_kind, p_sqlstate,
-                      'failed', now())::text;
+    RETURN tide._fail(p_run_id, p_error,
+                      tide._error_kind(p_sqlstate,
+                                       (SELECT v.rules->'error_kinds' FROM tide.run r
+                                          JOIN tide.task_version v ON v.task_id = r.task_id AND v.version = r.version
+                                         WHERE r.run_id = p_run_id))::tide.error_kind,
+                      p_sqlstate, 'failed', now())::text;
 END
 $$;
 COMMENT ON FUNCTION tide._top_level_finish(bigint, bigint, text, text, integer, bigint, bigint) IS

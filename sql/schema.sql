@@ -79,6 +79,8 @@ CREATE TABLE tide.task (
     top_level         boolean NOT NULL DEFAULT false,
     batch_rate        double precision CHECK (batch_rate > 0),
     batch_pause       interval CHECK (batch_pause > interval '0'),
+    -- SQLSTATEs or SQLSTATE classes mapped to error kinds, over the default list.
+    error_kinds       jsonb CHECK (jsonb_typeof(error_kinds) = 'object'),
     -- Monitoring (set with tide.monitor): not rules, so changing them makes no new version.
     max_silence  interval CHECK (max_silence > interval '0'),
     severity     tide.severity NOT NULL DEFAULT 'warning',
@@ -108,6 +110,7 @@ COMMENT ON COLUMN tide.task.lock_key IS 'Template of the business object a run l
 COMMENT ON COLUMN tide.task.topics IS 'Topics whose tide.emit creates a run of this task (an event task).';
 COMMENT ON COLUMN tide.task.top_level IS 'The command runs at top level, as pg_cron runs it: in its own worker process, each statement in its own transaction (VACUUM, CREATE INDEX CONCURRENTLY, CALL of a procedure that commits, several statements); at least once.';
 COMMENT ON COLUMN tide.task.long IS 'The command does one batch per call and returns the next checkpoint (jsonb; NULL when done); pg_tide calls it until done.';
+COMMENT ON COLUMN tide.task.error_kinds IS 'SQLSTATEs (5 characters) or SQLSTATE classes (2) mapped to transient, business or not_ready, over the default list (tide.error_kind_of).';
 COMMENT ON COLUMN tide.task.batch_rate IS 'Long tasks: at most this many batches per second.';
 COMMENT ON COLUMN tide.task.batch_pause IS 'Long tasks: time to wait between two batches.';
 COMMENT ON COLUMN tide.task.command IS 'SQL the in-database executors run for each run; NULL = run by external workers.';

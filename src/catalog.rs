@@ -125,11 +125,12 @@ fn exec_args(o: &ExecOptions) -> Vec<DatumWithOid<'static>> {
         o.top_level.into(),
         o.batch_rate.into(),
         interval_of(o.batch_pause).into(),
+        o.error_kinds.clone().into(),
     ]
 }
 
 /// Column names and casts for `exec_args`, starting at parameter `$first`.
-const EXEC_COLUMNS: [(&str, &str); 25] = [
+const EXEC_COLUMNS: [(&str, &str); 26] = [
     ("timeout", ""),
     ("lease", ""),
     ("priority", ""),
@@ -155,6 +156,7 @@ const EXEC_COLUMNS: [(&str, &str); 25] = [
     ("top_level", ""),
     ("batch_rate", ""),
     ("batch_pause", ""),
+    ("error_kinds", "::jsonb"),
 ];
 
 /// Options where a given "nothing" value ('' / 0 / empty) removes the setting, so NULL can keep
@@ -165,6 +167,7 @@ fn stored(col: &str, p: &str) -> String {
         "max_concurrency" => format!("nullif({p}, 0)"),
         "batch_rate" => format!("nullif({p}, 0)"),
         "batch_pause" => format!("nullif({p}, interval '0')"),
+        "error_kinds" => format!("nullif({p}, '{{}}'::jsonb)"),
         _ => p.to_string(),
     }
 }
@@ -179,6 +182,7 @@ struct Guarantees<'a> {
     top_level: Option<bool>,
     batch_rate: Option<f64>,
     batch_pause: Option<Interval>,
+    error_kinds: Option<JsonbText>,
 }
 
 /// Checks what involves several options at once (`tide._check_task`), after a write: an error
@@ -241,6 +245,7 @@ fn exec_options(
         top_level: guarantees.top_level,
         batch_rate: guarantees.batch_rate,
         batch_pause: span(guarantees.batch_pause),
+        error_kinds: guarantees.error_kinds.map(|k| k.0),
     }
     .validate()
     .or_raise(function)
@@ -287,6 +292,7 @@ fn schedule(
     top_level: default!(Option<bool>, false),
     batch_rate: default!(Option<f64>, "NULL"),
     batch_pause: default!(Option<Interval>, "NULL"),
+    error_kinds: default!(Option<JsonbText>, "NULL"),
     replace: default!(Option<bool>, false),
     pending: default!(Option<&str>, "'hold'"),
 ) -> i64 {
@@ -320,6 +326,7 @@ fn schedule(
             top_level: Some(required(top_level, "top_level", F)),
             batch_rate,
             batch_pause,
+            error_kinds,
         },
         F,
     );
@@ -496,6 +503,7 @@ fn alter(
     top_level: default!(Option<bool>, "NULL"),
     batch_rate: default!(Option<f64>, "NULL"),
     batch_pause: default!(Option<Interval>, "NULL"),
+    error_kinds: default!(Option<JsonbText>, "NULL"),
 ) -> i32 {
     const F: &str = "tide.alter";
     let name = required(task, "task", F);
@@ -527,6 +535,7 @@ fn alter(
             top_level,
             batch_rate,
             batch_pause,
+            error_kinds,
         },
         F,
     );

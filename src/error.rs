@@ -99,6 +99,9 @@ pub enum TideError {
 
     #[error("lock_key \"{}\" is not valid: {reason}", short(template))]
     BadLockKey { template: String, reason: String },
+
+    #[error("error_kinds is not valid: {reason}")]
+    BadErrorKinds { reason: String },
 }
 
 /// A value quoted in a message: at most 100 characters of it, so that no input makes a message
@@ -188,6 +191,7 @@ impl TideError {
                 "a topic is 1 to 100 characters: letters, digits, '_', '-', '.' or ':', such as 'order.created'".to_string()
             }
             TideError::BadLockKey { .. } => "write a template such as 'account:{args.account_id}'; placeholders are {args.NAME}, {payload.NAME}, {key}, {biz_date} and {task}".to_string(),
+            TideError::BadErrorKinds { .. } => "map SQLSTATEs (5 characters, such as 'P0001') or SQLSTATE classes (2, such as '22') to 'transient', 'business' or 'not_ready': error_kinds => '{\"P0001\": \"transient\"}'".to_string(),
             TideError::ArgsNotObject(_) => {
                 "pass an object such as '{\"account_id\": 42}'::jsonb".to_string()
             }

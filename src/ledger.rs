@@ -57,6 +57,13 @@ fn error_kind_of(sqlstate: &str) -> &'static str {
     classify(sqlstate).as_str()
 }
 
+/// How a failed command's SQLSTATE is treated under a task's `error_kinds` (its rules'
+/// `error_kinds`, NULL for none): 'transient', 'business' or 'not_ready'.
+#[pg_extern(immutable, parallel_safe, schema = "tide", name = "_error_kind")]
+fn error_kind(sqlstate: &str, kinds: Option<crate::jsonarg::JsonbText>) -> &'static str {
+    crate::retry::classify_with(sqlstate, kinds.as_ref().map(|k| k.0.as_str())).as_str()
+}
+
 /// Checks one run's args given to `tide.enqueue` with the rules `tide.schedule` applies to a
 /// task's args (a JSON object, bounded in size and depth, numbers a double can hold): true,
 /// or a 22023 error naming the bad value.

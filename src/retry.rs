@@ -110,6 +110,10 @@ impl ErrorKind {
 pub const NOT_READY_SQLSTATE: &str = "TDNR0";
 /// SQLSTATE a command raises (via `tide.business_error(...)`) to say retrying cannot help.
 pub const BUSINESS_SQLSTATE: &str = "TDBE0";
+/// SQLSTATE a command raises (via `tide.transient_error(...)`) to say a later try may work.
+pub const TRANSIENT_SQLSTATE: &str = "TDTE0";
+/// The most entries a task's `error_kinds` may have.
+pub const MAX_ERROR_KINDS: usize = 100;
 
 /// Classifies the SQLSTATE of a failed command. Transient: the same command may well succeed
 /// later (lost connection, serialization failure, deadlock, lock or statement timeout, out of
@@ -122,6 +126,9 @@ pub fn classify(sqlstate: &str) -> ErrorKind {
     }
     if s == BUSINESS_SQLSTATE {
         return ErrorKind::Business;
+    }
+    if s == TRANSIENT_SQLSTATE {
+        return ErrorKind::Transient;
     }
     let class = s.get(0..2).unwrap_or("");
     let transient = matches!(
@@ -141,6 +148,86 @@ pub fn classify(sqlstate: &str) -> ErrorKind {
     } else {
         ErrorKind::Business
     }
+}
+
+/// Checks a task's `error_kinds` (a JSON object mapping SQLSTATEs, 5 characters, or SQLSTATE
+/// classes, 2, to error kinds) and returns it with upper-case keys and canonical kinds.
+pub fn parse_error_kinds(text: &str) -> Result<String, TideError> {
+    let bad = |reason: String| TideError::BadErrorKinds { reason };
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| bad(format!("not JSON ({e})")))?;
+    let serde_json::Value::Object(map) = value else {
+        return Err(bad(format!(
+            "it must be a JSON object, got {}",
+            crate::jsontext::shorten(text)
+        )));
+    };
+    if map.len() > MAX_ERROR_KINDS {
+        return Err(bad(format!(
+            "{} entries, at most {MAX_ERROR_KINDS}",
+            map.len()
+        )));
+    }
+    let mut out = serde_json::Map::new();
+    for (code, kind) in &map {
+        let key = code.trim().to_ascii_uppercase();
+        let well_formed =
+            matches!(key.len(), 2 | 5) && key.bytes().all(|b| b.is_ascii_alphanumeric());
+        if !well_formed {
+            return Err(bad(format!(
+                "\"{}\" is not an SQLSTATE (5 letters or digits) or an SQLSTATE class (2)",
+                crate::jsontext::shorten(code)
+            )));
+        }
+        if [NOT_READY_SQLSTATE, BUSINESS_SQLSTATE, TRANSIENT_SQLSTATE].contains(&key.as_str()) {
+            return Err(bad(format!(
+                "\"{key}\" is the SQLSTATE of a pg_tide error helper, whose kind is fixed"
+            )));
+        }
+        let Some(kind) = kind.as_str() else {
+            return Err(bad(format!(
+                "the kind of \"{key}\" must be a string, got {}",
+                crate::jsontext::shorten(&kind.to_string())
+            )));
+        };
+        let kind = ErrorKind::parse(kind).map_err(|_| {
+            bad(format!(
+                "unknown error kind \"{}\" for \"{key}\"",
+                crate::jsontext::shorten(kind)
+            ))
+        })?;
+        if out.insert(key.clone(), kind.as_str().into()).is_some() {
+            return Err(bad(format!("\"{key}\" is given twice")));
+        }
+    }
+    Ok(serde_json::Value::Object(out).to_string())
+}
+
+/// Classifies a failed command's SQLSTATE with a task's `error_kinds` (checked by
+/// `parse_error_kinds`): pg_tide's error helpers keep their kinds; then the exact SQLSTATE,
+/// then its class, then the default list (`classify`).
+pub fn classify_with(sqlstate: &str, kinds: Option<&str>) -> ErrorKind {
+    let s = sqlstate.trim().to_ascii_uppercase();
+    if [NOT_READY_SQLSTATE, BUSINESS_SQLSTATE, TRANSIENT_SQLSTATE].contains(&s.as_str()) {
+        return classify(&s);
+    }
+    let map = kinds
+        .and_then(|k| serde_json::from_str::<serde_json::Value>(k).ok())
+        .and_then(|v| match v {
+            serde_json::Value::Object(m) => Some(m),
+            _ => None,
+        });
+    if let Some(map) = map {
+        let class = s.get(0..2).unwrap_or("");
+        for key in [s.as_str(), class] {
+            if let Some(kind) = map.get(key).and_then(|k| k.as_str()) {
+                if let Ok(kind) = ErrorKind::parse(kind) {
+                    return kind;
+                }
+            }
+        }
+    }
+    classify(&s)
 }
 
 #[cfg(test)]
@@ -239,5 +326,54 @@ mod tests {
         for j in [Jitter::Full, Jitter::Equal, Jitter::None] {
             assert_eq!(Jitter::parse(j.as_str()), Ok(j));
         }
+    }
+
+    #[test]
+    fn error_kinds_map_codes_and_classes() {
+        let kinds =
+            parse_error_kinds(r#"{"p0001": "Transient", "22": "transient", "22012": "business"}"#)
+                .unwrap();
+        let k = Some(kinds.as_str());
+        // The exact code, then its class, then the default list.
+        assert_eq!(classify_with("P0001", k), ErrorKind::Transient);
+        assert_eq!(classify_with("P0001", None), ErrorKind::Business);
+        assert_eq!(classify_with("22003", k), ErrorKind::Transient);
+        assert_eq!(classify_with("22012", k), ErrorKind::Business);
+        assert_eq!(classify_with("40001", k), ErrorKind::Transient);
+        assert_eq!(classify_with("23505", k), ErrorKind::Business);
+        // The helpers keep their kinds.
+        assert_eq!(
+            classify_with(TRANSIENT_SQLSTATE, None),
+            ErrorKind::Transient
+        );
+        assert_eq!(classify_with(NOT_READY_SQLSTATE, k), ErrorKind::NotReady);
+        assert_eq!(classify_with(BUSINESS_SQLSTATE, k), ErrorKind::Business);
+    }
+
+    #[test]
+    fn bad_error_kinds_are_refused_naming_the_value() {
+        for (text, says) in [
+            ("[1]", "must be a JSON object"),
+            ("not json", "not JSON"),
+            (r#"{"P001": "transient"}"#, "\"P001\" is not an SQLSTATE"),
+            (
+                r#"{"P0001": "sometimes"}"#,
+                "unknown error kind \"sometimes\"",
+            ),
+            (r#"{"P0001": 1}"#, "must be a string"),
+            (r#"{"TDBE0": "transient"}"#, "error helper"),
+            (
+                r#"{"p0001": "transient", "P0001": "business"}"#,
+                "given twice",
+            ),
+        ] {
+            let err = parse_error_kinds(text).unwrap_err();
+            assert!(err.to_string().contains(says), "{text}: {err}");
+            assert!(err.hint().contains("P0001"));
+        }
+        let many: Vec<String> = (0..=MAX_ERROR_KINDS)
+            .map(|i| format!("\"{i:05}\": \"business\""))
+            .collect();
+        assert!(parse_error_kinds(&format!("{{{}}}", many.join(","))).is_err());
     }
 }

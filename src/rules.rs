@@ -304,6 +304,8 @@ pub struct ExecOptions {
     pub top_level: Option<bool>,
     pub batch_rate: Option<f64>,
     pub batch_pause: Option<Span>,
+    /// SQLSTATEs or classes mapped to error kinds, as JSON text ('{}' removes them).
+    pub error_kinds: Option<String>,
 }
 
 /// The most attempts a task may allow: retries are always bounded (R6.1, R14).
@@ -525,6 +527,9 @@ impl ExecOptions {
         }
         if let Some(p) = self.batch_pause {
             check_interval("batch_pause", p, true)?;
+        }
+        if let Some(k) = &self.error_kinds {
+            self.error_kinds = Some(crate::retry::parse_error_kinds(k)?);
         }
         if let Some(d) = &self.ready_dataset {
             check_len("ready_dataset", d, MAX_NAME_LEN)?;

@@ -48,7 +48,7 @@ fn pending_in_step(c: &mut Client) -> Result<(), Failed> {
         c,
         "SELECT coalesce(string_agg(coalesce(r.run_id, p.run_id)::text, ','), '')
            FROM tide.run r FULL JOIN tide.pending p USING (run_id)
-          WHERE (r.state IN ('waiting', 'ready', 'running', 'retry', 'held', 'dead', 'need_check')) IS DISTINCT FROM (p.run_id IS NOT NULL)
+          WHERE (r.state IN ('waiting', 'ready', 'running', 'retry', 'held', 'paused', 'dead', 'need_check')) IS DISTINCT FROM (p.run_id IS NOT NULL)
              OR (p.run_id IS NOT NULL AND (p.state, p.queue, p.priority, p.executor, p.due_at)
                      IS DISTINCT FROM (r.state, r.queue, r.priority, r.executor, r.run_after))",
     )?;
@@ -698,9 +698,10 @@ fn readiness_marker_and_deadline(cluster: &Cluster) -> Result<(), Failed> {
 fn short_counts_need_a_check(cluster: &Cluster) -> Result<(), Failed> {
     let mut c = cluster.fresh_db("t_check")?;
     exec(&mut c, "SELECT tide.schedule('recon', '0 * * * *')")?;
-    let a = rerun_hours_ago(&mut c, "recon", 3)?;
-    let b = rerun_hours_ago(&mut c, "recon", 2)?;
-    for run in [a, b] {
+    let a = rerun_hours_ago(&mut c, "recon", 4)?;
+    let b = rerun_hours_ago(&mut c, "recon", 3)?;
+    let undecided = rerun_hours_ago(&mut c, "recon", 2)?;
+    for run in [a, b, undecided] {
         let (id, token) = claim(&mut c, "")?.ok_or("claim")?;
         assert_eq!(id, run);
         let state: String = one(
@@ -721,9 +722,22 @@ fn short_counts_need_a_check(cluster: &Cluster) -> Result<(), Failed> {
     assert_eq!(replayed, "ready");
     let (code, _, _) = refused(&mut c, &format!("SELECT tide.resolve_run({b}, 'accept')"))?;
     assert_eq!(code, "55000", "only need_check runs are resolved");
-    let (code, message, hint) = refused(&mut c, &format!("SELECT tide.resolve_run({a}, 'maybe')"))?;
-    assert_eq!(code, "55000", "{message}");
-    assert!(!hint.is_empty());
+    // An unknown decision on a run that waits for one: refused, naming it, and the run still
+    // waits.
+    let (code, message, hint) = refused(
+        &mut c,
+        &format!("SELECT tide.resolve_run({undecided}, 'maybe')"),
+    )?;
+    assert_eq!(
+        (code.as_str(), message.as_str()),
+        ("22023", "unknown decision \"maybe\"")
+    );
+    assert!(hint.contains("'accept'"), "{hint}");
+    let still: String = one(
+        &mut c,
+        &format!("SELECT state::text FROM tide.run WHERE run_id = {undecided}"),
+    )?;
+    assert_eq!(still, "need_check");
     let (code, _, _) = refused(
         &mut c,
         "SELECT tide.complete_run(1, 1, expected => -1, actual => 0)",
@@ -1043,6 +1057,27 @@ fn bad_options_are_refused(cluster: &Cluster) -> Result<(), Failed> {
     }
     let (code, _, _) = refused(&mut c, "SELECT * FROM tide.claim_runs(queue => NULL)")?;
     assert_eq!(code, "22004");
+    // A task's error_kinds: the bad key or kind is named, with an example in the hint.
+    for (kinds, want) in [
+        (r#"["P0001"]"#, "error_kinds is not valid: it must be a JSON object, got [\"P0001\"]"),
+        (
+            r#"{"P01": "transient"}"#,
+            "error_kinds is not valid: \"P01\" is not an SQLSTATE (5 letters or digits) or an SQLSTATE class (2)",
+        ),
+        (
+            r#"{"P0001": "retry"}"#,
+            "error_kinds is not valid: unknown error kind \"retry\" for \"P0001\"",
+        ),
+        (
+            r#"{"TDBE0": "transient"}"#,
+            "error_kinds is not valid: \"TDBE0\" is the SQLSTATE of a pg_tide error helper, whose kind is fixed",
+        ),
+    ] {
+        let sql = format!("SELECT tide.schedule('x', '@hourly', error_kinds => '{kinds}')");
+        let (code, message, hint) = refused(&mut c, &sql)?;
+        assert_eq!((code.as_str(), message.as_str()), ("22023", want), "{sql}");
+        assert!(hint.contains(r#"error_kinds => '{"P0001": "transient"}'"#), "{hint}");
+    }
     let tasks: i64 = one(&mut c, "SELECT count(*) FROM tide.task")?;
     assert_eq!(tasks, 0, "nothing was written");
     Ok(())
@@ -1207,6 +1242,87 @@ fn transient_command_errors_are_retried(cluster: &Cluster) -> Result<(), Failed>
     )?;
     assert_eq!(summary, "1|failed:transient:40001,succeeded:");
     exec(&mut c, "SELECT tide.unschedule('flaky_sql')")?;
+    Ok(())
+}
+
+/// A plain RAISE EXCEPTION (P0001) is a business error by default: dead at once. A task's
+/// error_kinds maps SQLSTATEs or classes to kinds (a partner API wrapper's errors are
+/// transient), and tide.transient_error asks for a retry from any task.
+fn error_kinds_map_plain_sql_errors(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "CREATE OR REPLACE FUNCTION fails_once(code text) RETURNS void LANGUAGE plpgsql AS $$
+         BEGIN
+             IF (SELECT attempts FROM tide.run WHERE run_id = tide.run_id()) < 2 THEN
+                 IF code = 'helper' THEN
+                     PERFORM tide.transient_error('bank timeout');
+                 END IF;
+                 RAISE EXCEPTION 'bank timeout' USING ERRCODE = code;
+             END IF;
+         END $$;
+         SELECT tide.schedule('ek_default', '0 1 * * *', biz_window => 'day',
+                              command => 'SELECT fails_once(''P0001'')');
+         SELECT tide.schedule('ek_code', '0 1 * * *', biz_window => 'day',
+                              command => 'SELECT fails_once(''P0001'')', error_kinds => '{\"p0001\": \"Transient\"}',
+                              backoff_base => '1 second', jitter => 'none');
+         SELECT tide.schedule('ek_class', '0 1 * * *', biz_window => 'day',
+                              command => 'SELECT fails_once(''22012'')', error_kinds => '{\"22\": \"transient\"}',
+                              backoff_base => '1 second', jitter => 'none');
+         SELECT tide.schedule('ek_helper', '0 1 * * *', biz_window => 'day',
+                              command => 'SELECT fails_once(''helper'')',
+                              backoff_base => '1 second', jitter => 'none');",
+    )?;
+    let stored: String = one(
+        &mut c,
+        "SELECT error_kinds::text FROM tide.task WHERE name = 'ek_code'",
+    )?;
+    assert_eq!(
+        stored, r#"{"P0001": "transient"}"#,
+        "stored in canonical form"
+    );
+    let mut outcomes = vec![];
+    for (task, state) in [
+        ("ek_default", "dead"),
+        ("ek_code", "succeeded"),
+        ("ek_class", "succeeded"),
+        ("ek_helper", "succeeded"),
+    ] {
+        let run: i64 = one(
+            &mut c,
+            &format!("SELECT tide.rerun('{task}', biz_date => current_date - 2)"),
+        )?;
+        wait_state(&mut c, run, state, Duration::from_secs(30))?;
+        let attempts: String = one(
+            &mut c,
+            &format!(
+                "SELECT string_agg(a.outcome || coalesce(':' || a.error_kind::text || ':' || a.sqlstate, ''), ',' ORDER BY a.attempt)
+                   FROM tide.attempt a WHERE a.run_id = {run}"
+            ),
+        )?;
+        outcomes.push(format!("{task}={attempts}"));
+    }
+    assert_eq!(
+        outcomes,
+        [
+            "ek_default=failed:business:P0001",
+            "ek_code=failed:transient:P0001,succeeded",
+            "ek_class=failed:transient:22012,succeeded",
+            "ek_helper=failed:transient:TDTE0,succeeded",
+        ]
+    );
+    // '{}' removes the mapping (a new rule version).
+    let version: i32 = one(&mut c, "SELECT tide.alter('ek_code', error_kinds => '{}')")?;
+    assert_eq!(version, 2);
+    let gone: bool = one(
+        &mut c,
+        "SELECT error_kinds IS NULL FROM tide.task WHERE name = 'ek_code'",
+    )?;
+    assert!(gone);
+    exec(
+        &mut c,
+        "SELECT tide.unschedule(t) FROM unnest(ARRAY['ek_default', 'ek_code', 'ek_class', 'ek_helper']) t",
+    )?;
     Ok(())
 }
 
@@ -2008,6 +2124,10 @@ fn main() {
         (
             "workers_transient_command_errors_are_retried",
             transient_command_errors_are_retried,
+        ),
+        (
+            "workers_error_kinds_map_plain_sql_errors",
+            error_kinds_map_plain_sql_errors,
         ),
         (
             "workers_readiness_checks_run_in_the_executors",
