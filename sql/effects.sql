@@ -58,6 +58,8 @@ COMMENT ON COLUMN tide.effect.run_id IS 'The run whose command recorded it (insi
 -- Delivery workers claim by channel; the tick takes back expired leases.
 CREATE INDEX effect_claim_idx ON tide.effect (channel, available_at, effect_id) WHERE state = 'pending';
 CREATE INDEX effect_sending_idx ON tide.effect (lease_expires_at) WHERE state = 'sending';
+-- Retention prunes delivered effects by age (tide._prune).
+CREATE INDEX effect_delivered_idx ON tide.effect (delivered_at) WHERE state = 'delivered';
 
 CREATE FUNCTION tide.create_effect(channel text, dedupe_key text, payload jsonb DEFAULT '{}', max_attempts integer DEFAULT 10)
 RETURNS bigint

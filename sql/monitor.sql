@@ -987,6 +987,7 @@ DECLARE
     -- Settings with units read as '30d', '10s': valid interval input.
     cutoff timestamptz := p_now - tide._setting('history_retention', '30d')::interval;
     alerts integer;
+    effects integer;
 BEGIN
     SELECT m.prune_cursor INTO cursor_at FROM tide.monitor_state m FOR UPDATE;
     SELECT max(s.run_id), count(*),
@@ -1017,11 +1018,20 @@ BEGIN
     DELETE FROM tide.alert a
      WHERE a.alert_id IN (SELECT x.alert_id FROM tide.alert x WHERE x.resolved_at < cutoff ORDER BY x.resolved_at LIMIT p_limit);
     GET DIAGNOSTICS alerts = ROW_COUNT;
-    RETURN jsonb_build_object('pruned_runs', coalesce(cardinality(victims), 0), 'pruned_alerts', alerts);
+    -- Side effects delivered before the cutoff (their dedupe keys are forgotten with them);
+    -- pending, sending and dead ones stay. One held right now waits for the next round.
+    DELETE FROM tide.effect e
+     WHERE e.effect_id IN (SELECT x.effect_id FROM tide.effect x
+                            WHERE x.state = 'delivered' AND x.delivered_at < cutoff
+                            ORDER BY x.delivered_at LIMIT p_limit
+                              FOR UPDATE SKIP LOCKED);
+    GET DIAGNOSTICS effects = ROW_COUNT;
+    RETURN jsonb_build_object('pruned_runs', coalesce(cardinality(victims), 0), 'pruned_alerts', alerts,
+                              'pruned_effects', effects);
 END
 $$;
 COMMENT ON FUNCTION tide._prune(timestamptz, integer) IS
-    'Internal: prunes a bounded batch of finished history older than pg_tide.history_retention (with attempts and events), keeping the latest 10 runs of each task, unfinished and unresolved runs, and open alerts.';
+    'Internal: prunes a bounded batch of finished history older than pg_tide.history_retention (with attempts and events), keeping the latest 10 runs of each task, unfinished and unresolved runs, and open alerts; and side effects delivered before the cutoff.';
 
 -- The tick's monitoring step, every pg_tide.monitor_interval: alerts, then a batch of pruning
 -- (up to 5000 runs: a tick that has nothing to evaluate costs nothing here).
@@ -1039,7 +1049,8 @@ BEGIN
      WHERE m.evaluated_at IS NULL OR p_now >= m.evaluated_at + step OR p_now < m.evaluated_at;
     IF NOT FOUND THEN
         IF EXISTS (SELECT 1 FROM tide.monitor_state) THEN
-            RETURN jsonb_build_object('alerts_opened', 0, 'alerts_resolved', 0, 'pruned_runs', 0, 'pruned_alerts', 0);
+            RETURN jsonb_build_object('alerts_opened', 0, 'alerts_resolved', 0, 'pruned_runs', 0, 'pruned_alerts', 0,
+                                      'pruned_effects', 0);
         END IF;
         INSERT INTO tide.monitor_state (evaluated_at) VALUES (p_now);  -- the row was deleted
     END IF;

@@ -623,6 +623,25 @@ fn pruning_removes_only_what_it_should(cluster: &Cluster) -> Result<(), Failed> 
          SELECT tide.pause('p');",
     )?;
     let ready = past_run(&mut c, "p", 20)?;
+    // Side effects: one delivered (pruned with old history), one still pending and one dead
+    // (both kept: they are not done).
+    exec(
+        &mut c,
+        "SELECT tide.create_effect('sms', 'sent'), tide.create_effect('sms', 'given_up', max_attempts => 1);
+         SELECT tide.complete_effect(e.effect_id, e.lease_token) FROM tide.claim_effects('sms', n => 1) e;
+         SELECT tide.fail_effect(e.effect_id, e.lease_token, 'no such number') FROM tide.claim_effects('sms', n => 1) e;
+         SELECT tide.create_effect('sms', 'waiting');",
+    )?;
+    let effects = |c: &mut Client| -> Result<String, Failed> {
+        one(
+            c,
+            "SELECT string_agg(dedupe_key || ':' || state, ',' ORDER BY dedupe_key) FROM tide.effect",
+        )
+    };
+    assert_eq!(
+        effects(&mut c)?,
+        "given_up:dead,sent:delivered,waiting:pending"
+    );
     let counter = |c: &mut Client| -> Result<String, Failed> {
         let text: String = one(c, "SELECT tide.metrics()")?;
         Ok(text
@@ -637,6 +656,10 @@ fn pruning_removes_only_what_it_should(cluster: &Cluster) -> Result<(), Failed> 
     tick(&mut c, "now() + interval '2 days'")?;
     let all: i64 = one(&mut c, "SELECT count(*) FROM tide.run")?;
     assert_eq!(all, 15);
+    assert_eq!(
+        effects(&mut c)?,
+        "given_up:dead,sent:delivered,waiting:pending"
+    );
     // With a retention of one day, two days on: the 12 succeeded runs are old; the 10 newest
     // windows are kept whatever they are, so the 2 oldest succeeded ones go. Dead, need_check
     // and the ready run stay.
@@ -681,6 +704,11 @@ fn pruning_removes_only_what_it_should(cluster: &Cluster) -> Result<(), Failed> 
         "SELECT count(*) FROM tide.alert WHERE resolved_at IS NULL AND kind = 'dead_letter'",
     )?;
     assert_eq!(open, 1, "open alerts stay");
+    assert_eq!(
+        effects(&mut c)?,
+        "given_up:dead,waiting:pending",
+        "the delivered effect is pruned"
+    );
     // Counters never go down: pruned runs still count.
     assert_eq!(counter(&mut c)?, before);
     Ok(())
