@@ -24,7 +24,7 @@ inlined=(
     "tide._executor_of(command text)"
     "tide._open_state(rules jsonb)"
     "tide._lease_length(p_executor tide.executor,rules jsonb,p_lease interval)"
-    "tide._gate(p_task_id bigint,p_overlap text,p_window_start timestamptz,p_event_key text)"
+    "tide._gate(p_task_id bigint,p_overlap text,p_window_start timestamptz,p_event_key text,p_long boolean)"
     "tide._gated(p_gate text,p_lock_key text,p_overlap text,p_window_start timestamptz,p_max_concurrency integer)"
     "tide._gating_of(p_task_id bigint,p_version integer,p_args jsonb,p_payload jsonb,p_event_key text,p_biz_date date,p_window_start timestamptz,gate text,lock_key text,gated boolean)"
     "tide._max_silence(t tide.task)"

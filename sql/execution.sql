@@ -364,6 +364,7 @@ BEGIN
            finished_at = now(),
            updated_at = now(),
            lease_expires_at = NULL,
+           control = NULL,
            reason = CASE WHEN short
                          THEN format('completed short: expected %s, actual %s', complete_run.expected, complete_run.actual)
                          ELSE format('completed by %s', coalesce(r.lease_owner, 'a worker')) END
@@ -444,7 +445,7 @@ BEGIN
     ), done_run AS (
         UPDATE tide.run r
            SET state = 'succeeded', result = i.result, finished_at = now(), updated_at = now(),
-               lease_expires_at = NULL,
+               lease_expires_at = NULL, control = NULL,
                reason = format('completed by %s', coalesce(r.lease_owner, 'a worker'))
           FROM input i
          WHERE r.run_id = i.run_id AND r.lease_token = i.token AND r.state = 'running'
@@ -695,6 +696,11 @@ BEGIN
         -- Fenced: the lease was lost and the run taken back; the command's effects are undone.
         RETURN 'fenced';
     END IF;
+    IF (SELECT x.control FROM tide.run x WHERE x.run_id = p_run_id) IS NOT NULL THEN
+        -- tide.cancel_run or tide.pause_run interrupted the command (or asked while it failed):
+        -- the run stops as asked; its work was rolled back with the subtransaction.
+        RETURN tide._stop_run(p_run_id, NULL, true)::text;
+    END IF;
     final := tide._fail(p_run_id, msg, tide._error_kind(st, rules->'error_kinds')::tide.error_kind, st, 'failed', now());
     RETURN final::text;
 END
@@ -774,6 +780,11 @@ SET lock_timeout = '5s'
 AS $$
 BEGIN
     IF tide._still_held(p_run_id, p_token) THEN
+        IF (SELECT x.control FROM tide.run x WHERE x.run_id = p_run_id) IS NOT NULL THEN
+            -- Interrupted by tide.cancel_run or tide.pause_run outside the command itself.
+            PERFORM tide._stop_run(p_run_id, NULL, true);
+            RETURN;
+        END IF;
         PERFORM tide._fail(p_run_id, format('the executor could not finish the run: %s', p_error),
                            'transient', NULL, 'lost', now());
     END IF;
@@ -977,7 +988,7 @@ BEGIN
            executor = tide._executor_of(rules->>'command'),
            skip_reason = NULL, covered_by = NULL, tries = 0, deferrals = 0,
            run_after = NULL, ready_deadline = NULL, finished_at = NULL, lease_expires_at = NULL,
-           updated_at = now(),
+           control = NULL, updated_at = now(),
            reason = format('%s by %s (from %s%s, version %s)', p_trigger, current_user, r.state,
                            CASE WHEN r.state = 'succeeded' THEN ', forced' ELSE '' END, use_version)
      WHERE run_id = r.run_id;

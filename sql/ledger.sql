@@ -134,7 +134,7 @@ COMMENT ON COLUMN tide.run.payload IS 'Event runs: the payload given to tide.emi
 COMMENT ON COLUMN tide.run.gate IS 'Serial group: runs of one group are claimed one at a time in run order (overlap queue: the task; event runs: the task and key).';
 COMMENT ON COLUMN tide.run.lock_key IS 'The business object the run locks while it runs (from the task''s lock_key template); see tide.lock.';
 COMMENT ON COLUMN tide.run.batches IS 'Long tasks: batches committed so far.';
-COMMENT ON COLUMN tide.run.control IS 'A pause or cancel asked for with tide.pause_run / tide.cancel_run, taken up at the next batch or heartbeat.';
+COMMENT ON COLUMN tide.run.control IS 'A pause or cancel asked for with tide.pause_run / tide.cancel_run, taken up at the next batch or heartbeat, or at once by an SQL run (its command interrupted).';
 COMMENT ON COLUMN tide.run.lease_token IS 'Fencing token of the current claim; heartbeat/complete/fail must present it.';
 COMMENT ON COLUMN tide.run.executor_pid IS 'SQL runs: the pid of the pg_tide executor running the attempt; with executor_start, how the scheduler sees at once that it is gone.';
 COMMENT ON COLUMN tide.run.executor_start IS 'SQL runs: when the executor process running the attempt started (pids are reused).';

@@ -65,21 +65,25 @@ SET search_path = pg_catalog, pg_temp
 AS $$ SELECT interval '1 minute' $$;
 COMMENT ON FUNCTION tide._park_time() IS 'Internal: the longest a parked run waits before a claim looks at it again.';
 
--- A run's serial group: the task for a window run of an overlap-queue task, the task and key
--- for an event run with a key; NULL otherwise.
+-- A run's serial group: the task for a window run of an overlap-queue task and for every run
+-- of a long task (R1.3: a long task never runs twice at once, unless its overlap says
+-- otherwise), the task and key for an event run with a key; NULL otherwise.
 -- Inlined into its callers (on the hot paths of claims, emits and the tick), so it has no SET
 -- clause, which would forbid inlining: its body names everything with its schema instead, so it
 -- is safe under any search_path (scripts/pgspot.sh lists it).
-CREATE FUNCTION tide._gate(p_task_id bigint, p_overlap text, p_window_start timestamptz, p_event_key text)
+CREATE FUNCTION tide._gate(p_task_id bigint, p_overlap text, p_window_start timestamptz, p_event_key text,
+                           p_long boolean)
 RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
-    SELECT CASE WHEN p_window_start IS NULL
+    SELECT CASE WHEN p_long AND coalesce(p_overlap, 'queue') OPERATOR(pg_catalog.=) 'queue'
+                THEN p_task_id::pg_catalog.text
+                WHEN p_window_start IS NULL
                 THEN p_task_id::pg_catalog.text OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) p_event_key
                 WHEN coalesce(p_overlap, 'queue') OPERATOR(pg_catalog.=) 'queue' THEN p_task_id::pg_catalog.text END
 $$;
-COMMENT ON FUNCTION tide._gate(bigint, text, timestamptz, text) IS
-    'Internal: a run''s serial group (overlap queue: the task; an event run with a key: the task and key).';
+COMMENT ON FUNCTION tide._gate(bigint, text, timestamptz, text, boolean) IS
+    'Internal: a run''s serial group (overlap queue: the task, and every run of a long task; an event run with a key: the task and key).';
 
 -- Whether a claim must check a run at all; a plain run (no group, no lock, overlap allow
 -- without a limit) goes by the fast path.
@@ -117,7 +121,9 @@ AS $$
                                                          p_payload, p_event_key, p_biz_date::pg_catalog.text)
                                 END AS lock_key) k
      CROSS JOIN LATERAL (SELECT tide._gate(p_task_id, v.rules OPERATOR(pg_catalog.->>) 'overlap', p_window_start,
-                                           p_event_key) AS gate) g
+                                           p_event_key,
+                                           coalesce((v.rules OPERATOR(pg_catalog.->>) 'long')::pg_catalog.bool, false))
+                                AS gate) g
      WHERE v.task_id OPERATOR(pg_catalog.=) p_task_id AND v.version OPERATOR(pg_catalog.=) p_version
 $$;
 COMMENT ON FUNCTION tide._gating_of(bigint, integer, jsonb, jsonb, text, date, timestamptz) IS

@@ -8,8 +8,11 @@ SET search_path = pg_catalog, pg_temp
 AS $$ SELECT r.checkpoint FROM tide.run r WHERE r.run_id = tide.run_id() $$;
 COMMENT ON FUNCTION tide.checkpoint() IS 'Inside a task''s command: the run''s last committed checkpoint (NULL at the start); a long task''s batch continues from it.';
 
--- Ends a running run that was asked to pause or cancel (between batches, or at a heartbeat).
-CREATE FUNCTION tide._stop_run(p_run_id bigint, p_progress jsonb) RETURNS tide.run_state
+-- Ends a running run that was asked to pause or cancel (between batches, at a heartbeat, or
+-- with its command interrupted: p_interrupted, the command's or batch's work rolled back). The
+-- reason keeps who asked, and why (recorded when they asked).
+CREATE FUNCTION tide._stop_run(p_run_id bigint, p_progress jsonb, p_interrupted boolean DEFAULT false)
+RETURNS tide.run_state
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -17,13 +20,50 @@ AS $$
        SET state = CASE WHEN x.control = 'cancel' THEN 'cancelled' ELSE 'paused' END::tide.run_state,
            checkpoint = coalesce(p_progress, x.checkpoint), control = NULL, lease_expires_at = NULL,
            finished_at = CASE WHEN x.control = 'cancel' THEN now() END, updated_at = now(),
-           reason = format('%s after %s batches (asked by tide.%s_run)',
-                           CASE WHEN x.control = 'cancel' THEN 'cancelled' ELSE 'paused' END, x.batches, x.control)
-     WHERE x.run_id = p_run_id AND x.state = 'running'
+           reason = format('%s %s (%s)',
+                           CASE WHEN x.control = 'cancel' THEN 'cancelled' ELSE 'paused' END,
+                           CASE WHEN p_interrupted AND x.batches > 0
+                                THEN format('after %s batches, its running batch interrupted and rolled back', x.batches)
+                                WHEN p_interrupted THEN 'while running, its command interrupted and its work rolled back'
+                                ELSE format('after %s batches', x.batches) END,
+                           CASE WHEN x.reason LIKE x.control || ' asked by %' THEN x.reason
+                                ELSE format('asked by tide.%s_run', x.control) END)
+     WHERE x.run_id = p_run_id AND x.state = 'running' AND x.control IS NOT NULL
     RETURNING x.state
 $$;
-COMMENT ON FUNCTION tide._stop_run(bigint, jsonb) IS
-    'Internal: pauses or cancels a running run whose pause or cancel was asked for, keeping its checkpoint.';
+COMMENT ON FUNCTION tide._stop_run(bigint, jsonb, boolean) IS
+    'Internal: pauses or cancels a running run whose pause or cancel was asked for, keeping its checkpoint (interrupted: its running command or batch was rolled back).';
+
+-- Asks a running run to pause or cancel, recording who asked and why. A run of pg_tide's SQL
+-- executors has its command interrupted at once (a cancel always; a pause unless the task is
+-- long, which pauses between batches without losing work): the executor's backend gets a
+-- query cancel, and its error handler, waiting for this transaction's row lock, finds the
+-- request and stops the run. (The executor cannot finish the run meanwhile: this transaction
+-- holds its row.)
+CREATE FUNCTION tide._ask_to_stop(r tide.run, p_control text, p_why text) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    rules jsonb;
+BEGIN
+    UPDATE tide.run x SET control = p_control, updated_at = now(),
+           reason = format('%s asked by %s%s', p_control, tide._caller(), coalesce(': ' || tide._clip(p_why, 500), ''))
+     WHERE x.run_id = r.run_id;
+    IF r.executor <> 'sql' OR r.executor_pid IS NULL THEN
+        RETURN;  -- an external worker: it stops at its next heartbeat
+    END IF;
+    SELECT v.rules INTO rules FROM tide.task_version v WHERE v.task_id = r.task_id AND v.version = r.version;
+    IF coalesce((rules->>'top_level')::boolean, false)
+       OR (p_control = 'pause' AND coalesce((rules->>'long')::boolean, false)) THEN
+        RETURN;  -- between batches, or when the top-level command ends
+    END IF;
+    PERFORM pg_cancel_backend(a.pid) FROM pg_stat_activity a
+     WHERE a.pid = r.executor_pid AND a.backend_start = r.executor_start;
+END
+$$;
+COMMENT ON FUNCTION tide._ask_to_stop(tide.run, text, text) IS
+    'Internal: records a pause or cancel asked of a running run (who and why) and interrupts the command of an SQL run.';
 
 CREATE FUNCTION tide._control_target(p_run_id bigint, p_function text) RETURNS tide.run
 LANGUAGE plpgsql
@@ -55,7 +95,7 @@ DECLARE
 BEGIN
     r := tide._control_target(pause_run.run_id, 'tide.pause_run');
     IF r.state = 'running' THEN
-        UPDATE tide.run x SET control = 'pause', updated_at = now() WHERE x.run_id = r.run_id;
+        PERFORM tide._ask_to_stop(r, 'pause', NULL);
         RETURN 'pausing';
     ELSIF r.state IN ('waiting', 'ready', 'retry') THEN
         UPDATE tide.run x SET state = 'paused', updated_at = now(),
@@ -71,7 +111,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide.pause_run(bigint) IS
-    'pause_run(run_id): pauses a run. One not started is paused at once (returns paused); a running one stops at its next batch (long task) or heartbeat, keeping its checkpoint (returns pausing). tide.resume_run continues it.';
+    'pause_run(run_id): pauses a run. One not started is paused at once (returns paused); a running one stops at its next batch (long task) or heartbeat, keeping its checkpoint, and the command of a running SQL run that is not long is interrupted and its work rolled back (returns pausing). tide.resume_run puts it back in line.';
 
 CREATE FUNCTION tide.resume_run(run_id bigint) RETURNS text
 LANGUAGE plpgsql
@@ -112,7 +152,7 @@ DECLARE
 BEGIN
     r := tide._control_target(cancel_run.run_id, 'tide.cancel_run');
     IF r.state = 'running' THEN
-        UPDATE tide.run x SET control = 'cancel', updated_at = now() WHERE x.run_id = r.run_id;
+        PERFORM tide._ask_to_stop(r, 'cancel', cancel_run.reason);
         RETURN 'cancelling';
     ELSIF r.state = 'cancelled' OR tide._cancel_waiting(r.run_id, cancel_run.reason) THEN
         RETURN 'cancelled';
@@ -123,4 +163,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide.cancel_run(bigint, text) IS
-    'cancel_run(run_id, reason => NULL): cancels a run. One not running is cancelled at once (returns cancelled); a running one stops at its next batch (long task) or heartbeat (returns cancelling); its committed batches stay.';
+    'cancel_run(run_id, reason => NULL): cancels a run. One not running is cancelled at once (returns cancelled); the command of a running SQL run is interrupted and its work rolled back, and an external worker''s run stops at its next heartbeat (returns cancelling); committed batches stay. Who asked and why are recorded.';

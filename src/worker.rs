@@ -33,6 +33,8 @@ const RESTART: Duration = Duration::from_secs(1);
 extern "C-unwind" {
     /// PostgreSQL's SIGTERM handler (tcop/postgres.c): sets ProcDiePending and the latch.
     fn die(postgres_signal_arg: c_int);
+    /// PostgreSQL's SIGINT handler (tcop/postgres.c): sets QueryCancelPending and the latch.
+    fn StatementCancelHandler(postgres_signal_arg: c_int);
 }
 
 /// Registers the workers; called from `_PG_init` while shared_preload_libraries loads.
@@ -81,9 +83,15 @@ fn wait(timeout: Duration) -> bool {
 
 fn start(name: &str) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP);
-    // SAFETY: installs PostgreSQL's standard SIGTERM handler, as regular backends have.
+    // SAFETY: installs PostgreSQL's standard SIGTERM and SIGINT handlers, as regular backends
+    // have: pg_cancel_backend (tide.cancel_run of a running SQL run) interrupts the command
+    // being run, and only that.
     unsafe {
         pg_sys::pqsignal(pg_sys::SIGTERM as c_int, Some(die));
+        pg_sys::pqsignal(
+            pg_sys::SIGINT as c_int,
+            Some(StatementCancelHandler),
+        );
     }
     BackgroundWorker::connect_worker_to_spi(Some(&settings::database()), None);
     log!("{name} started in database \"{}\"", settings::database());

@@ -752,8 +752,181 @@ fn an_sql_task_run_many_ways_acts_once(cluster: &Cluster) -> Result<(), Failed> 
     Ok(())
 }
 
+/// Waits until one of pg_tide's executors is inside pg_sleep (a command is running).
+fn wait_for_a_sleeping_command(c: &mut Client) -> Result<(), Failed> {
+    wait_for("a command to be running", Duration::from_secs(30), || {
+        let n: i64 = c
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_tide executor' AND wait_event = 'PgSleep'",
+                &[],
+            )
+            .map_err(|e| e.to_string())?
+            .get(0);
+        Ok((n > 0).then_some(()))
+    })?;
+    Ok(())
+}
+
+/// R-run control: cancelling a running SQL run interrupts its command (a 60-second pg_sleep
+/// ends at once, the command's work is rolled back, the run ends cancelled with who and why);
+/// pausing one interrupts it and puts it back in line when resumed; a later replay runs
+/// normally. An external worker's run that completed although a cancel was asked leaves no
+/// stale request behind: its forced replay is not cancelled at once.
+fn running_sql_runs_are_cancelled_and_paused_at_once(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "DROP TABLE IF EXISTS slow_effects;
+         CREATE TABLE slow_effects (run bigint, attempt int);
+         CREATE OR REPLACE FUNCTION slow_first_attempt() RETURNS void LANGUAGE plpgsql AS $$
+         DECLARE a int := (SELECT attempts FROM tide.run WHERE run_id = tide.run_id());
+         BEGIN
+             INSERT INTO slow_effects VALUES (tide.run_id(), a);
+             IF a = 1 THEN PERFORM pg_sleep(60); END IF;
+         END $$;
+         SELECT tide.schedule('slow_sql', '0 1 * * *', biz_window => 'day', command => 'SELECT slow_first_attempt()',
+                              timeout => '2 minutes');",
+    )?;
+    let effects = |c: &mut Client, run: i64| -> Result<String, Failed> {
+        one(
+            c,
+            &format!("SELECT coalesce(string_agg(attempt::text, ','), '') FROM slow_effects WHERE run = {run}"),
+        )
+    };
+    // Cancel.
+    let run: i64 = one(
+        &mut c,
+        "SELECT tide.rerun('slow_sql', biz_date => current_date - 2)",
+    )?;
+    wait_for_a_sleeping_command(&mut c)?;
+    let asked: String = one(
+        &mut c,
+        &format!("SELECT tide.cancel_run({run}, 'wrong day')"),
+    )?;
+    assert_eq!(asked, "cancelling");
+    wait_for(
+        "the command to be interrupted",
+        Duration::from_secs(20),
+        || Ok((state(&mut c, run)? == "cancelled").then_some(())),
+    )?;
+    let reason: String = one(
+        &mut c,
+        &format!("SELECT reason FROM tide.run WHERE run_id = {run}"),
+    )?;
+    assert_eq!(
+        reason,
+        "cancelled while running, its command interrupted and its work rolled back (cancel asked by postgres: wrong day)"
+    );
+    assert_eq!(
+        effects(&mut c, run)?,
+        "",
+        "the command's work was rolled back"
+    );
+    // A replay runs normally (its second attempt does not sleep).
+    exec(&mut c, &format!("SELECT tide.replay_run({run})"))?;
+    wait_for("the replay", Duration::from_secs(30), || {
+        Ok((state(&mut c, run)? == "succeeded").then_some(()))
+    })?;
+    assert_eq!(effects(&mut c, run)?, "2");
+
+    // Pause: interrupted, paused; resumed, it runs again from the start.
+    let run: i64 = one(
+        &mut c,
+        "SELECT tide.rerun('slow_sql', biz_date => current_date - 3)",
+    )?;
+    wait_for_a_sleeping_command(&mut c)?;
+    let asked: String = one(&mut c, &format!("SELECT tide.pause_run({run})"))?;
+    assert_eq!(asked, "pausing");
+    wait_for(
+        "the command to be interrupted",
+        Duration::from_secs(20),
+        || Ok((state(&mut c, run)? == "paused").then_some(())),
+    )?;
+    assert_eq!(effects(&mut c, run)?, "");
+    let resumed: String = one(&mut c, &format!("SELECT tide.resume_run({run})"))?;
+    assert_eq!(resumed, "ready");
+    wait_for("the resumed run", Duration::from_secs(30), || {
+        Ok((state(&mut c, run)? == "succeeded").then_some(()))
+    })?;
+    assert_eq!(effects(&mut c, run)?, "2");
+    exec(&mut c, "SELECT tide.unschedule('slow_sql')")?;
+
+    // An external run completed after a cancel was asked; its forced replay is not cancelled.
+    let mut e = cluster.fresh_db("v_stale_cancel")?;
+    exec(
+        &mut e,
+        "SELECT tide.schedule('ext_ctl', '0 1 * * *', queue => 'ctl')",
+    )?;
+    let run: i64 = one(
+        &mut e,
+        "SELECT tide.rerun('ext_ctl', biz_date => current_date - 2)",
+    )?;
+    let claim_token = |e: &mut Client| -> Result<i64, Failed> {
+        one(e, "SELECT lease_token FROM tide.claim_runs('ctl')")
+    };
+    let token = claim_token(&mut e)?;
+    let asked: String = one(&mut e, &format!("SELECT tide.cancel_run({run})"))?;
+    assert_eq!(asked, "cancelling");
+    exec(&mut e, &format!("SELECT tide.complete_run({run}, {token})"))?;
+    exec(
+        &mut e,
+        &format!("SELECT tide.replay_run({run}, force => true)"),
+    )?;
+    let token = claim_token(&mut e)?;
+    let still_held: bool = one(
+        &mut e,
+        &format!("SELECT tide.heartbeat_run({run}, {token}) IS NOT NULL"),
+    )?;
+    assert!(still_held, "the replay is not cancelled by the old request");
+    Ok(())
+}
+
+/// R1.3: a long task never runs twice at once: two emits of it (no key) run one after the
+/// other even with two executors free.
+fn long_task_runs_go_one_at_a_time(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "DROP TABLE IF EXISTS long_spans;
+         CREATE TABLE long_spans (run bigint, started timestamptz, ended timestamptz);
+         CREATE OR REPLACE FUNCTION long_span_batch() RETURNS jsonb LANGUAGE plpgsql AS $$
+         DECLARE t timestamptz := clock_timestamp();
+         BEGIN
+             PERFORM pg_sleep(1);
+             INSERT INTO long_spans VALUES (tide.run_id(), t, clock_timestamp());
+             RETURN NULL;
+         END $$;
+         SELECT tide.schedule('long_span', NULL, 'SELECT long_span_batch()', topics => ARRAY['long.span'],
+                              long => true);
+         SELECT tide.emit('long.span') + tide.emit('long.span');",
+    )?;
+    wait_for("both runs", Duration::from_secs(30), || {
+        let n: i64 = c
+            .query_one("SELECT count(*) FROM long_spans", &[])
+            .map_err(|e| e.to_string())?
+            .get(0);
+        Ok((n == 2).then_some(()))
+    })?;
+    let overlapping: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM long_spans a JOIN long_spans b
+             ON a.run < b.run AND a.started < b.ended AND b.started < a.ended",
+    )?;
+    assert_eq!(overlapping, 0, "the two runs of the long task overlapped");
+    exec(&mut c, "SELECT tide.unschedule('long_span')")?;
+    Ok(())
+}
+
 fn main() {
     let tests: &[(&str, TestFn)] = &[
+        (
+            "running_sql_runs_are_cancelled_and_paused_at_once",
+            running_sql_runs_are_cancelled_and_paused_at_once,
+        ),
+        (
+            "long_task_runs_go_one_at_a_time",
+            long_task_runs_go_one_at_a_time,
+        ),
         (
             "emit_creates_runs_in_the_callers_transaction",
             emit_creates_runs_in_the_callers_transaction,
