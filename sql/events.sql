@@ -59,7 +59,8 @@ BEGIN
         INSERT INTO tide.run (task_id, trigger, dedupe_key, version, state, reason, executor, queue, priority,
                               args, owner, topic, event_key, payload, gate, lock_key, gated)
         SELECT t.task_id, 'event', coalesce(emit.dedupe_key, '#' || ev), t.version,
-               tide._open_state(jsonb_build_object('ready_dataset', t.ready_dataset, 'ready_check', t.ready_check)),
+               tide._open_state(jsonb_build_object('ready_dataset', t.ready_dataset, 'ready_check', t.ready_check,
+                                                 'ready_watermark', t.ready_watermark)),
                format('event %s on %s%s', ev, emit.topic, coalesce(' (key ' || emit.event_key || ')', '')),
                tide._executor_of(t.command), t.queue, t.priority, t.args, t.owner,
                emit.topic, emit.event_key, coalesce(emit.payload, '{}'), g.gate, g.lock_key, g.gated

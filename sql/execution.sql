@@ -806,6 +806,13 @@ DECLARE
     seal bigint;
     st text;
     msg text;
+    -- Readiness by watermark: the value now, since when it has not moved, the run's record.
+    evaluated boolean := false;
+    wm text;
+    since timestamptz;
+    stable_for interval;
+    recorded jsonb;
+    next_check timestamptz;
 BEGIN
     SELECT * INTO r FROM tide.run WHERE run_id = p_run_id AND state = 'waiting' FOR UPDATE;
     IF NOT FOUND THEN
@@ -820,23 +827,61 @@ BEGIN
             msg := format('dataset %s is not marked ready for %s', rules->>'ready_dataset', r.biz_date);
         ELSE
             seal := tide._seal_begin(p_run_id, r.owner, least(tide._timeout_ms(rules->>'timeout'), 60000));
-            EXECUTE format('SELECT (%s)::boolean', rules->>'ready_check') INTO ok;
+            ok := true;
+            IF rules->>'ready_check' IS NOT NULL THEN
+                EXECUTE format('SELECT (%s)::boolean', rules->>'ready_check') INTO ok;
+                msg := 'readiness check returned ' || coalesce(ok::text, 'NULL');
+            END IF;
+            IF ok AND rules->>'ready_watermark' IS NOT NULL THEN
+                EXECUTE format('SELECT (%s)::text', rules->>'ready_watermark') INTO wm;
+                evaluated := true;
+            END IF;
             PERFORM tide._seal_end(seal);
-            msg := 'readiness check returned ' || coalesce(ok::text, 'NULL');
         END IF;
     EXCEPTION WHEN query_canceled OR others THEN
         GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
         PERFORM tide._seal_abort(seal);
         ok := false;
+        evaluated := false;
         msg := format('readiness check failed (%s): %s', st, tide._clip(msg, 2000));
     END;
+    IF evaluated THEN
+        -- Ready once the watermark has kept one non-NULL value for watermark_stable_for; every
+        -- evaluation is recorded on the run (the latest 20), each change in its history.
+        wm := tide._clip(wm, 200);
+        stable_for := (rules->>'watermark_stable_for')::interval;
+        since := CASE WHEN wm IS NOT NULL AND r.watermark->>'value' = wm THEN (r.watermark->>'since')::timestamptz
+                      ELSE now() END;
+        SELECT jsonb_build_object('value', wm, 'since', since,
+                                  'checks', coalesce(jsonb_agg(c.ev ORDER BY c.n), '[]'))
+          INTO recorded
+          FROM (SELECT x.ev, x.n, count(*) OVER () AS total
+                  FROM jsonb_array_elements(coalesce(r.watermark->'checks', '[]')
+                                            || jsonb_build_array(jsonb_build_object('at', now(), 'value', wm)))
+                       WITH ORDINALITY AS x(ev, n)) c
+         WHERE c.n > c.total - 20;
+        IF wm IS NULL THEN
+            ok := false;
+            msg := 'the watermark is NULL';
+        ELSIF now() - since >= stable_for THEN
+            ok := true;
+            msg := format('watermark %s unchanged since %s (%s)', wm, since, stable_for);
+        ELSE
+            ok := false;
+            msg := format('watermark %s unchanged since %s; ready once unchanged for %s', wm, since, stable_for);
+            next_check := since + stable_for;
+        END IF;
+    END IF;
     PERFORM set_config('lock_timeout', '5s', true);
     IF ok THEN
         UPDATE tide.run SET state = 'ready', run_after = NULL, updated_at = now(),
-                            reason = 'ready: readiness check passed'
+                            watermark = coalesce(recorded, watermark),
+                            reason = CASE WHEN evaluated THEN 'ready: ' || msg ELSE 'ready: readiness check passed' END
          WHERE run_id = p_run_id;
     ELSE
-        UPDATE tide.run SET run_after = now() + (rules->>'recheck_interval')::interval, updated_at = now(),
+        UPDATE tide.run SET run_after = least(now() + (rules->>'recheck_interval')::interval, next_check),
+                            updated_at = now(),
+                            watermark = coalesce(recorded, watermark),
                             last_error = CASE WHEN st IS NOT NULL THEN msg ELSE last_error END,
                             reason = 'waiting: ' || msg
          WHERE run_id = p_run_id;
@@ -845,7 +890,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide._check_ready(bigint) IS
-    'Internal: evaluates a waiting run''s readiness check, sealed as the task owner (called by pg_tide executors).';
+    'Internal: evaluates a waiting run''s readiness check and watermark, sealed as the task owner (called by pg_tide executors).';
 
 -- The next waiting run whose readiness check is due; locked until the caller's transaction ends.
 CREATE FUNCTION tide._claim_check()
@@ -857,7 +902,7 @@ AS $$
       FROM tide.run r JOIN tide.task_version v ON v.task_id = r.task_id AND v.version = r.version
      WHERE r.run_id IN (SELECT p.run_id FROM tide.pending p
                          WHERE p.state = 'waiting' AND (p.due_at IS NULL OR p.due_at <= now()))
-       AND r.state = 'waiting' AND v.rules->>'ready_check' IS NOT NULL
+       AND r.state = 'waiting' AND (v.rules->>'ready_check' IS NOT NULL OR v.rules->>'ready_watermark' IS NOT NULL)
      ORDER BY r.run_after NULLS FIRST, r.run_id
      LIMIT 1
        FOR UPDATE OF r SKIP LOCKED
@@ -883,7 +928,7 @@ BEGIN
        SET marked_at = now(), marked_by = EXCLUDED.marked_by, details = coalesce(EXCLUDED.details, m.details);
     -- Runs that only wait for this marker are ready now; runs with a check are re-checked now.
     WITH waiting AS (
-        SELECT r.run_id, v.rules->>'ready_check' IS NULL AS marker_only
+        SELECT r.run_id, v.rules->>'ready_check' IS NULL AND v.rules->>'ready_watermark' IS NULL AS marker_only
           FROM tide.run r JOIN tide.task_version v ON v.task_id = r.task_id AND v.version = r.version
          WHERE r.run_id IN (SELECT p.run_id FROM tide.pending p WHERE p.state = 'waiting' AND p.owner = caller)
            AND r.state = 'waiting' AND r.biz_date = mark_ready.biz_date AND r.owner = caller
@@ -922,6 +967,7 @@ LANGUAGE sql STABLE
 AS $$
     SELECT CASE WHEN rules OPERATOR(pg_catalog.->>) 'ready_dataset' IS NOT NULL
                   OR rules OPERATOR(pg_catalog.->>) 'ready_check' IS NOT NULL
+                  OR rules OPERATOR(pg_catalog.->>) 'ready_watermark' IS NOT NULL
                 THEN 'waiting' ELSE 'ready' END::tide.run_state
 $$;
 COMMENT ON FUNCTION tide._open_state(jsonb) IS 'Internal: waiting if the rules declare readiness, else ready.';
@@ -988,7 +1034,7 @@ BEGIN
            executor = tide._executor_of(rules->>'command'),
            skip_reason = NULL, covered_by = NULL, tries = 0, deferrals = 0,
            run_after = NULL, ready_deadline = NULL, finished_at = NULL, lease_expires_at = NULL,
-           control = NULL, updated_at = now(),
+           control = NULL, watermark = NULL, updated_at = now(),
            reason = format('%s by %s (from %s%s, version %s)', p_trigger, current_user, r.state,
                            CASE WHEN r.state = 'succeeded' THEN ', forced' ELSE '' END, use_version)
      WHERE run_id = r.run_id;
@@ -1295,7 +1341,7 @@ BEGIN
                                AND (x.run_after IS NULL OR x.run_after <= p_now)
                                FOR UPDATE SKIP LOCKED)
            AND v.task_id = r.task_id AND v.version = r.version
-           AND v.rules->>'ready_check' IS NULL
+           AND v.rules->>'ready_check' IS NULL AND v.rules->>'ready_watermark' IS NULL
            AND (v.rules->>'ready_dataset' IS NULL
                 OR EXISTS (SELECT 1 FROM tide.ready_marker m
                             WHERE m.owner = r.owner AND m.dataset = v.rules->>'ready_dataset'

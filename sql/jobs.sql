@@ -94,7 +94,8 @@ BEGIN
         INSERT INTO tide.run (task_id, trigger, dedupe_key, version, state, reason, executor, queue, priority,
                               args, run_after, owner, gate, lock_key, gated)
         SELECT t.task_id, 'enqueued', i.dedupe_key, t.version,
-               tide._open_state(jsonb_build_object('ready_dataset', t.ready_dataset, 'ready_check', t.ready_check)),
+               tide._open_state(jsonb_build_object('ready_dataset', t.ready_dataset, 'ready_check', t.ready_check,
+                                                 'ready_watermark', t.ready_watermark)),
                format('enqueued by %s%s', tide._caller(),
                       CASE WHEN due IS NOT NULL
                            THEN ' to run at ' || to_char(due AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS" UTC"') ELSE '' END),

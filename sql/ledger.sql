@@ -108,6 +108,8 @@ CREATE TABLE tide.run (
     -- Long tasks: batches done; a pause or cancel asked for, taken up between batches.
     batches          integer NOT NULL DEFAULT 0,
     control          text CHECK (control IN ('pause', 'cancel')),
+    -- A task with ready_watermark: the value seen, since when, and the latest evaluations.
+    watermark        jsonb,
     -- The idempotency key: a scheduled window, or (for event runs) a dedupe key. Exactly one.
     CONSTRAINT run_window_key UNIQUE (task_id, window_start),
     CONSTRAINT run_one_key CHECK ((window_start IS NULL) <> (dedupe_key IS NULL)),
@@ -134,6 +136,7 @@ COMMENT ON COLUMN tide.run.payload IS 'Event runs: the payload given to tide.emi
 COMMENT ON COLUMN tide.run.gate IS 'Serial group: runs of one group are claimed one at a time in run order (overlap queue: the task; event runs: the task and key).';
 COMMENT ON COLUMN tide.run.lock_key IS 'The business object the run locks while it runs (from the task''s lock_key template); see tide.lock.';
 COMMENT ON COLUMN tide.run.batches IS 'Long tasks: batches committed so far.';
+COMMENT ON COLUMN tide.run.watermark IS 'Readiness by watermark: {"value", "since", "checks": [{"at", "value"}, ... the latest 20]}.';
 COMMENT ON COLUMN tide.run.control IS 'A pause or cancel asked for with tide.pause_run / tide.cancel_run, taken up at the next batch or heartbeat, or at once by an SQL run (its command interrupted).';
 COMMENT ON COLUMN tide.run.lease_token IS 'Fencing token of the current claim; heartbeat/complete/fail must present it.';
 COMMENT ON COLUMN tide.run.executor_pid IS 'SQL runs: the pid of the pg_tide executor running the attempt; with executor_start, how the scheduler sees at once that it is gone.';

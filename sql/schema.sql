@@ -81,6 +81,9 @@ CREATE TABLE tide.task (
     batch_pause       interval CHECK (batch_pause > interval '0'),
     -- SQLSTATEs or SQLSTATE classes mapped to error kinds, over the default list.
     error_kinds       jsonb CHECK (jsonb_typeof(error_kinds) = 'object'),
+    -- Readiness by a watermark that has stopped moving (R10.2).
+    ready_watermark      text,
+    watermark_stable_for interval CHECK (watermark_stable_for > interval '0'),
     -- Monitoring (set with tide.monitor): not rules, so changing them makes no new version.
     max_silence  interval CHECK (max_silence > interval '0'),
     severity     tide.severity NOT NULL DEFAULT 'warning',
@@ -110,6 +113,8 @@ COMMENT ON COLUMN tide.task.lock_key IS 'Template of the business object a run l
 COMMENT ON COLUMN tide.task.topics IS 'Topics whose tide.emit creates a run of this task (an event task).';
 COMMENT ON COLUMN tide.task.top_level IS 'The command runs at top level, as pg_cron runs it: in its own worker process, each statement in its own transaction (VACUUM, CREATE INDEX CONCURRENTLY, CALL of a procedure that commits, several statements); at least once.';
 COMMENT ON COLUMN tide.task.long IS 'The command does one batch per call and returns the next checkpoint (jsonb; NULL when done); pg_tide calls it until done.';
+COMMENT ON COLUMN tide.task.ready_watermark IS 'SQL expression evaluated as the owner with the run context (such as the latest updated_at of the day''s orders); a run is ready once it has kept the same non-NULL value for watermark_stable_for.';
+COMMENT ON COLUMN tide.task.watermark_stable_for IS 'How long ready_watermark must keep one value before a run is ready.';
 COMMENT ON COLUMN tide.task.error_kinds IS 'SQLSTATEs (5 characters) or SQLSTATE classes (2) mapped to transient, business or not_ready, over the default list (tide.error_kind_of).';
 COMMENT ON COLUMN tide.task.batch_rate IS 'Long tasks: at most this many batches per second.';
 COMMENT ON COLUMN tide.task.batch_pause IS 'Long tasks: time to wait between two batches.';
@@ -249,6 +254,12 @@ DECLARE
     t tide.task;
 BEGIN
     SELECT * INTO t FROM tide.task WHERE task_id = p_task_id;
+    IF (t.ready_watermark IS NULL) <> (t.watermark_stable_for IS NULL) THEN
+        RAISE EXCEPTION 'task "%": ready_watermark and watermark_stable_for go together (got %, %)', t.name,
+            coalesce(quote_literal(left(t.ready_watermark, 100)), 'NULL'), coalesce(t.watermark_stable_for::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'pass both, such as ready_watermark => ''(SELECT max(updated_at) FROM orders WHERE order_date = tide.biz_date())'', watermark_stable_for => ''10 minutes''; tide.alter removes both with ready_watermark => '''', watermark_stable_for => ''0''';
+    END IF;
     IF t.schedule IS NULL AND cardinality(t.topics) = 0 THEN
         RAISE EXCEPTION 'task "%": schedule must not be NULL for a task without topics', t.name
             USING ERRCODE = 'null_value_not_allowed',

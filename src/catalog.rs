@@ -126,11 +126,13 @@ fn exec_args(o: &ExecOptions) -> Vec<DatumWithOid<'static>> {
         o.batch_rate.into(),
         interval_of(o.batch_pause).into(),
         o.error_kinds.clone().into(),
+        o.ready_watermark.clone().into(),
+        interval_of(o.watermark_stable_for).into(),
     ]
 }
 
 /// Column names and casts for `exec_args`, starting at parameter `$first`.
-const EXEC_COLUMNS: [(&str, &str); 26] = [
+const EXEC_COLUMNS: [(&str, &str); 28] = [
     ("timeout", ""),
     ("lease", ""),
     ("priority", ""),
@@ -157,13 +159,18 @@ const EXEC_COLUMNS: [(&str, &str); 26] = [
     ("batch_rate", ""),
     ("batch_pause", ""),
     ("error_kinds", "::jsonb"),
+    ("ready_watermark", ""),
+    ("watermark_stable_for", ""),
 ];
 
 /// Options where a given "nothing" value ('' / 0 / empty) removes the setting, so NULL can keep
 /// meaning "leave it" in tide.alter.
 fn stored(col: &str, p: &str) -> String {
     match col {
-        "ready_dataset" | "ready_check" | "lock_key" => format!("nullif({p}, '')"),
+        "ready_dataset" | "ready_check" | "lock_key" | "ready_watermark" => {
+            format!("nullif({p}, '')")
+        }
+        "watermark_stable_for" => format!("nullif({p}, interval '0')"),
         "max_concurrency" => format!("nullif({p}, 0)"),
         "batch_rate" => format!("nullif({p}, 0)"),
         "batch_pause" => format!("nullif({p}, interval '0')"),
@@ -183,6 +190,8 @@ struct Guarantees<'a> {
     batch_rate: Option<f64>,
     batch_pause: Option<Interval>,
     error_kinds: Option<JsonbText>,
+    ready_watermark: Option<&'a str>,
+    watermark_stable_for: Option<Interval>,
 }
 
 /// Checks what involves several options at once (`tide._check_task`), after a write: an error
@@ -246,6 +255,8 @@ fn exec_options(
         batch_rate: guarantees.batch_rate,
         batch_pause: span(guarantees.batch_pause),
         error_kinds: guarantees.error_kinds.map(|k| k.0),
+        ready_watermark: text(guarantees.ready_watermark),
+        watermark_stable_for: span(guarantees.watermark_stable_for),
     }
     .validate()
     .or_raise(function)
@@ -293,6 +304,8 @@ fn schedule(
     batch_rate: default!(Option<f64>, "NULL"),
     batch_pause: default!(Option<Interval>, "NULL"),
     error_kinds: default!(Option<JsonbText>, "NULL"),
+    ready_watermark: default!(Option<&str>, "NULL"),
+    watermark_stable_for: default!(Option<Interval>, "NULL"),
     replace: default!(Option<bool>, false),
     pending: default!(Option<&str>, "'hold'"),
 ) -> i64 {
@@ -327,6 +340,8 @@ fn schedule(
             batch_rate,
             batch_pause,
             error_kinds,
+            ready_watermark,
+            watermark_stable_for,
         },
         F,
     );
@@ -504,6 +519,8 @@ fn alter(
     batch_rate: default!(Option<f64>, "NULL"),
     batch_pause: default!(Option<Interval>, "NULL"),
     error_kinds: default!(Option<JsonbText>, "NULL"),
+    ready_watermark: default!(Option<&str>, "NULL"),
+    watermark_stable_for: default!(Option<Interval>, "NULL"),
 ) -> i32 {
     const F: &str = "tide.alter";
     let name = required(task, "task", F);
@@ -536,6 +553,8 @@ fn alter(
             batch_rate,
             batch_pause,
             error_kinds,
+            ready_watermark,
+            watermark_stable_for,
         },
         F,
     );

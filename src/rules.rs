@@ -306,6 +306,10 @@ pub struct ExecOptions {
     pub batch_pause: Option<Span>,
     /// SQLSTATEs or classes mapped to error kinds, as JSON text ('{}' removes them).
     pub error_kinds: Option<String>,
+    /// An SQL expression whose value must stay unchanged for `watermark_stable_for` before a
+    /// run is ready ('' removes it).
+    pub ready_watermark: Option<String>,
+    pub watermark_stable_for: Option<Span>,
 }
 
 /// The most attempts a task may allow: retries are always bounded (R6.1, R14).
@@ -346,6 +350,12 @@ const INTERVAL_BOUNDS: &[(&str, i64, i64, &str)] = &[
         "an interval of 1 second to 31 days",
     ),
     ("batch_pause", 0, 1, "an interval of 0 to 1 day"),
+    (
+        "watermark_stable_for",
+        SECOND,
+        7,
+        "an interval of 1 second to 7 days (0: no watermark)",
+    ),
     (
         "misfire_threshold",
         SECOND,
@@ -527,6 +537,12 @@ impl ExecOptions {
         }
         if let Some(p) = self.batch_pause {
             check_interval("batch_pause", p, true)?;
+        }
+        if let Some(w) = &self.ready_watermark {
+            check_len("ready_watermark", w, MAX_CHECK_LEN)?;
+        }
+        if let Some(p) = self.watermark_stable_for {
+            check_interval("watermark_stable_for", p, true)?;
         }
         if let Some(k) = &self.error_kinds {
             self.error_kinds = Some(crate::retry::parse_error_kinds(k)?);

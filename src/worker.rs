@@ -88,10 +88,7 @@ fn start(name: &str) {
     // being run, and only that.
     unsafe {
         pg_sys::pqsignal(pg_sys::SIGTERM as c_int, Some(die));
-        pg_sys::pqsignal(
-            pg_sys::SIGINT as c_int,
-            Some(StatementCancelHandler),
-        );
+        pg_sys::pqsignal(pg_sys::SIGINT as c_int, Some(StatementCancelHandler));
     }
     BackgroundWorker::connect_worker_to_spi(Some(&settings::database()), None);
     log!("{name} started in database \"{}\"", settings::database());

@@ -1326,6 +1326,107 @@ fn error_kinds_map_plain_sql_errors(cluster: &Cluster) -> Result<(), Failed> {
     Ok(())
 }
 
+/// R10.2: a run waits until its watermark has stopped moving: evaluated by the executors as the
+/// owner, every evaluation recorded on the run and shown by tide.explain; ready only after the
+/// value stayed the same for watermark_stable_for, then run.
+fn readiness_by_a_watermark_that_stops_moving(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "DROP TABLE IF EXISTS wm_orders, wm_done;
+         CREATE TABLE wm_orders (updated_at int);
+         CREATE TABLE wm_done (run bigint);
+         SELECT tide.schedule('wm_report', '0 1 * * *', biz_window => 'day',
+                              command => 'INSERT INTO wm_done VALUES (tide.run_id())',
+                              ready_watermark => '(SELECT max(updated_at) FROM wm_orders)',
+                              watermark_stable_for => '3 seconds', recheck_interval => '1 second');",
+    )?;
+    let run: i64 = one(
+        &mut c,
+        "SELECT tide.rerun('wm_report', biz_date => current_date - 2)",
+    )?;
+    let seen = |c: &mut Client, value: &'static str| -> Result<(), Failed> {
+        wait_for(
+            &format!("the watermark {value} to be seen"),
+            Duration::from_secs(20),
+            || {
+                let v: Option<String> = c
+                    .query_one(
+                        &format!("SELECT watermark->>'value' FROM tide.run WHERE run_id = {run}"),
+                        &[],
+                    )
+                    .map_err(|e| e.to_string())?
+                    .get(0);
+                Ok((v.as_deref() == Some(value)).then_some(()))
+            },
+        )?;
+        Ok(())
+    };
+    // The data arrives, and keeps moving: the run waits.
+    exec(&mut c, "INSERT INTO wm_orders VALUES (1)")?;
+    seen(&mut c, "1")?;
+    exec(&mut c, "INSERT INTO wm_orders VALUES (2)")?;
+    seen(&mut c, "2")?;
+    assert_eq!(
+        pg_tide_pg_test::run_state(&mut c, run)?,
+        "waiting",
+        "the watermark moved less than 3 seconds ago"
+    );
+    // It stops moving: ready after 3 seconds of the same value, then run.
+    wait_state(&mut c, run, "succeeded", Duration::from_secs(30))?;
+    let (stable, values): (bool, String) = c
+        .query_one(
+            &format!(
+                "SELECT (SELECT e.at FROM tide.run_event e WHERE e.run_id = r.run_id AND e.to_state = 'ready')
+                        - (r.watermark->>'since')::timestamptz >= interval '3 seconds',
+                        (SELECT string_agg(DISTINCT x->>'value', ',')
+                           FROM jsonb_array_elements(r.watermark->'checks') x)
+                   FROM tide.run r WHERE r.run_id = {run}"
+            ),
+            &[],
+        )
+        .map(|r| (r.get(0), r.get(1)))
+        .map_err(db_err)?;
+    assert!(stable, "ready only after the value stayed 3 seconds");
+    // (A first evaluation before the data arrived may have recorded NULL too.)
+    assert_eq!(values, "1,2", "each evaluation is recorded");
+    let done: i64 = one(
+        &mut c,
+        &format!("SELECT count(*) FROM wm_done WHERE run = {run}"),
+    )?;
+    assert_eq!(done, 1);
+    let story: String = one(
+        &mut c,
+        &format!("SELECT string_agg(line, E'\\n') FROM tide.explain({run}) line"),
+    )?;
+    assert!(
+        story.contains("watermark: 2, unchanged since") && story.contains("= 1, "),
+        "{story}"
+    );
+    // Bad input: one option without the other, a negative interval.
+    for (sql, want) in [
+        (
+            "SELECT tide.schedule('wm_bad', '0 1 * * *', ready_watermark => 'now()')",
+            "task \"wm_bad\": ready_watermark and watermark_stable_for go together (got 'now()', NULL)",
+        ),
+        (
+            "SELECT tide.schedule('wm_bad', '0 1 * * *', ready_watermark => 'now()', watermark_stable_for => '-1 minute')",
+            "watermark_stable_for must be an interval of 1 second to 7 days (0: no watermark), got -60 seconds",
+        ),
+    ] {
+        let (code, message, hint) = refused(&mut c, sql)?;
+        assert_eq!((code.as_str(), message.as_str()), ("22023", want), "{sql}");
+        assert!(!hint.is_empty());
+    }
+    let none: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM tide.task WHERE name = 'wm_bad'",
+    )?;
+    assert_eq!(none, 0, "nothing was written");
+    exec(&mut c, "SELECT tide.unschedule('wm_report')")?;
+    Ok(())
+}
+
 fn statement_timeout_bounds_a_command(cluster: &Cluster) -> Result<(), Failed> {
     let mut c = cluster.workers_db()?;
     exec(
@@ -2128,6 +2229,10 @@ fn main() {
         (
             "workers_error_kinds_map_plain_sql_errors",
             error_kinds_map_plain_sql_errors,
+        ),
+        (
+            "workers_readiness_by_a_watermark_that_stops_moving",
+            readiness_by_a_watermark_that_stops_moving,
         ),
         (
             "workers_readiness_checks_run_in_the_executors",

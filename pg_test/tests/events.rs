@@ -767,7 +767,7 @@ fn wait_for_a_sleeping_command(c: &mut Client) -> Result<(), Failed> {
     Ok(())
 }
 
-/// R-run control: cancelling a running SQL run interrupts its command (a 60-second pg_sleep
+/// Run control: cancelling a running SQL run interrupts its command (a 60-second pg_sleep
 /// ends at once, the command's work is rolled back, the run ends cancelled with who and why);
 /// pausing one interrupts it and puts it back in line when resumed; a later replay runs
 /// normally. An external worker's run that completed although a cancel was asked leaves no
