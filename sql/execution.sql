@@ -635,6 +635,8 @@ DECLARE
     n bigint;
     reported record;
     next_checkpoint jsonb;
+    scan boolean;
+    scan_rows jsonb;
     st text;
     msg text;
     final tide.run_state;
@@ -649,16 +651,20 @@ BEGIN
     SELECT v.rules INTO rules FROM tide.task_version v WHERE v.task_id = r.task_id AND v.version = r.version;
     cmd := rules->>'command';
     long := coalesce((rules->>'long')::boolean, false);
+    -- A window run of an event task with a fallback is its scan for events never emitted.
+    scan := rules->>'fallback' IS NOT NULL AND r.window_start IS NOT NULL;
     IF coalesce((rules->>'top_level')::boolean, false) THEN
         -- Run by a worker of its own, outside any transaction block (src/toplevel.rs).
         RETURN 'top_level';
     END IF;
     BEGIN
-        IF cmd IS NULL THEN
+        IF cmd IS NULL AND NOT scan THEN
             PERFORM tide.business_error('the task has no command in this rule version');
         END IF;
         seal := tide._seal_begin(p_run_id, r.owner, tide._timeout_ms(rules->>'timeout'));
-        IF long THEN
+        IF scan THEN
+            EXECUTE format('SELECT coalesce(jsonb_agg(to_jsonb(s)), ''[]'') FROM (%s) s', rules->>'fallback') INTO scan_rows;
+        ELSIF long THEN
             EXECUTE cmd INTO next_checkpoint;
         ELSE
             EXECUTE cmd;
@@ -668,6 +674,9 @@ BEGIN
         -- Back to pg_tide's bookkeeping: a row a role's open transaction holds may delay it a
         -- little, never stall the executor (the setting ends with this transaction).
         PERFORM set_config('lock_timeout', '5s', true);
+        IF scan THEN
+            RETURN tide.complete_run(p_run_id, p_token, tide._fallback_emit(r, scan_rows))::text;
+        END IF;
         IF long THEN
             UPDATE tide.run x SET batches = x.batches + 1 WHERE x.run_id = p_run_id;
             IF next_checkpoint IS NOT NULL THEN
@@ -707,6 +716,60 @@ END
 $$;
 COMMENT ON FUNCTION tide._execute(bigint, bigint) IS
     'Internal: runs a claimed run''s command sealed as the task''s owner (one batch of a long task) and completes or fails it in the same transaction (called by pg_tide executors). Returns the run''s state, fenced, or ''more <ms>'' when a long task has more batches.';
+
+-- The fallback scan's rows (R10.2: no event is lost even when its emit was): each key becomes
+-- an event run of the task with the key as event key and dedupe key, unless the task has a run
+-- of that dedupe key already. Returns what the scan found, for the scan run's result; the
+-- events_lost alert reads it.
+CREATE FUNCTION tide._fallback_emit(r tide.run, p_rows jsonb) RETURNS jsonb
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    t tide.task;
+    topic text;
+    keys text[];
+    ids bigint[];
+    bad integer;
+BEGIN
+    SELECT * INTO t FROM tide.task x WHERE x.task_id = r.task_id;
+    topic := t.topics[1];
+    SELECT count(*) FILTER (WHERE jsonb_typeof(e.item) <> 'object' OR coalesce(e.item->>'key', '') = ''
+                                  OR length(e.item->>'key') > 1000
+                                  OR (e.item ? 'payload' AND jsonb_typeof(e.item->'payload') NOT IN ('object', 'null')))
+      INTO bad FROM jsonb_array_elements(p_rows) AS e(item);
+    IF bad > 0 THEN
+        PERFORM tide.business_error(format('the fallback query returned %s rows without a usable key (a non-empty text of at most 1000 characters) or with a payload that is not a JSON object', bad));
+    END IF;
+    WITH found AS (
+        SELECT DISTINCT ON (e.item->>'key') e.item->>'key' AS key, coalesce(nullif(e.item->'payload', 'null'), '{}') AS payload, e.n
+          FROM jsonb_array_elements(p_rows) WITH ORDINALITY AS e(item, n)
+         ORDER BY e.item->>'key', e.n
+    ), created AS (
+        INSERT INTO tide.run (task_id, trigger, dedupe_key, version, state, reason, executor, queue, priority,
+                              args, owner, topic, event_key, payload, gate, lock_key, gated)
+        SELECT t.task_id, 'event', f.key, t.version,
+               tide._open_state(tide._task_rules(t)),
+               format('event on %s (key %s) found by the fallback scan of run %s: it was never emitted', topic, f.key, r.run_id),
+               tide._executor_of(t.command), t.queue, t.priority, t.args, t.owner,
+               topic, f.key, f.payload, g.gate, g.lock_key, g.gated
+          FROM found f
+         CROSS JOIN LATERAL tide._gating_of(t.task_id, t.version, t.args, f.payload, f.key, NULL, NULL) g
+         ORDER BY f.n
+        ON CONFLICT (task_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
+        RETURNING run_id, event_key
+    )
+    SELECT array_agg(c.run_id ORDER BY c.run_id), array_agg(c.event_key ORDER BY c.run_id) INTO ids, keys FROM created c;
+    IF ids IS NOT NULL THEN
+        -- Their first history rows and tide.pending rows (a scan is not a hot path).
+        PERFORM tide._record_created(ids);
+    END IF;
+    RETURN jsonb_build_object('scanned', jsonb_array_length(p_rows), 'missing', coalesce(cardinality(keys), 0),
+                              'missing_keys', to_jsonb(coalesce(keys[1:100], '{}')));
+END
+$$;
+COMMENT ON FUNCTION tide._fallback_emit(tide.run, jsonb) IS
+    'Internal: turns the rows of a fallback scan into the event runs that were never emitted (key as event and dedupe key); returns scanned, missing and the missing keys (the first 100).';
 
 -- A top-level command's worker starts: the command to run, as whom, for how long (nothing when
 -- the run is no longer held by this claim).
@@ -1031,7 +1094,8 @@ BEGIN
            args = CASE WHEN use_version = r.version THEN r.args ELSE rules->'args' END,
            queue = rules->>'queue',
            priority = (rules->>'priority')::integer,
-           executor = tide._executor_of(rules->>'command'),
+           executor = tide._executor_of(CASE WHEN r.window_start IS NULL THEN rules->>'command'
+                                             ELSE coalesce(rules->>'command', rules->>'fallback') END),
            skip_reason = NULL, covered_by = NULL, tries = 0, deferrals = 0,
            run_after = NULL, ready_deadline = NULL, finished_at = NULL, lease_expires_at = NULL,
            control = NULL, watermark = NULL, updated_at = now(),
@@ -1080,7 +1144,7 @@ BEGIN
                           executor, queue, priority, args, owner)
     SELECT t.task_id, 'manual', p_fire, p_start, p_end, p_biz_date, t.version, tide._open_state(tide._task_rules(t)),
            format('manual rerun by %s', tide._caller()),
-           tide._executor_of(t.command),
+           tide._executor_of(coalesce(t.command, t.fallback)),
            t.queue, t.priority, t.args, t.owner
     ON CONFLICT (task_id, window_start) DO NOTHING
     RETURNING run_id INTO id;
@@ -1146,7 +1210,8 @@ BEGIN
             UPDATE tide.run r
                SET version = p_version, args = rules->'args', queue = rules->>'queue',
                    priority = (rules->>'priority')::integer,
-                   executor = tide._executor_of(rules->>'command'),
+                   executor = tide._executor_of(CASE WHEN r.window_start IS NULL THEN rules->>'command'
+                                                     ELSE coalesce(rules->>'command', rules->>'fallback') END),
                    updated_at = now(),
                    reason = format('%s; adopted rule version %s', r.reason, p_version)
              WHERE r.run_id IN (SELECT p.run_id FROM tide.pending p
@@ -1197,7 +1262,8 @@ BEGIN
            SET state = tide._open_state(rules), version = confirm.version,
                args = CASE WHEN r.version = confirm.version THEN r.args ELSE rules->'args' END,
                queue = rules->>'queue', priority = (rules->>'priority')::integer,
-               executor = tide._executor_of(rules->>'command'),
+               executor = tide._executor_of(CASE WHEN r.window_start IS NULL THEN rules->>'command'
+                                                 ELSE coalesce(rules->>'command', rules->>'fallback') END),
                run_after = NULL, updated_at = now(),
                reason = format('confirmed by %s under rule version %s', tide._caller(), confirm.version)
          WHERE r.run_id IN (SELECT p.run_id FROM tide.pending p WHERE p.task_id = t.task_id AND p.state = 'held')

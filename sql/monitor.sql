@@ -464,7 +464,7 @@ GRANT SELECT ON tide.check_status TO PUBLIC;
 -- Alerts.
 CREATE TYPE tide.alert_kind AS ENUM (
     'silence', 'down', 'consecutive_failures', 'dead_letter', 'need_check', 'repeated_skips', 'retries',
-    'backlog', 'catch_up_limit', 'not_ready', 'schedule_error', 'retry_budget'
+    'backlog', 'catch_up_limit', 'not_ready', 'schedule_error', 'retry_budget', 'events_lost'
 );
 COMMENT ON TYPE tide.alert_kind IS 'What an alert is about; see the README''s alert kinds.';
 
@@ -546,6 +546,18 @@ AS $$
            q.owner
       FROM tide.queue q, LATERAL (SELECT tide._queue_budget(q, p_now) AS left_now) b
      WHERE q.retry_budget IS NOT NULL AND b.left_now < 1
+    UNION ALL
+    -- An event task whose latest fallback scan found events that were never emitted: events
+    -- are being lost upstream (an emit forgotten on some path, a trigger dropped).
+    SELECT 'task', t.name, 'events_lost', 'warning',
+           jsonb_build_object('missing', (s.result->>'missing')::integer, 'scanned', (s.result->>'scanned')::integer,
+                              'keys', s.result->'missing_keys', 'scan_run', s.run_id, 'scanned_at', s.finished_at),
+           t.owner
+      FROM tide.task t
+     CROSS JOIN LATERAL (SELECT x.run_id, x.result, x.finished_at FROM tide.run x
+                          WHERE x.task_id = t.task_id AND x.window_start IS NOT NULL AND x.state = 'succeeded'
+                          ORDER BY x.window_start DESC LIMIT 1) s
+     WHERE t.fallback IS NOT NULL AND (s.result->>'missing')::integer > 0
 $$;
 COMMENT ON FUNCTION tide._alert_causes(timestamptz) IS 'Internal: every alert condition that holds at an instant.';
 

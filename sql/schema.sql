@@ -84,6 +84,8 @@ CREATE TABLE tide.task (
     -- Readiness by a watermark that has stopped moving (R10.2).
     ready_watermark      text,
     watermark_stable_for interval CHECK (watermark_stable_for > interval '0'),
+    -- An event task's scan, run on its schedule, for events that were never emitted (R10.2).
+    fallback          text,
     -- Monitoring (set with tide.monitor): not rules, so changing them makes no new version.
     max_silence  interval CHECK (max_silence > interval '0'),
     severity     tide.severity NOT NULL DEFAULT 'warning',
@@ -114,6 +116,7 @@ COMMENT ON COLUMN tide.task.topics IS 'Topics whose tide.emit creates a run of t
 COMMENT ON COLUMN tide.task.top_level IS 'The command runs at top level, as pg_cron runs it: in its own worker process, each statement in its own transaction (VACUUM, CREATE INDEX CONCURRENTLY, CALL of a procedure that commits, several statements); at least once.';
 COMMENT ON COLUMN tide.task.long IS 'The command does one batch per call and returns the next checkpoint (jsonb; NULL when done); pg_tide calls it until done.';
 COMMENT ON COLUMN tide.task.ready_watermark IS 'SQL expression evaluated as the owner with the run context (such as the latest updated_at of the day''s orders); a run is ready once it has kept the same non-NULL value for watermark_stable_for.';
+COMMENT ON COLUMN tide.task.fallback IS 'Event tasks: an SQL query returning key (text) and optionally payload (jsonb), run as the owner at each fire of the schedule; each key without a run of that dedupe key becomes one (an event that was never emitted).';
 COMMENT ON COLUMN tide.task.watermark_stable_for IS 'How long ready_watermark must keep one value before a run is ready.';
 COMMENT ON COLUMN tide.task.error_kinds IS 'SQLSTATEs (5 characters) or SQLSTATE classes (2) mapped to transient, business or not_ready, over the default list (tide.error_kind_of).';
 COMMENT ON COLUMN tide.task.batch_rate IS 'Long tasks: at most this many batches per second.';
@@ -259,6 +262,11 @@ BEGIN
             coalesce(quote_literal(left(t.ready_watermark, 100)), 'NULL'), coalesce(t.watermark_stable_for::text, 'NULL')
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'pass both, such as ready_watermark => ''(SELECT max(updated_at) FROM orders WHERE order_date = tide.biz_date())'', watermark_stable_for => ''10 minutes''; tide.alter removes both with ready_watermark => '''', watermark_stable_for => ''0''';
+    END IF;
+    IF t.fallback IS NOT NULL AND (t.schedule IS NULL OR cardinality(t.topics) = 0 OR t.long OR t.top_level) THEN
+        RAISE EXCEPTION 'task "%": a fallback scan needs an event task (topics) with a schedule, not long or top_level', t.name
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'the schedule is when the scan runs: tide.schedule(''orders'', ''0 * * * *'', topics => ARRAY[''order.created''], fallback => ''SELECT id::text AS key FROM orders WHERE created_at > now() - interval ''''1 day'''''')';
     END IF;
     IF t.schedule IS NULL AND cardinality(t.topics) = 0 THEN
         RAISE EXCEPTION 'task "%": schedule must not be NULL for a task without topics', t.name

@@ -128,11 +128,12 @@ fn exec_args(o: &ExecOptions) -> Vec<DatumWithOid<'static>> {
         o.error_kinds.clone().into(),
         o.ready_watermark.clone().into(),
         interval_of(o.watermark_stable_for).into(),
+        o.fallback.clone().into(),
     ]
 }
 
 /// Column names and casts for `exec_args`, starting at parameter `$first`.
-const EXEC_COLUMNS: [(&str, &str); 28] = [
+const EXEC_COLUMNS: [(&str, &str); 29] = [
     ("timeout", ""),
     ("lease", ""),
     ("priority", ""),
@@ -161,13 +162,14 @@ const EXEC_COLUMNS: [(&str, &str); 28] = [
     ("error_kinds", "::jsonb"),
     ("ready_watermark", ""),
     ("watermark_stable_for", ""),
+    ("fallback", ""),
 ];
 
 /// Options where a given "nothing" value ('' / 0 / empty) removes the setting, so NULL can keep
 /// meaning "leave it" in tide.alter.
 fn stored(col: &str, p: &str) -> String {
     match col {
-        "ready_dataset" | "ready_check" | "lock_key" | "ready_watermark" => {
+        "ready_dataset" | "ready_check" | "lock_key" | "ready_watermark" | "fallback" => {
             format!("nullif({p}, '')")
         }
         "watermark_stable_for" => format!("nullif({p}, interval '0')"),
@@ -192,6 +194,7 @@ struct Guarantees<'a> {
     error_kinds: Option<JsonbText>,
     ready_watermark: Option<&'a str>,
     watermark_stable_for: Option<Interval>,
+    fallback: Option<&'a str>,
 }
 
 /// Checks what involves several options at once (`tide._check_task`), after a write: an error
@@ -257,6 +260,7 @@ fn exec_options(
         error_kinds: guarantees.error_kinds.map(|k| k.0),
         ready_watermark: text(guarantees.ready_watermark),
         watermark_stable_for: span(guarantees.watermark_stable_for),
+        fallback: text(guarantees.fallback),
     }
     .validate()
     .or_raise(function)
@@ -306,6 +310,7 @@ fn schedule(
     error_kinds: default!(Option<JsonbText>, "NULL"),
     ready_watermark: default!(Option<&str>, "NULL"),
     watermark_stable_for: default!(Option<Interval>, "NULL"),
+    fallback: default!(Option<&str>, "NULL"),
     replace: default!(Option<bool>, false),
     pending: default!(Option<&str>, "'hold'"),
 ) -> i64 {
@@ -342,6 +347,7 @@ fn schedule(
             error_kinds,
             ready_watermark,
             watermark_stable_for,
+            fallback,
         },
         F,
     );
@@ -521,6 +527,7 @@ fn alter(
     error_kinds: default!(Option<JsonbText>, "NULL"),
     ready_watermark: default!(Option<&str>, "NULL"),
     watermark_stable_for: default!(Option<Interval>, "NULL"),
+    fallback: default!(Option<&str>, "NULL"),
 ) -> i32 {
     const F: &str = "tide.alter";
     let name = required(task, "task", F);
@@ -555,6 +562,7 @@ fn alter(
             error_kinds,
             ready_watermark,
             watermark_stable_for,
+            fallback,
         },
         F,
     );

@@ -310,6 +310,8 @@ pub struct ExecOptions {
     /// run is ready ('' removes it).
     pub ready_watermark: Option<String>,
     pub watermark_stable_for: Option<Span>,
+    /// An event task's low-frequency scan for events that were never emitted ('' removes it).
+    pub fallback: Option<String>,
 }
 
 /// The most attempts a task may allow: retries are always bounded (R6.1, R14).
@@ -537,6 +539,9 @@ impl ExecOptions {
         }
         if let Some(p) = self.batch_pause {
             check_interval("batch_pause", p, true)?;
+        }
+        if let Some(f) = &self.fallback {
+            check_len("fallback", f, MAX_CHECK_LEN)?;
         }
         if let Some(w) = &self.ready_watermark {
             check_len("ready_watermark", w, MAX_CHECK_LEN)?;

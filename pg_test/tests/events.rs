@@ -917,6 +917,109 @@ fn long_task_runs_go_one_at_a_time(cluster: &Cluster) -> Result<(), Failed> {
     Ok(())
 }
 
+/// R10.2: an event task with a fallback scan loses no event even when its emit was lost: 1,000
+/// orders, 990 emitted by a trigger and 10 inserted with the trigger disabled; one scan makes
+/// exactly 1,000 runs, each key once, and an events_lost alert names the 10. A scan that
+/// finds nothing missing resolves it.
+fn a_fallback_scan_finds_lost_events(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "DROP TABLE IF EXISTS fb_orders, fb_done;
+         CREATE TABLE fb_orders (id int PRIMARY KEY, amount int NOT NULL);
+         CREATE TABLE fb_done (key text, amount int);
+         CREATE OR REPLACE FUNCTION fb_emit() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             PERFORM tide.emit('fb.order', jsonb_build_object('amount', NEW.amount), NEW.id::text, NEW.id::text);
+             RETURN NULL;
+         END $$;
+         CREATE TRIGGER fb_emit AFTER INSERT ON fb_orders FOR EACH ROW EXECUTE FUNCTION fb_emit();
+         SELECT tide.schedule('fb_orders', '0 0 1 1 *', topics => ARRAY['fb.order'],
+             command => 'INSERT INTO fb_done VALUES (tide.event_key(), (tide.payload()->>''amount'')::int)',
+             fallback => 'SELECT id::text AS key, jsonb_build_object(''amount'', amount) AS payload FROM fb_orders');
+         INSERT INTO fb_orders SELECT g, g FROM generate_series(1, 990) g;
+         ALTER TABLE fb_orders DISABLE TRIGGER fb_emit;
+         INSERT INTO fb_orders SELECT g, g FROM generate_series(991, 1000) g;
+         ALTER TABLE fb_orders ENABLE TRIGGER fb_emit;",
+    )?;
+    let scan: i64 = one(&mut c, "SELECT tide.run_now('fb_orders')")?;
+    wait_for("the scan", Duration::from_secs(60), || {
+        Ok((state(&mut c, scan)? == "succeeded").then_some(()))
+    })?;
+    let found: String = one(
+        &mut c,
+        &format!("SELECT result::text FROM tide.run WHERE run_id = {scan}"),
+    )?;
+    assert_eq!(
+        found,
+        r#"{"missing": 10, "scanned": 1000, "missing_keys": ["991", "992", "993", "994", "995", "996", "997", "998", "999", "1000"]}"#
+    );
+    wait_for("every order's run", Duration::from_secs(120), || {
+        let n: i64 = c
+            .query_one("SELECT count(*) FROM fb_done", &[])
+            .map_err(|e| e.to_string())?
+            .get(0);
+        Ok((n >= 1000).then_some(()))
+    })?;
+    let (runs, keys, done, right): (i64, i64, i64, bool) = c
+        .query_one(
+            "SELECT (SELECT count(*) FROM tide.run r JOIN tide.task t USING (task_id)
+                      WHERE t.name = 'fb_orders' AND r.window_start IS NULL),
+                    (SELECT count(DISTINCT r.event_key) FROM tide.run r JOIN tide.task t USING (task_id)
+                      WHERE t.name = 'fb_orders' AND r.window_start IS NULL),
+                    (SELECT count(*) FROM fb_done),
+                    (SELECT bool_and(d.amount = o.amount) FROM fb_done d JOIN fb_orders o ON o.id::text = d.key)",
+            &[],
+        )
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .map_err(db_err)?;
+    assert_eq!((runs, keys, done, right), (1000, 1000, 1000, true));
+    let alert = |c: &mut Client| -> Result<Option<String>, String> {
+        c.query_opt(
+            "SELECT details->>'keys' FROM tide.alert
+              WHERE subject = 'fb_orders' AND kind = 'events_lost' AND resolved_at IS NULL",
+            &[],
+        )
+        .map(|r| r.map(|r| r.get(0)))
+        .map_err(|e| e.to_string())
+    };
+    let keys = wait_for("the events_lost alert", Duration::from_secs(60), || {
+        alert(&mut c)
+    })?;
+    assert_eq!(
+        keys,
+        r#"["991", "992", "993", "994", "995", "996", "997", "998", "999", "1000"]"#
+    );
+    // The next scan finds nothing missing: the alert resolves.
+    exec(
+        &mut c,
+        &format!("SELECT tide.replay_run({scan}, force => true)"),
+    )?;
+    wait_for("the alert to resolve", Duration::from_secs(60), || {
+        Ok(alert(&mut c)?.is_none().then_some(()))
+    })?;
+    let rescan: String = one(
+        &mut c,
+        &format!("SELECT result->>'missing' FROM tide.run WHERE run_id = {scan}"),
+    )?;
+    assert_eq!(rescan, "0");
+    // A fallback needs an event task with a schedule.
+    let (code, message, hint) = refused(
+        &mut c,
+        "SELECT tide.schedule('fb_bad', '0 1 * * *', command => 'SELECT 1', fallback => 'SELECT 1 AS key')",
+    )?;
+    assert_eq!(
+        (code.as_str(), message.as_str()),
+        (
+            "22023",
+            "task \"fb_bad\": a fallback scan needs an event task (topics) with a schedule, not long or top_level"
+        )
+    );
+    assert!(hint.contains("fallback =>"), "{hint}");
+    exec(&mut c, "SELECT tide.unschedule('fb_orders')")?;
+    Ok(())
+}
+
 fn main() {
     let tests: &[(&str, TestFn)] = &[
         (
@@ -926,6 +1029,10 @@ fn main() {
         (
             "long_task_runs_go_one_at_a_time",
             long_task_runs_go_one_at_a_time,
+        ),
+        (
+            "a_fallback_scan_finds_lost_events",
+            a_fallback_scan_finds_lost_events,
         ),
         (
             "emit_creates_runs_in_the_callers_transaction",
