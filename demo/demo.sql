@@ -257,6 +257,50 @@ SELECT count(*) AS calls, (SELECT count(*) FROM demo_calls a JOIN demo_calls b O
 SELECT name, max_concurrency, retry_budget, retry_window FROM tide.queue;
 
 \echo
+\echo '== Readiness by watermark: the daily report waits until the orders have stopped changing'
+\echo '   (the latest updated_at the same for 3 seconds); the loader is still writing'
+CREATE TABLE demo_loads (id int PRIMARY KEY, updated_at timestamptz NOT NULL DEFAULT clock_timestamp());
+SELECT tide.schedule('orders_report', '0 2 * * *', biz_window => 'day',
+    command => 'SELECT count(*) FROM demo_loads',
+    ready_watermark => '(SELECT max(updated_at) FROM demo_loads)', watermark_stable_for => '3 seconds',
+    recheck_interval => '1 second');
+INSERT INTO demo_loads (id) VALUES (1);
+SELECT tide.rerun('orders_report', biz_date => DATE '2026-11-20') AS wm_run \gset
+CALL demo_wait($$(SELECT watermark IS NOT NULL FROM tide.run WHERE run_id = $$ || :wm_run || $$)$$);
+INSERT INTO demo_loads (id) VALUES (2);
+SELECT pg_sleep(1.5);
+\echo '   still waiting: the watermark moved'
+SELECT run_id, state, reason FROM tide.run WHERE run_id = :wm_run;
+CALL demo_wait($$(SELECT state = 'succeeded' FROM tide.run WHERE run_id = $$ || :wm_run || $$)$$);
+\echo '   the load stopped; 3 seconds later the report ran. Its story:'
+SELECT line AS story FROM tide.explain(:wm_run) AS line WHERE line LIKE 'watermark:%' OR line LIKE '%-> %';
+
+\echo
+\echo '== A fallback scan: order 5 was inserted with the emitting trigger disabled (a migration'
+\echo '   forgot it); the hourly scan finds the event that was never emitted, runs it, and alerts'
+CREATE TABLE demo_paid (id int PRIMARY KEY);
+CREATE TABLE demo_shipped (id int PRIMARY KEY);
+CREATE FUNCTION demo_paid_emit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM tide.emit('order.shippable', jsonb_build_object('id', NEW.id), NEW.id::text, NEW.id::text);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER demo_paid_emit AFTER INSERT ON demo_paid FOR EACH ROW EXECUTE FUNCTION demo_paid_emit();
+SELECT tide.schedule('ship', '0 * * * *', topics => ARRAY['order.shippable'],
+    command => $$INSERT INTO demo_shipped VALUES ((tide.payload()->>'id')::int)$$,
+    fallback => 'SELECT id::text AS key, jsonb_build_object(''id'', id) AS payload FROM demo_paid');
+INSERT INTO demo_paid SELECT g FROM generate_series(1, 4) g;
+ALTER TABLE demo_paid DISABLE TRIGGER demo_paid_emit;
+INSERT INTO demo_paid VALUES (5);
+ALTER TABLE demo_paid ENABLE TRIGGER demo_paid_emit;
+SELECT tide.run_now('ship') AS scan_run \gset
+CALL demo_wait($$(SELECT count(*) = 5 FROM demo_shipped)$$);
+SELECT run_id, state, result FROM tide.run WHERE run_id = :scan_run;
+SELECT array_agg(id ORDER BY id) AS shipped FROM demo_shipped;
+CALL demo_wait($$(SELECT count(*) > 0 FROM tide.alert WHERE kind = 'events_lost' AND resolved_at IS NULL)$$);
+SELECT subject, kind, severity, details->'keys' AS lost_keys FROM tide.alert WHERE kind = 'events_lost';
+
+\echo
 \echo '== Monitoring: a partner import keeps failing; the tick opens an alert (and NOTIFYs pg_tide_alert)'
 SELECT tide.schedule('partner_import', '0 4 * * *', biz_window => 'day',
     command => $$SELECT tide.business_error('partner file for ' || tide.biz_date() || ' is malformed')$$);

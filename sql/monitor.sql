@@ -788,12 +788,13 @@ BEGIN
                            coalesce(format(', %s asked (taken up before the next batch)', r.control), ''));
     END IF;
     IF r.watermark IS NOT NULL THEN
-        story := story || format('watermark: %s, unchanged since %s (ready once unchanged for %s); latest evaluations: %s',
+        story := story || format('watermark: %s, unchanged since %s (ready once unchanged for %s); its latest evaluations: %s',
                            coalesce(r.watermark->>'value', 'NULL'), r.watermark->>'since',
                            (SELECT v.rules->>'watermark_stable_for' FROM tide.task_version v
                              WHERE v.task_id = r.task_id AND v.version = r.version),
                            (SELECT string_agg(format('%s = %s', x.ev->>'at', coalesce(x.ev->>'value', 'NULL')), ', ' ORDER BY x.pos)
-                              FROM jsonb_array_elements(r.watermark->'checks') WITH ORDINALITY AS x(ev, pos)));
+                              FROM jsonb_array_elements(r.watermark->'checks') WITH ORDINALITY AS x(ev, pos)
+                             WHERE x.pos > jsonb_array_length(r.watermark->'checks') - 5));
     END IF;
     story := story || format('trigger: %s%s', r.trigger, CASE WHEN r.fire_at IS NOT NULL THEN format(', scheduled fire at %s', r.fire_at) ELSE '' END);
     story := story || format('state: %s%s: %s', r.state, CASE WHEN r.skip_reason IS NOT NULL THEN format(' (%s)', r.skip_reason) ELSE '' END, r.reason);
