@@ -626,7 +626,11 @@ fn readiness_marker_and_deadline(cluster: &Cluster) -> Result<(), Failed> {
          SELECT tide.schedule('fails', '0 * * * *', ready_dataset => 'refunds',
                               ready_timeout => '10 minutes', not_ready_policy => 'fail');
          SELECT tide.schedule('defers', '0 * * * *', ready_dataset => 'refunds',
-                              ready_timeout => '10 minutes');",
+                              ready_timeout => '10 minutes');
+         -- A watermark never seen (no executors here) meets its deadline like the others.
+         SELECT tide.schedule('watermark_skips', '0 * * * *', ready_watermark => 'NULL::text',
+                              watermark_stable_for => '1 minute', ready_timeout => '10 minutes',
+                              not_ready_policy => 'skip');",
     )?;
     let base = next_fire(&mut c, "marked")?;
     tick(
@@ -641,7 +645,7 @@ fn readiness_marker_and_deadline(cluster: &Cluster) -> Result<(), Failed> {
         &mut c,
         "SELECT count(*) FROM tide.run WHERE state = 'waiting'",
     )?;
-    assert_eq!(waiting, 4, "runs wait for their data");
+    assert_eq!(waiting, 5, "runs wait for their data");
     assert!(claim(&mut c, "")?.is_none());
     let released: i32 = one(
         &mut c,
@@ -680,7 +684,7 @@ fn readiness_marker_and_deadline(cluster: &Cluster) -> Result<(), Failed> {
         &mut c,
         &format!("'{base}'::timestamptz + interval '11 minutes'"),
     )?;
-    assert_eq!(late.get("not_ready_deadline"), 3, "{}", late.0);
+    assert_eq!(late.get("not_ready_deadline"), 4, "{}", late.0);
     let outcomes: String = one(
         &mut c,
         "SELECT string_agg(t.name || '=' || r.state || coalesce(':' || r.skip_reason, '') || ':' || r.deferrals,
@@ -689,7 +693,7 @@ fn readiness_marker_and_deadline(cluster: &Cluster) -> Result<(), Failed> {
     )?;
     assert_eq!(
         outcomes,
-        "defers=waiting:1,fails=dead:0,skips=skipped:not_ready:0"
+        "defers=waiting:1,fails=dead:0,skips=skipped:not_ready:0,watermark_skips=skipped:not_ready:0"
     );
     pending_in_step(&mut c)?;
     Ok(())
