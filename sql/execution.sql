@@ -1125,7 +1125,7 @@ COMMENT ON FUNCTION tide.replay_run(bigint, text, boolean) IS
     'replay_run(run_id, version => ''original''|''current'', force => false): puts a dead, need_check, cancelled or skipped run back in line through the normal path. A succeeded run needs force => true. When the task''s rules changed since the run, version must be chosen.';
 
 CREATE FUNCTION tide._rerun(p_task_id bigint, p_fire timestamptz, p_start timestamptz, p_end timestamptz,
-                            p_biz_date date, p_version text, p_force boolean)
+                            p_biz_date date, p_version text, p_force boolean, p_function text)
 RETURNS bigint
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -1153,11 +1153,11 @@ BEGIN
         RETURN id;
     END IF;
     SELECT r.run_id INTO id FROM tide.run r WHERE r.task_id = p_task_id AND r.window_start = p_start;
-    RETURN tide._reopen(id, 'manual', p_version, p_force, 'tide.rerun');
+    RETURN tide._reopen(id, 'manual', p_version, p_force, p_function);
 END
 $$;
-COMMENT ON FUNCTION tide._rerun(bigint, timestamptz, timestamptz, timestamptz, date, text, boolean) IS
-    'Internal: creates or reopens the run of one window (tide.rerun after the window is computed).';
+COMMENT ON FUNCTION tide._rerun(bigint, timestamptz, timestamptz, timestamptz, date, text, boolean, text) IS
+    'Internal: creates or reopens the run of one window (tide.rerun and tide.run_now after the window is computed; p_function names the caller in errors).';
 
 CREATE FUNCTION tide.resolve_run(run_id bigint, decision text) RETURNS tide.run_state
 LANGUAGE plpgsql

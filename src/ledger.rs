@@ -262,7 +262,7 @@ fn run_window(
         );
     }
     Spi::get_one_with_args::<i64>(
-        "SELECT tide._rerun($1, $2, $3, $4, $5, $6, $7)",
+        "SELECT tide._rerun($1, $2, $3, $4, $5, $6, $7, $8)",
         &[
             row.task_id.into(),
             fire.map(to_pg).into(),
@@ -271,6 +271,7 @@ fn run_window(
             crate::pgtime::date_to_pg(window.biz_date).into(),
             version.into(),
             force.unwrap_or(false).into(),
+            function.into(),
         ],
     )
     .or_raise(function)
