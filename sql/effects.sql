@@ -72,7 +72,7 @@ BEGIN
     PERFORM tide._channel(create_effect.channel);
     IF create_effect.dedupe_key IS NULL OR btrim(create_effect.dedupe_key) = '' THEN
         RAISE EXCEPTION 'dedupe_key must not be empty, got %', coalesce(quote_literal(left(create_effect.dedupe_key, 20)), 'NULL')
-            USING ERRCODE = 'invalid_parameter_value',
+            USING ERRCODE = CASE WHEN create_effect.dedupe_key IS NULL THEN 'null_value_not_allowed' ELSE 'invalid_parameter_value' END,
                   HINT = 'derive it from what the message is about, such as ''invoice:'' || invoice_id || '':reminder''';
     END IF;
     PERFORM tide._text_arg('dedupe_key', create_effect.dedupe_key, 1000,

@@ -107,6 +107,11 @@ fn sends_are_recorded_once_per_key(cluster: &Cluster) -> Result<(), Failed> {
             "dedupe_key must not be empty",
         ),
         (
+            "SELECT tide.create_effect('sms', NULL)",
+            "22004",
+            "dedupe_key must not be empty, got NULL",
+        ),
+        (
             "SELECT tide.create_effect('sms', 'k', NULL)",
             "22023",
             "payload must not be NULL",
