@@ -1,6 +1,7 @@
 -- pg_tide long runs: the checkpoint in a command, and pause_run / resume_run / cancel_run, taken
--- up between the batches of a long task or at an external worker's heartbeat. (The batches
--- themselves are run by tide._execute, sql/execution.sql, and the executor loop, src/worker.rs.)
+-- up between the batches of a long task or at an external worker's heartbeat, and at once by a
+-- running SQL command, which is interrupted (tide._ask_to_stop). (The batches themselves are run
+-- by tide._execute, sql/execution.sql, and the executor loop, src/worker.rs.)
 
 CREATE FUNCTION tide.checkpoint() RETURNS jsonb
 LANGUAGE sql STABLE
