@@ -22,6 +22,7 @@ fi
 inlined=(
     "tide._task_rules(t tide.task)"
     "tide._executor_of(command text)"
+    "tide._run_executor(p_rules jsonb,p_window boolean)"
     "tide._open_state(rules jsonb)"
     "tide._lease_length(p_executor tide.executor,rules jsonb,p_lease interval)"
     "tide._gate(p_task_id bigint,p_overlap text,p_window_start timestamptz,p_event_key text,p_long boolean)"

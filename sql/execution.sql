@@ -1021,6 +1021,22 @@ LANGUAGE sql STABLE PARALLEL SAFE
 AS $$ SELECT CASE WHEN command IS NULL THEN 'external' ELSE 'sql' END::tide.executor $$;
 COMMENT ON FUNCTION tide._executor_of(text) IS 'Internal: sql when the rules have a command, else external.';
 
+-- Who runs a run under its rules: a window run of an event task with a fallback is its scan,
+-- run by pg_tide's executors even when the task's event runs go to external workers.
+-- Inlined into its callers, so it has no SET clause, which would forbid inlining: its body
+-- names everything with its schema instead, so it is safe under any search_path
+-- (scripts/pgspot.sh lists it).
+CREATE FUNCTION tide._run_executor(p_rules jsonb, p_window boolean) RETURNS tide.executor
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$
+    SELECT tide._executor_of(CASE WHEN p_window
+                                  THEN coalesce(p_rules OPERATOR(pg_catalog.->>) 'command',
+                                                p_rules OPERATOR(pg_catalog.->>) 'fallback')
+                                  ELSE p_rules OPERATOR(pg_catalog.->>) 'command' END)
+$$;
+COMMENT ON FUNCTION tide._run_executor(jsonb, boolean) IS
+    'Internal: who runs a run under its rules (a window run of a task with a fallback is its scan, run by the executors).';
+
 -- The state a (re)opened run starts in: waiting when its rules declare readiness.
 -- Inlined into its callers (on the hot paths of claims, emits and the tick), so it has no SET
 -- clause, which would forbid inlining: its body names everything with its schema instead, so it
@@ -1094,8 +1110,7 @@ BEGIN
            args = CASE WHEN use_version = r.version THEN r.args ELSE rules->'args' END,
            queue = rules->>'queue',
            priority = (rules->>'priority')::integer,
-           executor = tide._executor_of(CASE WHEN r.window_start IS NULL THEN rules->>'command'
-                                             ELSE coalesce(rules->>'command', rules->>'fallback') END),
+           executor = tide._run_executor(rules, r.window_start IS NOT NULL),
            skip_reason = NULL, covered_by = NULL, tries = 0, deferrals = 0,
            run_after = NULL, ready_deadline = NULL, finished_at = NULL, lease_expires_at = NULL,
            control = NULL, watermark = NULL, updated_at = now(),
@@ -1144,7 +1159,7 @@ BEGIN
                           executor, queue, priority, args, owner)
     SELECT t.task_id, 'manual', p_fire, p_start, p_end, p_biz_date, t.version, tide._open_state(tide._task_rules(t)),
            format('manual rerun by %s', tide._caller()),
-           tide._executor_of(coalesce(t.command, t.fallback)),
+           tide._run_executor(tide._task_rules(t), true),
            t.queue, t.priority, t.args, t.owner
     ON CONFLICT (task_id, window_start) DO NOTHING
     RETURNING run_id INTO id;
@@ -1210,8 +1225,7 @@ BEGIN
             UPDATE tide.run r
                SET version = p_version, args = rules->'args', queue = rules->>'queue',
                    priority = (rules->>'priority')::integer,
-                   executor = tide._executor_of(CASE WHEN r.window_start IS NULL THEN rules->>'command'
-                                                     ELSE coalesce(rules->>'command', rules->>'fallback') END),
+                   executor = tide._run_executor(rules, r.window_start IS NOT NULL),
                    updated_at = now(),
                    reason = format('%s; adopted rule version %s', r.reason, p_version)
              WHERE r.run_id IN (SELECT p.run_id FROM tide.pending p
@@ -1262,8 +1276,7 @@ BEGIN
            SET state = tide._open_state(rules), version = confirm.version,
                args = CASE WHEN r.version = confirm.version THEN r.args ELSE rules->'args' END,
                queue = rules->>'queue', priority = (rules->>'priority')::integer,
-               executor = tide._executor_of(CASE WHEN r.window_start IS NULL THEN rules->>'command'
-                                                 ELSE coalesce(rules->>'command', rules->>'fallback') END),
+               executor = tide._run_executor(rules, r.window_start IS NOT NULL),
                run_after = NULL, updated_at = now(),
                reason = format('confirmed by %s under rule version %s', tide._caller(), confirm.version)
          WHERE r.run_id IN (SELECT p.run_id FROM tide.pending p WHERE p.task_id = t.task_id AND p.state = 'held')

@@ -420,7 +420,7 @@ fn insert_runs(
                     CASE WHEN u.skip IS NOT NULL THEN 'skipped'
                          ELSE tide._open_state(tide._task_rules(t)) END,
                     u.skip::tide.skip_reason, u.reason,
-                    tide._executor_of(coalesce(t.command, t.fallback)),
+                    tide._run_executor(tide._task_rules(t), true),
                     t.queue, t.priority, t.args, t.owner,
                     CASE WHEN u.skip IS NULL AND tide._open_state(tide._task_rules(t)) = 'waiting'
                          THEN coalesce(u.fire_at + t.ready_timeout, u.following) END,
