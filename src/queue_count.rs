@@ -24,8 +24,8 @@ use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use pgrx::{pg_sys, IntoDatum, PGRXSharedMemory, PgLogLevel};
 
-/// How many queues with a limit the shared table holds (stale entries are reused when it is
-/// full).
+/// How many queues with a limit the shared table holds at once (beyond, a queue's count is
+/// dropped and counted again at its next claim).
 const ENTRIES: usize = 1024;
 const NAME: usize = 64;
 
@@ -96,18 +96,22 @@ impl Key {
     }
 
     /// The queue's lock tag: an advisory tag with objsubid 3, which the SQL advisory lock
-    /// functions (1 and 2) cannot name.
+    /// functions (1 and 2) cannot name. It holds the owner's role id and a hash of the queue's
+    /// name: two queues can share a tag only if they have the same owner, so no role can name a
+    /// queue whose tag collides with another role's and hold up its recount.
     fn locktag(&self) -> pg_sys::LOCKTAG {
-        // FNV-1a of owner and queue.
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in self.owner.iter().chain(self.queue.iter()) {
-            h ^= u64::from(*b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
+        // FNV-1a of the queue's name.
+        let mut h: u32 = 0x811c_9dc5;
+        for b in self.queue.iter() {
+            h ^= u32::from(*b);
+            h = h.wrapping_mul(0x0100_0193);
         }
+        // SAFETY: owner is NUL-terminated (at most NAME - 1 bytes are copied into it).
+        let role = unsafe { pg_sys::get_role_oid(self.owner.as_ptr().cast(), true) };
         pg_sys::LOCKTAG {
             locktag_field1: self.db,
-            locktag_field2: (h >> 32) as u32,
-            locktag_field3: h as u32,
+            locktag_field2: role.to_u32(),
+            locktag_field3: h,
             locktag_field4: 3,
             locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
             locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
@@ -383,20 +387,18 @@ fn queue_count_again(owner: &str, queue: &str) -> bool {
     k.lock(pg_sys::ExclusiveLock);
     let running = count_latest(owner, queue);
     let mut counts = COUNTS.exclusive();
-    let slot = match counts.entries.iter().position(|e| k.matches(e)) {
-        Some(i) => i,
-        None => match counts.entries.iter().position(|e| !e.used || !e.valid) {
-            Some(i) => i,
-            None => {
-                drop(counts);
-                fail(
-                    PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
-                    format!("more than {ENTRIES} queues with a max_concurrency are in use"),
-                    "drop the limits of queues no longer used (tide.drop_queue), or restart PostgreSQL",
-                );
-            }
-        },
-    };
+    // The queue's own entry, else a free or stale one. When every entry holds a count (more
+    // than ENTRIES limited queues in use), another queue's count is dropped, one with nothing
+    // running first: dropping a count is always safe (that queue is counted again at its next
+    // claim, as after tide.create_queue), so a role with many queues slows others' claims at
+    // worst and never stops them.
+    let slot = counts
+        .entries
+        .iter()
+        .position(|e| k.matches(e))
+        .or_else(|| counts.entries.iter().position(|e| !e.used || !e.valid))
+        .or_else(|| counts.entries.iter().position(|e| e.running == 0))
+        .unwrap_or(0);
     counts.entries[slot] = Entry {
         used: true,
         valid: true,
