@@ -94,3 +94,5 @@ COMMENT ON FUNCTION tide._next_fire(text, text, timestamptz) IS
     'Internal: the first fire of a cron schedule in a time zone after an instant (when a heartbeat check expects its next beat).';
 COMMENT ON FUNCTION tide._lock_key(text, text, jsonb, jsonb, text, text) IS
     'Internal: a run''s lock key from its task''s lock_key template (placeholders {args.NAME}, {payload.NAME}, {key}, {biz_date}, {task}; a missing field renders empty).';
+COMMENT ON FUNCTION tide._backfill_windows(text, date, date) IS
+    'Internal: the ended windows of the caller''s task whose business date lies in a range, oldest first, with their fires (what tide.backfill plans; at most 100000 windows over at most 3660 days).';

@@ -109,7 +109,8 @@ $$;
 COMMENT ON FUNCTION tide._refuse_stale(bigint, bigint, text) IS
     'Internal: raises the fencing error for a call with a stale lease token.';
 
-CREATE FUNCTION tide._claim(p_executor tide.executor, p_queue text, p_worker text, p_n integer, p_lease interval)
+CREATE FUNCTION tide._claim(p_executor tide.executor, p_queue text, p_worker text, p_n integer, p_lease interval,
+                            p_online_only boolean DEFAULT false)
 RETURNS TABLE (run_id bigint, lease_token bigint, lease_expires_at timestamptz, task text, args jsonb,
                window_start timestamptz, window_end timestamptz, biz_date date, attempt integer,
                version integer, checkpoint jsonb, trigger tide.run_trigger, dedupe_key text,
@@ -171,6 +172,9 @@ BEGIN
                  WHERE p.state = 'ready' AND NOT p.parked AND p.executor = p_executor
                    AND (p.due_at IS NULL OR p.due_at <= now())
                    AND (only_owner IS NULL OR p.owner = only_owner)
+                   -- Backfill runs claim at priority - 10000, after every online run; one
+                   -- executor keeps to online runs.
+                   AND (NOT p_online_only OR p.priority > -5000)
                  ORDER BY p.priority DESC, p.run_id
                  LIMIT p_n FOR UPDATE SKIP LOCKED) c;
         ELSE
@@ -264,8 +268,8 @@ BEGIN
     PERFORM tide._log_runs('start', ids);
 END
 $$;
-COMMENT ON FUNCTION tide._claim(tide.executor, text, text, integer, interval) IS
-    'Internal: the one claim path of external workers and pg_tide''s SQL executors; returns the claim context with the run''s priority, owner and timeout.';
+COMMENT ON FUNCTION tide._claim(tide.executor, text, text, integer, interval, boolean) IS
+    'Internal: the one claim path of external workers and pg_tide''s SQL executors (p_online_only: no backfill runs); returns the claim context with the run''s priority, owner and timeout.';
 
 CREATE FUNCTION tide.claim_runs(queue text DEFAULT 'default', worker text DEFAULT NULL, n integer DEFAULT 1,
                            lease interval DEFAULT NULL)
@@ -1053,7 +1057,7 @@ COMMENT ON FUNCTION tide._open_state(jsonb) IS 'Internal: waiting if the rules d
 
 -- Reopens a finished run: the shared path of tide.replay_run, tide.rerun and tide.resolve_run.
 CREATE FUNCTION tide._reopen(p_run_id bigint, p_trigger tide.run_trigger, p_version text, p_force boolean,
-                             p_function text)
+                             p_function text, p_queue text DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -1108,8 +1112,8 @@ BEGIN
            trigger = p_trigger,
            version = use_version,
            args = CASE WHEN use_version = r.version THEN r.args ELSE rules->'args' END,
-           queue = rules->>'queue',
-           priority = (rules->>'priority')::integer,
+           queue = coalesce(p_queue, rules->>'queue'),
+           priority = (rules->>'priority')::integer - CASE WHEN p_trigger = 'backfill' THEN 10000 ELSE 0 END,
            executor = tide._run_executor(rules, r.window_start IS NOT NULL),
            skip_reason = NULL, covered_by = NULL, tries = 0, deferrals = 0,
            run_after = NULL, ready_deadline = NULL, finished_at = NULL, lease_expires_at = NULL,
@@ -1121,8 +1125,8 @@ BEGIN
     RETURN r.run_id;
 END
 $$;
-COMMENT ON FUNCTION tide._reopen(bigint, tide.run_trigger, text, boolean, text) IS
-    'Internal: reopens a finished run (the shared path of replay, rerun and resolve).';
+COMMENT ON FUNCTION tide._reopen(bigint, tide.run_trigger, text, boolean, text, text) IS
+    'Internal: reopens a finished run (the shared path of replay, rerun, resolve and backfill; a backfill''s run goes to its queue, below every online run).';
 
 CREATE FUNCTION tide.replay_run(run_id bigint, version text DEFAULT NULL, force boolean DEFAULT false) RETURNS bigint
 LANGUAGE plpgsql
@@ -1140,7 +1144,8 @@ COMMENT ON FUNCTION tide.replay_run(bigint, text, boolean) IS
     'replay_run(run_id, version => ''original''|''current'', force => false): puts a dead, need_check, cancelled or skipped run back in line through the normal path. A succeeded run needs force => true. When the task''s rules changed since the run, version must be chosen.';
 
 CREATE FUNCTION tide._rerun(p_task_id bigint, p_fire timestamptz, p_start timestamptz, p_end timestamptz,
-                            p_biz_date date, p_version text, p_force boolean, p_function text)
+                            p_biz_date date, p_version text, p_force boolean, p_function text,
+                            p_trigger tide.run_trigger DEFAULT 'manual', p_queue text DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -1155,12 +1160,19 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'the source no longer has this data; if it was restored, raise source_retention with tide.alter first';
     END IF;
+    SELECT r.run_id INTO id FROM tide.run r WHERE r.task_id = p_task_id AND r.window_start = p_start;
+    IF id IS NULL AND NOT coalesce(p_force, false) AND tide._succeeded_before(p_task_id, p_start) THEN
+        -- R4.6: its run was pruned, its success is remembered.
+        RAISE EXCEPTION 'the window of task % on business date % already succeeded (its run was pruned by history_retention)', t.name, p_biz_date
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = format('running it again could write its data twice; if that is intended, call %s(..., force => true)', p_function);
+    END IF;
     INSERT INTO tide.run (task_id, trigger, fire_at, window_start, window_end, biz_date, version, state, reason,
                           executor, queue, priority, args, owner)
-    SELECT t.task_id, 'manual', p_fire, p_start, p_end, p_biz_date, t.version, tide._open_state(tide._task_rules(t)),
-           format('manual rerun by %s', tide._caller()),
+    SELECT t.task_id, p_trigger, p_fire, p_start, p_end, p_biz_date, t.version, tide._open_state(tide._task_rules(t)),
+           format('%s by %s', CASE WHEN p_trigger = 'manual' THEN 'manual rerun' ELSE p_trigger::text END, tide._caller()),
            tide._run_executor(tide._task_rules(t), true),
-           t.queue, t.priority, t.args, t.owner
+           coalesce(p_queue, t.queue), t.priority - CASE WHEN p_trigger = 'backfill' THEN 10000 ELSE 0 END, t.args, t.owner
     ON CONFLICT (task_id, window_start) DO NOTHING
     RETURNING run_id INTO id;
     IF id IS NOT NULL THEN
@@ -1168,11 +1180,11 @@ BEGIN
         RETURN id;
     END IF;
     SELECT r.run_id INTO id FROM tide.run r WHERE r.task_id = p_task_id AND r.window_start = p_start;
-    RETURN tide._reopen(id, 'manual', p_version, p_force, p_function);
+    RETURN tide._reopen(id, p_trigger, p_version, p_force, p_function, p_queue);
 END
 $$;
-COMMENT ON FUNCTION tide._rerun(bigint, timestamptz, timestamptz, timestamptz, date, text, boolean, text) IS
-    'Internal: creates or reopens the run of one window (tide.rerun and tide.run_now after the window is computed; p_function names the caller in errors).';
+COMMENT ON FUNCTION tide._rerun(bigint, timestamptz, timestamptz, timestamptz, date, text, boolean, text, tide.run_trigger, text) IS
+    'Internal: creates or reopens the run of one window (tide.rerun, tide.run_now and backfills after the window is computed; p_function names the caller in errors; a backfill''s run goes to its queue, below every online run).';
 
 CREATE FUNCTION tide.resolve_run(run_id bigint, decision text) RETURNS tide.run_state
 LANGUAGE plpgsql
@@ -1329,7 +1341,7 @@ DECLARE
     n integer;
 BEGIN
     FOREACH step IN ARRAY ARRAY['unparked', 'retried', 'executor_gone', 'taken_back', 'released',
-                                'not_ready_deadline', 'effects_taken_back'] LOOP
+                                'not_ready_deadline', 'effects_taken_back', 'backfills'] LOOP
         BEGIN
             n := tide._tick_step(step, p_now);
         EXCEPTION WHEN others THEN
@@ -1342,7 +1354,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide._tick_runs(timestamptz) IS
-    'Internal: the tick''s work on existing runs: due retries, runs whose executor is gone, expired leases, readiness releases and deadlines; each step isolated from the others.';
+    'Internal: the tick''s work on existing runs: due retries, runs whose executor is gone, expired leases, readiness releases and deadlines, backfills; each step isolated from the others.';
 
 -- One step of tide._tick_runs; returns how many runs it moved.
 CREATE FUNCTION tide._tick_step(p_step text, p_now timestamptz) RETURNS integer
@@ -1454,6 +1466,9 @@ BEGIN
         END LOOP;
     WHEN 'effects_taken_back' THEN
         n := tide._tick_effects(p_now);
+    WHEN 'backfills' THEN
+        -- Backfills move on: how their runs ended, the canary, the next batch (sql/backfill.sql).
+        n := tide._tick_backfills(p_now);
     END CASE;
     RETURN n;
 END

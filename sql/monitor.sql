@@ -464,13 +464,13 @@ GRANT SELECT ON tide.check_status TO PUBLIC;
 -- Alerts.
 CREATE TYPE tide.alert_kind AS ENUM (
     'silence', 'down', 'consecutive_failures', 'dead_letter', 'need_check', 'repeated_skips', 'retries',
-    'backlog', 'catch_up_limit', 'not_ready', 'schedule_error', 'retry_budget', 'events_lost'
+    'backlog', 'catch_up_limit', 'not_ready', 'schedule_error', 'retry_budget', 'events_lost', 'backfill'
 );
 COMMENT ON TYPE tide.alert_kind IS 'What an alert is about; see the README''s alert kinds.';
 
 CREATE TABLE tide.alert (
     alert_id     bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    subject_type text NOT NULL CHECK (subject_type IN ('task', 'check', 'queue')),
+    subject_type text NOT NULL CHECK (subject_type IN ('task', 'check', 'queue', 'backfill')),
     subject      text NOT NULL,
     kind         tide.alert_kind NOT NULL,
     severity     tide.severity NOT NULL,
@@ -558,6 +558,15 @@ AS $$
                           WHERE x.task_id = t.task_id AND x.window_start IS NOT NULL AND x.state = 'succeeded'
                           ORDER BY x.window_start DESC LIMIT 1) s
      WHERE t.fallback IS NOT NULL AND (s.result->>'missing')::integer > 0
+    UNION ALL
+    -- A backfill that waits for a person: its canary or sample failed verification, windows of
+    -- it failed, or it paused itself after more than max_failures failures (R9.5, R14.1).
+    SELECT 'backfill', b.backfill_id::text, 'backfill', t.severity,
+           jsonb_build_object('task', t.name, 'state', b.state, 'reason', b.reason, 'from_date', b.from_date,
+                              'to_date', b.to_date, 'windows_failed', b.windows_failed),
+           b.owner
+      FROM tide.backfill b JOIN tide.task t ON t.task_id = b.task_id
+     WHERE b.state IN ('verify_failed', 'needs_review') OR (b.state = 'paused' AND b.failure_pause)
 $$;
 COMMENT ON FUNCTION tide._alert_causes(timestamptz) IS 'Internal: every alert condition that holds at an instant.';
 
@@ -778,6 +787,15 @@ BEGIN
                            coalesce(', key ' || r.event_key || ' (runs of this key go one at a time, in emit order)', ''),
                            r.payload);
     END IF;
+    FOR e IN SELECT b.backfill_id, b.from_date, b.to_date, b.state, b.mode, b.queue, w.seq, b.windows_total, w.canary, w.sampled,
+                    w.verify_note
+               FROM tide.backfill_window w JOIN tide.backfill b ON b.backfill_id = w.backfill_id
+              WHERE w.run_id = r.run_id ORDER BY b.backfill_id LOOP
+        story := story || format('backfill %s (%s to %s, mode %s, now %s): window %s of %s%s, in queue %s%s',
+                                 e.backfill_id, e.from_date, e.to_date, e.mode, e.state, e.seq, e.windows_total,
+                                 CASE WHEN e.canary THEN ' (canary)' WHEN e.sampled THEN ' (sampled)' ELSE '' END, e.queue,
+                                 coalesce('; verify: ' || e.verify_note, ''));
+    END LOOP;
     IF r.lock_key IS NOT NULL THEN
         story := story || format('lock key: %s%s', r.lock_key,
                            coalesce((SELECT format(' (held by run %s until %s)', l.run_id, l.expires_at)
@@ -1032,6 +1050,14 @@ BEGIN
         INSERT INTO tide.pruned_count AS p (task_id, metric, label, value)
         SELECT c.task_id, c.metric, c.label, sum(c.value) FROM tide._counts(victims) c GROUP BY 1, 2, 3
         ON CONFLICT (task_id, metric, label) DO UPDATE SET value = p.value + EXCLUDED.value;
+        -- R4.6: the windows that succeeded are remembered, merged into ranges, after their runs
+        -- go (a rerun or backfill of them needs force).
+        INSERT INTO tide.succeeded_window AS w (task_id, windows, owner)
+        SELECT r.task_id, range_agg(tstzrange(r.window_start, r.window_end)), min(r.owner)
+          FROM tide.run r
+         WHERE r.run_id = ANY (victims) AND r.state = 'succeeded' AND r.window_start IS NOT NULL
+         GROUP BY r.task_id
+        ON CONFLICT (task_id) DO UPDATE SET windows = w.windows + EXCLUDED.windows;
         DELETE FROM tide.run r WHERE r.run_id = ANY (victims);
     END IF;
     -- At the end of the table, start over (runs kept then may be prunable later).
@@ -1047,12 +1073,19 @@ BEGIN
                             ORDER BY x.delivered_at LIMIT p_limit
                               FOR UPDATE SKIP LOCKED);
     GET DIAGNOSTICS effects = ROW_COUNT;
+    -- Backfills that ended before the cutoff, with their plan and history.
+    DELETE FROM tide.backfill b
+     WHERE b.backfill_id IN (SELECT x.backfill_id FROM tide.backfill x
+                              WHERE x.finished_at < cutoff
+                                AND x.windows_released <= x.windows_done + x.windows_failed + x.windows_cancelled
+                              ORDER BY x.finished_at LIMIT 100
+                                FOR UPDATE SKIP LOCKED);
     RETURN jsonb_build_object('pruned_runs', coalesce(cardinality(victims), 0), 'pruned_alerts', alerts,
                               'pruned_effects', effects);
 END
 $$;
 COMMENT ON FUNCTION tide._prune(timestamptz, integer) IS
-    'Internal: prunes a bounded batch of finished history older than pg_tide.history_retention (with attempts and events), keeping the latest 10 runs of each task, unfinished and unresolved runs, and open alerts; and side effects delivered before the cutoff.';
+    'Internal: prunes a bounded batch of finished history older than pg_tide.history_retention (with attempts and events), keeping the latest 10 runs of each task, unfinished and unresolved runs, and open alerts (succeeded windows are remembered in tide.succeeded_window); side effects delivered before the cutoff; backfills that ended before it.';
 
 -- The tick's monitoring step, every pg_tide.monitor_interval: alerts, then a batch of pruning
 -- (up to 5000 runs: a tick that has nothing to evaluate costs nothing here).

@@ -128,6 +128,10 @@ BEGIN
         RAISE EXCEPTION 'queue name % is not valid', quote_literal(left(p_value, 100)) USING ERRCODE = 'invalid_parameter_value',
             HINT = 'a queue name is 1 to 63 characters: letters, digits, ''_'', ''-'' or ''.''';
     END IF;
+    IF p_value ~* '^backfill\.' THEN
+        RAISE EXCEPTION 'queue name % is reserved', quote_literal(p_value) USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'queues named backfill.<id> belong to backfills: use tide.pause_backfill, tide.resume_backfill, tide.cancel_backfill';
+    END IF;
     RETURN p_value;
 END
 $$;

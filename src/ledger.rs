@@ -305,3 +305,103 @@ fn lock_key(
         biz_date,
     }))
 }
+
+/// The most windows one backfill covers, and the most fires walked to find them.
+const BACKFILL_MAX_WINDOWS: usize = 100_000;
+const BACKFILL_MAX_FIRES: usize = 5_000_000;
+
+/// The windows of the caller's task `task` whose business date lies in `[from_date, to_date]`
+/// and that have ended, oldest first, with their fires (what `tide.backfill` plans). Locks the
+/// task row (a change of its rules waits for the plan).
+#[pg_extern(volatile, schema = "tide", name = "_backfill_windows")]
+#[search_path(pg_catalog, pg_temp)]
+fn backfill_windows(
+    task: Option<&str>,
+    from_date: Option<Date>,
+    to_date: Option<Date>,
+) -> TableIterator<
+    'static,
+    (
+        name!(fire_at, TimestampWithTimeZone),
+        name!(window_start, TimestampWithTimeZone),
+        name!(window_end, TimestampWithTimeZone),
+        name!(biz_date, Date),
+    ),
+> {
+    const F: &str = "tide.backfill";
+    let name = required(task, "task", F);
+    let from =
+        crate::pgtime::date_from_pg(required(from_date, "from_date", F), "from_date").or_raise(F);
+    let to = crate::pgtime::date_from_pg(required(to_date, "to_date", F), "to_date").or_raise(F);
+    if from > to {
+        raise(
+            TideError::OutOfRange {
+                param: "to_date",
+                value: format!("{to} (before from_date {from})"),
+                expected: "on or after from_date",
+            },
+            F,
+        );
+    }
+    if (to - from).num_days() >= 3660 {
+        raise(
+            TideError::OutOfRange {
+                param: "to_date",
+                value: format!(
+                    "{to} ({} days after from_date {from})",
+                    (to - from).num_days()
+                ),
+                expected:
+                    "at most 3660 days after from_date (backfill longer ranges in several parts)",
+            },
+            F,
+        );
+    }
+    let row = load_task(name, true).or_raise(F);
+    let rules = row.rules.validate().or_raise(F);
+    let schedule = rules.calendar(name).or_raise(F);
+    let walked = crate::calendar::windows_between(
+        schedule,
+        rules.tz,
+        rules.policy,
+        rules.biz_window,
+        from,
+        to,
+        now(),
+        BACKFILL_MAX_WINDOWS,
+        BACKFILL_MAX_FIRES,
+        &mut || {
+            pgrx::check_for_interrupts!();
+        },
+    );
+    let windows = match walked {
+        Ok(w) => w,
+        Err(crate::calendar::RangeError::TooManyWindows) => raise(
+            TideError::OutOfRange {
+                param: "to_date",
+                value: format!("{to} (from {from}: more than {BACKFILL_MAX_WINDOWS} windows)"),
+                expected:
+                    "a range of at most 100000 windows (backfill longer ranges in several parts)",
+            },
+            F,
+        ),
+        Err(crate::calendar::RangeError::TooManyFires) => raise(
+            TideError::OutOfRange {
+                param: "to_date",
+                value: format!(
+                    "{to} (from {from}: the schedule fires more than {BACKFILL_MAX_FIRES} times)"
+                ),
+                expected: "a shorter range for a schedule that fires this often",
+            },
+            F,
+        ),
+    };
+    TableIterator::new(windows.into_iter().map(|(fire, w)| {
+        (
+            to_pg(fire),
+            to_pg(w.start),
+            to_pg(w.end),
+            crate::pgtime::date_to_pg(w.biz_date),
+        )
+    }))
+}

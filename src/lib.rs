@@ -83,11 +83,17 @@ mod tide {}
 );
 // One-off and delayed jobs: tide.enqueue.
 ::pgrx::extension_sql_file!("../sql/jobs.sql", name = "jobs", requires = ["locks"]);
+// Backfills: tide.backfill, its plan, canary, batches and sample check; pause, resume, cancel.
+::pgrx::extension_sql_file!(
+    "../sql/backfill.sql",
+    name = "backfill",
+    requires = ["queues", "jobs", "long"]
+);
 // Monitoring: health, heartbeat checks, alerts, metrics, run log lines, explain, retention.
 ::pgrx::extension_sql_file!(
     "../sql/monitor.sql",
     name = "monitor",
-    requires = ["effects", "steps", "locks", "events", "long", "jobs", "queues"]
+    requires = ["effects", "steps", "locks", "events", "long", "jobs", "queues", "backfill"]
 );
 // Comments on the generated functions, once they exist.
 ::pgrx::extension_sql_file!("../sql/comments.sql", name = "comments", finalize);

@@ -118,11 +118,17 @@ fn check_queue(queue: &str) -> Result<(), TideError> {
         && queue
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
-    if ok {
-        Ok(())
-    } else {
-        Err(TideError::BadQueue(queue.to_string()))
+    if !ok {
+        return Err(TideError::BadQueue(queue.to_string()));
     }
+    if queue.to_ascii_lowercase().starts_with("backfill.") {
+        return Err(TideError::OutOfRange {
+            param: "queue",
+            value: queue.to_string(),
+            expected: "a name not starting with 'backfill.' (those queues belong to backfills)",
+        });
+    }
+    Ok(())
 }
 
 impl RuleText {

@@ -181,10 +181,14 @@ pub extern "C-unwind" fn pg_tide_executor_main(arg: pg_sys::Datum) {
         }
         // Work until there is nothing left, then sleep until the next poll. Both kinds of work
         // are tried each round, so neither starves the other.
+        // With two executors or more, the first keeps to online runs: backfills never hold
+        // every executor.
+        let online_only = number == 1 && settings::EXECUTORS.get() >= 2;
         loop {
             let checked = in_transaction("readiness check", check_one).unwrap_or(false);
-            let ran = execute_one(&name);
-            if !(checked || ran) {
+            let verified = in_transaction("backfill verify", verify_one).unwrap_or(false);
+            let ran = execute_one(&name, online_only);
+            if !(checked || verified || ran) {
                 break;
             }
         }
@@ -194,15 +198,15 @@ pub extern "C-unwind" fn pg_tide_executor_main(arg: pg_sys::Datum) {
 
 /// Claims one SQL run (committed at once, so the attempt is on record even if the command
 /// kills the process), then runs it in a second transaction.
-fn execute_one(worker: &str) -> bool {
+fn execute_one(worker: &str, online_only: bool) -> bool {
     // Inside the transaction, an error (SPI or a row that does not fit) rolls the claim back.
     let claimed = in_transaction("claim", || {
         let row = Spi::connect_mut(|client| {
             client
                 .update(
-                    "SELECT c.run_id, c.lease_token FROM tide._claim('sql', NULL, $1, 1, NULL) c",
+                    "SELECT c.run_id, c.lease_token FROM tide._claim('sql', NULL, $1, 1, NULL, $2) c",
                     None,
-                    &[worker.into()],
+                    &[worker.into(), online_only.into()],
                 )
                 .or_raise(F)
                 .next()
@@ -298,6 +302,14 @@ fn sleep(delay: Duration) -> bool {
             return false;
         }
     }
+}
+
+/// Verifies the canary or the sample of one backfill that is due; true if there was one. The
+/// verify expression runs sealed as the task's owner, read-only, inside `tide._verify_backfill`.
+fn verify_one() -> bool {
+    Spi::get_one::<bool>("SELECT tide._verify_backfill()")
+        .or_raise(F)
+        .unwrap_or(false)
 }
 
 /// Evaluates one due readiness check; true if there was one. The check runs sealed as the

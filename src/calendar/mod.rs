@@ -115,3 +115,69 @@ impl DstOverlap {
 
 #[cfg(test)]
 mod tests;
+
+/// Why [`windows_between`] gave up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RangeError {
+    /// The range has more than the allowed number of windows.
+    TooManyWindows,
+    /// The schedule fires too often to walk the range (more fires than allowed).
+    TooManyFires,
+}
+
+/// The windows of a schedule whose business date lies in `[from, to]` and that ended by
+/// `ended_by`, oldest first, each with the fire that covers it (a period window reached by
+/// several fires is kept once, with its first fire). At most `max_windows` windows and
+/// `max_fires` fires walked; `every_1024` is called as the walk goes (to stay cancellable).
+#[allow(clippy::too_many_arguments)]
+pub fn windows_between(
+    schedule: &Schedule,
+    tz: chrono_tz::Tz,
+    policy: DstPolicy,
+    kind: WindowKind,
+    from: chrono::NaiveDate,
+    to: chrono::NaiveDate,
+    ended_by: chrono::DateTime<chrono::Utc>,
+    max_windows: usize,
+    max_fires: usize,
+    every_1024: &mut dyn FnMut(),
+) -> Result<Vec<(chrono::DateTime<chrono::Utc>, BizWindow)>, RangeError> {
+    let midnight = from.and_time(chrono::NaiveTime::MIN);
+    let start = zone_instant(tz, midnight) - chrono::Duration::days(1);
+    let mut previous = previous_fire(
+        schedule,
+        tz,
+        policy,
+        start + chrono::Duration::microseconds(1),
+    );
+    let mut out: Vec<(chrono::DateTime<chrono::Utc>, BizWindow)> = Vec::new();
+    for (i, fire) in fire_iter(schedule, tz, policy, start).enumerate() {
+        if i % 1024 == 0 {
+            every_1024();
+        }
+        if i >= max_fires {
+            return Err(RangeError::TooManyFires);
+        }
+        let window = match kind {
+            WindowKind::Fire => previous.map(|s| BizWindow {
+                start: s,
+                end: fire,
+                biz_date: to_local(tz, s).date(),
+            }),
+            period => window_for(schedule, tz, policy, period, fire),
+        };
+        previous = Some(fire);
+        let Some(w) = window else { continue };
+        if w.biz_date > to || w.end > ended_by {
+            break;
+        }
+        if w.biz_date < from || out.last().is_some_and(|(_, last)| last.start >= w.start) {
+            continue;
+        }
+        if out.len() == max_windows {
+            return Err(RangeError::TooManyWindows);
+        }
+        out.push((fire, w));
+    }
+    Ok(out)
+}

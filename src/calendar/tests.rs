@@ -1317,3 +1317,122 @@ fn longest_gap_between_fires() {
     // Once a year: 365 days from 2026 to 2027 (looks at least two fires).
     assert_eq!(gap("0 0 1 1 *", "UTC"), Some(365 * 24 * 60));
 }
+
+/// A backfill's windows: every window whose business date lies in the range, once each, in
+/// order; the spring-forward day of London is 23 hours long.
+#[test]
+fn windows_between_dates() {
+    let walk = |expr: &str,
+                zone: &str,
+                kind: WindowKind,
+                from: &str,
+                to: &str,
+                ended: &str,
+                max: usize| {
+        let schedule = Schedule::parse(expr).unwrap();
+        let tz = parse_zone(zone).unwrap();
+        let day = |s: &str| NaiveDate::parse_from_str(s, "%Y-%m-%d").unwrap();
+        windows_between(
+            &schedule,
+            tz,
+            SHIFT_ONCE,
+            kind,
+            day(from),
+            day(to),
+            at(ended),
+            max,
+            1_000_000,
+            &mut || {},
+        )
+    };
+    // Daily at 02:00 London, day windows, March 2026: 31 windows, the 29th is 23 hours.
+    let w = walk(
+        "0 2 * * *",
+        "Europe/London",
+        WindowKind::Day,
+        "2026-03-01",
+        "2026-03-31",
+        "2026-06-01T00:00:00Z",
+        1000,
+    )
+    .unwrap();
+    assert_eq!(w.len(), 31);
+    assert_eq!(
+        w[0].1.biz_date,
+        NaiveDate::from_ymd_opt(2026, 3, 1).unwrap()
+    );
+    assert_eq!(fmt(w[0].1.start), "2026-03-01T00:00:00Z");
+    assert_eq!(fmt(w[0].0), "2026-03-02T02:00:00Z");
+    assert_eq!(
+        w[30].1.biz_date,
+        NaiveDate::from_ymd_opt(2026, 3, 31).unwrap()
+    );
+    let dst = w
+        .iter()
+        .find(|(_, x)| x.biz_date == NaiveDate::from_ymd_opt(2026, 3, 29).unwrap())
+        .unwrap();
+    assert_eq!(
+        (fmt(dst.1.start), fmt(dst.1.end)),
+        ("2026-03-29T00:00:00Z".into(), "2026-03-29T23:00:00Z".into())
+    );
+    assert!(
+        w.windows(2).all(|p| p[0].1.end == p[1].1.start),
+        "day windows tile the range"
+    );
+    // Hourly, fire windows, one date: 24 hours; the 23-hour spring-forward date has 23.
+    let h = walk(
+        "0 * * * *",
+        "UTC",
+        WindowKind::Fire,
+        "2026-03-02",
+        "2026-03-02",
+        "2026-06-01T00:00:00Z",
+        1000,
+    )
+    .unwrap();
+    assert_eq!(h.len(), 24);
+    assert_eq!(
+        (fmt(h[0].1.start), fmt(h[23].1.end)),
+        ("2026-03-02T00:00:00Z".into(), "2026-03-03T00:00:00Z".into())
+    );
+    let h = walk(
+        "0 * * * *",
+        "Europe/London",
+        WindowKind::Hour,
+        "2026-03-29",
+        "2026-03-29",
+        "2026-06-01T00:00:00Z",
+        1000,
+    )
+    .unwrap();
+    assert_eq!(h.len(), 23);
+    // Windows not yet ended are left out.
+    let w = walk(
+        "0 2 * * *",
+        "UTC",
+        WindowKind::Day,
+        "2026-03-01",
+        "2026-03-31",
+        "2026-03-10T12:00:00Z",
+        1000,
+    )
+    .unwrap();
+    assert_eq!(
+        w.last().unwrap().1.biz_date,
+        NaiveDate::from_ymd_opt(2026, 3, 9).unwrap()
+    );
+    // Bounded.
+    assert_eq!(
+        walk(
+            "0 * * * *",
+            "UTC",
+            WindowKind::Fire,
+            "2026-03-01",
+            "2026-03-31",
+            "2026-06-01T00:00:00Z",
+            100
+        )
+        .unwrap_err(),
+        RangeError::TooManyWindows
+    );
+}
