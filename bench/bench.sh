@@ -5,7 +5,9 @@
 #   2. event tasks: tide.emit throughput (in one transaction and from 4 clients) and event
 #      claim+complete at batch 50, vs inserting into and working the same baseline queue;
 #   3. the cost of one tide.tick() with 10,000 idle tasks vs with none;
-#   4. the cost of a queue's max_concurrency at batch 50, beside the same path without one.
+#   4. the cost of a queue's max_concurrency at batch 50, beside the same path without one;
+#   5. backfills: a 10,000-window backfill beside the same windows by tide.rerun one by one;
+#      online pickup latency idle and while a backfill runs; the size of the R4.6 record.
 # Figures are printed, never asserted. Uses a throw-away cluster with the release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -195,6 +197,55 @@ VACUUM ANALYZE baseline_q;
 SQL
 event_50=$(tps "$tmp/event_many.sql" 50 "$TX_BATCH50")
 base_ev_50=$(tps "$tmp/baseline.sql" 50 "$TX_BATCH50")
+
+# Backfills (last: they use the SQL executors). Online pickup latency (claimed_at - created_at of
+# 100 one-off SQL jobs enqueued 50 ms apart), idle and while a backfill of a slow task runs;
+# then 10,000 windows of a no-op hourly SQL task by one backfill, beside the same windows
+# (another task) put in line by tide.rerun one by one.
+"${PSQL[@]}" -d "$DB" -v ON_ERROR_STOP=1 <<'SQL' >/dev/null
+SELECT tide.schedule('online_noop', NULL, topics => ARRAY['bench.unused'], command => 'SELECT 1');
+SELECT tide.schedule('bf_slow', '0 * * * *', overlap => 'allow', command => 'SELECT pg_sleep(0.05)');
+SELECT tide.schedule('bf_noop', '0 * * * *', overlap => 'allow', command => 'SELECT 1');
+SELECT tide.schedule('rr_noop', '0 * * * *', overlap => 'allow', command => 'SELECT 1');
+SQL
+pickup() { # $1 = label: p50 and p99 in ms
+    "${PSQL[@]}" -d "$DB" -v ON_ERROR_STOP=1 -c "DO \$\$ BEGIN FOR i IN 1..100 LOOP
+        PERFORM tide.enqueue('online_noop', jsonb_build_object('probe', '$1', 'i', i)); COMMIT; PERFORM pg_sleep(0.05);
+        END LOOP; END \$\$" >/dev/null
+    "${PSQL[@]}" -d "$DB" -v ON_ERROR_STOP=1 -c "DO \$\$ BEGIN
+        WHILE EXISTS (SELECT 1 FROM tide.run r WHERE r.args->>'probe' = '$1' AND r.state <> 'succeeded') LOOP
+            PERFORM pg_sleep(0.1); END LOOP; END \$\$" >/dev/null
+    "${PSQL[@]}" -d "$DB" -At -F ' ' -c "SELECT round(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms)::numeric, 1),
+        round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)::numeric, 1)
+        FROM (SELECT extract(epoch FROM r.claimed_at - r.created_at) * 1000 AS ms FROM tide.run r
+               WHERE r.args->>'probe' = '$1') x"
+}
+pickup_idle=$(pickup idle)
+slow_bf=$("${PSQL[@]}" -d "$DB" -At -c "SELECT tide.backfill('bf_slow', current_date - 60, current_date - 2, concurrency => 4, batch => 500, canary => 0, sample => 0)")
+pickup_busy=$(pickup busy)
+busy_state=$("${PSQL[@]}" -d "$DB" -At -c "SELECT state || ', ' || windows_done || ' of ' || windows_total || ' windows done' FROM tide.backfill_status WHERE backfill_id = $slow_bf")
+"${PSQL[@]}" -d "$DB" -At -c "SELECT tide.cancel_backfill($slow_bf)" >/dev/null
+bf_wps=$("${PSQL[@]}" -d "$DB" -At -v ON_ERROR_STOP=1 <<'SQL'
+SELECT tide.backfill('bf_noop', current_date - 418, current_date - 2, concurrency => 100, batch => 1000, canary => 0, sample => 0) AS id \gset
+DO $$ BEGIN WHILE EXISTS (SELECT 1 FROM tide.backfill WHERE state = 'running') LOOP PERFORM pg_sleep(0.1); END LOOP; END $$;
+SELECT windows_done || ' ' || round(windows_done / extract(epoch FROM finished - started)::numeric) FROM tide.backfill_status WHERE backfill_id = :id;
+SQL
+)
+rr_wps=$("${PSQL[@]}" -d "$DB" -At -v ON_ERROR_STOP=1 <<'SQL'
+SELECT clock_timestamp() AS t0 \gset
+SELECT count(tide.rerun('rr_noop', window_start => w.window_start))
+  FROM tide.backfill_window w JOIN tide.backfill b USING (backfill_id) JOIN tide.task t USING (task_id)
+ WHERE t.name = 'bf_noop';
+DO $$ BEGIN WHILE EXISTS (SELECT 1 FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'rr_noop' AND r.state <> 'succeeded') LOOP PERFORM pg_sleep(0.1); END LOOP; END $$;
+SELECT count(*) || ' ' || round(count(*) / extract(epoch FROM clock_timestamp() - :'t0'::timestamptz)::numeric)
+  FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'rr_noop';
+SQL
+)
+# R4.6: the record of pruned succeeded windows, per million hourly windows: all succeeded (one
+# range), and the worst case, every other window (a million ranges).
+record=$("${PSQL[@]}" -d "$DB" -At -F ' ' -c "SELECT
+    (SELECT pg_column_size(range_agg(tstzrange(s, s + interval '1 hour'))) FROM generate_series(timestamptz '2000-01-01', timestamptz '2000-01-01' + interval '999999 hours', interval '1 hour') s),
+    (SELECT pg_column_size(range_agg(tstzrange(s, s + interval '1 hour'))) FROM generate_series(timestamptz '2000-01-01', timestamptz '2000-01-01' + interval '1999998 hours', interval '2 hours') s)")
 rm -rf "$tmp"
 
 rate() { awk -v t="$1" -v b="$2" 'BEGIN { printf "%.0f", t * b }'; }
@@ -226,3 +277,17 @@ e4=$(rate "$emit_tps" 1); b4=$(rate "$base_emit_tps" 1)
 printf '%-46s %10s %10s %7s\n' "emit, 1 per transaction, $CLIENTS clients (events/s)" "$e4" "$b4" "$(pct "$e4" "$b4")"
 t=$(rate "$event_50" 50); b=$(rate "$base_ev_50" 50)
 printf '%-46s %10s %10s %7s\n' "event claim + complete_runs, batch 50 (runs/s)" "$t" "$b" "$(pct "$t" "$b")"
+echo
+echo "==> backfills"
+set -- $bf_wps; bfn=$1; bfw=$2
+set -- $rr_wps; rrn=$1; rrw=$2
+printf '%-46s %10s %10s %7s\n' "" backfill rerun ratio
+printf '%-46s %10s %10s %7s\n' "$bfn windows of a no-op SQL task (windows/s)" "$bfw" "$rrw" "$(pct "$bfw" "$rrw")"
+echo "(rerun: the same $rrn windows of another task put in line by tide.rerun one by one, both run by the SQL executors)"
+set -- $pickup_idle; i50=$1; i99=$2
+set -- $pickup_busy; b50=$1; b99=$2
+printf '%-46s %10s %10s\n' "online pickup by the SQL executors (ms)" p50 p99
+printf '%-46s %10s %10s\n' "idle" "$i50" "$i99" "while a backfill runs ($busy_state)" "$b50" "$b99"
+echo "(target: p99 with a backfill at most 1.5x the idle p99: $(pct "$b99" "$i99") of it)"
+set -- $record
+echo "succeeded-window record (R4.6), bytes per million hourly windows: $1 when all succeeded, $2 when every other one did"

@@ -301,6 +301,39 @@ CALL demo_wait($$(SELECT count(*) > 0 FROM tide.alert WHERE kind = 'events_lost'
 SELECT subject, kind, severity, details->'keys' AS lost_keys FROM tide.alert WHERE kind = 'events_lost';
 
 \echo
+\echo '== A backfill: 90 days of a daily total recomputed after a fix, isolated from online work.'
+\echo '   A read-only precheck first, then a canary day run and verified, then batches of 10, two'
+\echo '   at a time, in its own queue below every online run (rollup_5s keeps firing meanwhile)'
+CREATE TABLE demo_daily (day date PRIMARY KEY, total int NOT NULL);
+SELECT tide.schedule('daily_total', '0 1 * * *', biz_window => 'day', overlap => 'allow',
+    command => $$INSERT INTO demo_daily SELECT tide.biz_date(), 42 FROM pg_sleep(0.05)
+                 ON CONFLICT (day) DO UPDATE SET total = EXCLUDED.total$$);
+SELECT count(*) AS online_runs_before FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'rollup_5s' \gset
+SELECT tide.backfill('daily_total', current_date - 91, current_date - 2, concurrency => 2, batch => 10,
+    precheck => '(SELECT count(*) = 0 FROM demo_daily)',
+    verify => '(SELECT total = 42 FROM demo_daily WHERE day = tide.biz_date())') AS bf \gset
+CALL demo_wait($$(SELECT state = 'running' FROM tide.backfill WHERE backfill_id = $$ || :bf || $$)$$);
+\echo '   the canary is verified and the batches run; paused now (running windows finish):'
+SELECT tide.pause_backfill(:bf);
+SELECT pg_sleep(1);
+SELECT backfill_id, task, state, windows_done AS done, windows_total AS total, reason
+  FROM tide.backfill_status WHERE backfill_id = :bf;
+SELECT pg_sleep(2);
+\echo '   two seconds later, still paused: no window started'
+SELECT backfill_id, state, windows_done AS done, windows_running AS running FROM tide.backfill_status WHERE backfill_id = :bf;
+SELECT tide.resume_backfill(:bf);
+CALL demo_wait($$(SELECT state NOT IN ('running', 'canary', 'sampling') FROM tide.backfill WHERE backfill_id = $$ || :bf || $$)$$, 120);
+\echo '   done: a random sample of 3 windows was verified again at the end'
+SELECT backfill_id, task, from_date, to_date, state, windows_done AS done, windows_total AS total,
+       rate AS per_second, started::time(0), finished::time(0), reason
+  FROM tide.backfill_status WHERE backfill_id = :bf;
+SELECT count(*) AS days_written, min(day), max(day) FROM demo_daily;
+SELECT to_char(at, 'HH24:MI:SS.MS') AS at, coalesce(from_state, '-') || ' -> ' || to_state AS change, reason
+  FROM tide.backfill_event WHERE backfill_id = :bf ORDER BY event_id;
+SELECT count(*) - :online_runs_before AS online_runs_meanwhile FROM tide.run r JOIN tide.task t USING (task_id)
+ WHERE t.name = 'rollup_5s';
+
+\echo
 \echo '== Monitoring: a partner import keeps failing; the tick opens an alert (and NOTIFYs pg_tide_alert)'
 SELECT tide.schedule('partner_import', '0 4 * * *', biz_window => 'day',
     command => $$SELECT tide.business_error('partner file for ' || tide.biz_date() || ' is malformed')$$);

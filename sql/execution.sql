@@ -1057,7 +1057,7 @@ COMMENT ON FUNCTION tide._open_state(jsonb) IS 'Internal: waiting if the rules d
 
 -- Reopens a finished run: the shared path of tide.replay_run, tide.rerun and tide.resolve_run.
 CREATE FUNCTION tide._reopen(p_run_id bigint, p_trigger tide.run_trigger, p_version text, p_force boolean,
-                             p_function text, p_queue text DEFAULT NULL)
+                             p_function text, p_queue text DEFAULT NULL, p_why text DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -1118,14 +1118,15 @@ BEGIN
            skip_reason = NULL, covered_by = NULL, tries = 0, deferrals = 0,
            run_after = NULL, ready_deadline = NULL, finished_at = NULL, lease_expires_at = NULL,
            control = NULL, watermark = NULL, updated_at = now(),
-           reason = format('%s by %s (from %s%s, version %s)', p_trigger, current_user, r.state,
-                           CASE WHEN r.state = 'succeeded' THEN ', forced' ELSE '' END, use_version)
+           reason = coalesce(p_why,
+                             format('%s by %s (from %s%s, version %s)', p_trigger, current_user, r.state,
+                                    CASE WHEN r.state = 'succeeded' THEN ', forced' ELSE '' END, use_version))
      WHERE run_id = r.run_id;
     PERFORM tide._regate(ARRAY[r.run_id]);
     RETURN r.run_id;
 END
 $$;
-COMMENT ON FUNCTION tide._reopen(bigint, tide.run_trigger, text, boolean, text, text) IS
+COMMENT ON FUNCTION tide._reopen(bigint, tide.run_trigger, text, boolean, text, text, text) IS
     'Internal: reopens a finished run (the shared path of replay, rerun, resolve and backfill; a backfill''s run goes to its queue, below every online run).';
 
 CREATE FUNCTION tide.replay_run(run_id bigint, version text DEFAULT NULL, force boolean DEFAULT false) RETURNS bigint
@@ -1185,6 +1186,34 @@ END
 $$;
 COMMENT ON FUNCTION tide._rerun(bigint, timestamptz, timestamptz, timestamptz, date, text, boolean, text, tide.run_trigger, text) IS
     'Internal: creates or reopens the run of one window (tide.rerun, tide.run_now and backfills after the window is computed; p_function names the caller in errors; a backfill''s run goes to its queue, below every online run).';
+
+-- Deferred window scan (R11.2), at a fire of a task with rescan_previous: the run of the window
+-- before p_start is reopened if it ended dead because it was not ready or ran out of transient
+-- retries, once per run (a second death stays dead). Returns the run reopened, or NULL.
+CREATE FUNCTION tide._rescan_previous(p_task_id bigint, p_start timestamptz, p_fire timestamptz) RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    prev tide.run;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM tide.task t WHERE t.task_id = p_task_id AND t.rescan_previous) THEN
+        RETURN NULL;
+    END IF;
+    SELECT * INTO prev FROM tide.run r
+     WHERE r.task_id = p_task_id AND r.window_start < p_start
+     ORDER BY r.window_start DESC LIMIT 1;
+    IF NOT FOUND OR prev.state <> 'dead' OR prev.last_error_kind NOT IN ('not_ready', 'transient')
+       OR EXISTS (SELECT 1 FROM tide.run_event e WHERE e.run_id = prev.run_id AND e.reason LIKE 'deferred window scan:%') THEN
+        RETURN NULL;
+    END IF;
+    RETURN tide._reopen(prev.run_id, 'catch_up', 'original', false, 'tide.tick', NULL,
+                        format('deferred window scan: reopened by the fire at %s (it ended dead, %s: %s)', p_fire,
+                               prev.last_error_kind, tide._clip(prev.last_error, 200)));
+END
+$$;
+COMMENT ON FUNCTION tide._rescan_previous(bigint, timestamptz, timestamptz) IS
+    'Internal: the deferred window scan of a task with rescan_previous: reopens the previous window''s run once if it ended dead not ready or out of transient retries.';
 
 CREATE FUNCTION tide.resolve_run(run_id bigint, decision text) RETURNS tide.run_state
 LANGUAGE plpgsql

@@ -86,6 +86,9 @@ CREATE TABLE tide.task (
     watermark_stable_for interval CHECK (watermark_stable_for > interval '0'),
     -- An event task's scan, run on its schedule, for events that were never emitted (R10.2).
     fallback          text,
+    -- Deferred window scan (R11.2): each fire first reopens the previous window's run if it
+    -- ended dead not ready or out of transient retries, once.
+    rescan_previous   boolean NOT NULL DEFAULT false,
     -- Monitoring (set with tide.monitor): not rules, so changing them makes no new version.
     max_silence  interval CHECK (max_silence > interval '0'),
     severity     tide.severity NOT NULL DEFAULT 'warning',
@@ -117,6 +120,7 @@ COMMENT ON COLUMN tide.task.top_level IS 'The command runs at top level, as pg_c
 COMMENT ON COLUMN tide.task.long IS 'The command does one batch per call and returns the next checkpoint (jsonb; NULL when done); pg_tide calls it until done.';
 COMMENT ON COLUMN tide.task.ready_watermark IS 'SQL expression evaluated as the owner with the run context (such as the latest updated_at of the day''s orders); a run is ready once it has kept the same non-NULL value for watermark_stable_for.';
 COMMENT ON COLUMN tide.task.fallback IS 'Event tasks: an SQL query returning key (text) and optionally payload (jsonb), run as the owner at each fire of the schedule; each key without a run of that dedupe key becomes one (an event that was never emitted).';
+COMMENT ON COLUMN tide.task.rescan_previous IS 'Deferred window scan: each fire first reopens the previous window''s run if it ended dead because it was not ready or ran out of transient retries (once per run).';
 COMMENT ON COLUMN tide.task.watermark_stable_for IS 'How long ready_watermark must keep one value before a run is ready.';
 COMMENT ON COLUMN tide.task.error_kinds IS 'SQLSTATEs (5 characters) or SQLSTATE classes (2) mapped to transient, business or not_ready, over the default list (tide.error_kind_of).';
 COMMENT ON COLUMN tide.task.batch_rate IS 'Long tasks: at most this many batches per second.';

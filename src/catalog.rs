@@ -129,11 +129,12 @@ fn exec_args(o: &ExecOptions) -> Vec<DatumWithOid<'static>> {
         o.ready_watermark.clone().into(),
         interval_of(o.watermark_stable_for).into(),
         o.fallback.clone().into(),
+        o.rescan_previous.into(),
     ]
 }
 
 /// Column names and casts for `exec_args`, starting at parameter `$first`.
-const EXEC_COLUMNS: [(&str, &str); 29] = [
+const EXEC_COLUMNS: [(&str, &str); 30] = [
     ("timeout", ""),
     ("lease", ""),
     ("priority", ""),
@@ -163,6 +164,7 @@ const EXEC_COLUMNS: [(&str, &str); 29] = [
     ("ready_watermark", ""),
     ("watermark_stable_for", ""),
     ("fallback", ""),
+    ("rescan_previous", ""),
 ];
 
 /// Options where a given "nothing" value ('' / 0 / empty) removes the setting, so NULL can keep
@@ -195,6 +197,7 @@ struct Guarantees<'a> {
     ready_watermark: Option<&'a str>,
     watermark_stable_for: Option<Interval>,
     fallback: Option<&'a str>,
+    rescan_previous: Option<bool>,
 }
 
 /// Checks what involves several options at once (`tide._check_task`), after a write: an error
@@ -261,6 +264,7 @@ fn exec_options(
         ready_watermark: text(guarantees.ready_watermark),
         watermark_stable_for: span(guarantees.watermark_stable_for),
         fallback: text(guarantees.fallback),
+        rescan_previous: guarantees.rescan_previous,
     }
     .validate()
     .or_raise(function)
@@ -311,6 +315,7 @@ fn schedule(
     ready_watermark: default!(Option<&str>, "NULL"),
     watermark_stable_for: default!(Option<Interval>, "NULL"),
     fallback: default!(Option<&str>, "NULL"),
+    rescan_previous: default!(Option<bool>, false),
     replace: default!(Option<bool>, false),
     pending: default!(Option<&str>, "'hold'"),
 ) -> i64 {
@@ -348,6 +353,7 @@ fn schedule(
             ready_watermark,
             watermark_stable_for,
             fallback,
+            rescan_previous: Some(required(rescan_previous, "rescan_previous", F)),
         },
         F,
     );
@@ -528,6 +534,7 @@ fn alter(
     ready_watermark: default!(Option<&str>, "NULL"),
     watermark_stable_for: default!(Option<Interval>, "NULL"),
     fallback: default!(Option<&str>, "NULL"),
+    rescan_previous: default!(Option<bool>, "NULL"),
 ) -> i32 {
     const F: &str = "tide.alter";
     let name = required(task, "task", F);
@@ -563,6 +570,7 @@ fn alter(
             ready_watermark,
             watermark_stable_for,
             fallback,
+            rescan_previous,
         },
         F,
     );

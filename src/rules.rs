@@ -318,6 +318,9 @@ pub struct ExecOptions {
     pub watermark_stable_for: Option<Span>,
     /// An event task's low-frequency scan for events that were never emitted ('' removes it).
     pub fallback: Option<String>,
+    /// Each fire first reopens the previous window's run if it ended dead not ready or out of
+    /// transient retries, once (R11.2, deferred window scan).
+    pub rescan_previous: Option<bool>,
 }
 
 /// The most attempts a task may allow: retries are always bounded (R6.1, R14).

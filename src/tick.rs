@@ -328,6 +328,24 @@ fn fire_task(client: &mut SpiClient, task: &DueTask, now: DateTime<Utc>) -> Resu
     }
 
     let done = insert_runs(client, task.task_id, &planned, &fires, next_fire)?;
+    // Deferred window scan (R11.2): the window before the first one fired now, reopened once if
+    // it died not ready or out of transient retries (tasks without rescan_previous: no-op).
+    if let Some(first) = planned
+        .iter()
+        .find(|p| !matches!(p.decision, Decision::Skip(_)))
+    {
+        client
+            .update(
+                "SELECT tide._rescan_previous($1, $2, $3)",
+                None,
+                &[
+                    task.task_id.into(),
+                    to_pg(first.due.window.start).into(),
+                    to_pg(first.due.fire).into(),
+                ],
+            )
+            .or_raise(F);
+    }
 
     if !more_after {
         cover_coalesced(client, task.task_id, pending, coalesced_end)?;

@@ -598,6 +598,71 @@ fn bad_input_is_refused(cluster: &Cluster) -> Result<(), Failed> {
     Ok(())
 }
 
+fn deferred_window_scan(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("bf_rescan")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('scan', '0 3 * * *', rescan_previous => true, max_attempts => 1, overlap => 'allow');
+         SELECT tide.schedule('plain', '0 3 * * *', max_attempts => 1, overlap => 'allow');",
+    )?;
+    // The window before the next fire's window died out of transient retries.
+    let mut dead = |task: &str| -> Result<i64, Failed> {
+        let run: i64 = one(
+            &mut c,
+            &format!("SELECT tide.rerun('{task}', biz_date => (SELECT (next_fire_at AT TIME ZONE 'UTC')::date - 2 FROM tide.task WHERE name = '{task}'))"),
+        )?;
+        let token: i64 = one(
+            &mut c,
+            &format!(
+                "SELECT lease_token FROM tide.claim_runs('default', 'w', 5) WHERE run_id = {run}"
+            ),
+        )?;
+        exec(
+            &mut c,
+            &format!(
+                "SELECT tide.fail_run({run}, {token}, 'timeout talking to the bank', 'transient')"
+            ),
+        )?;
+        Ok(run)
+    };
+    let scanned = dead("scan")?;
+    let plain = dead("plain")?;
+    exec(
+        &mut c,
+        "SELECT tide.tick((SELECT max(next_fire_at) FROM tide.task))",
+    )?;
+    let after: String = one(
+        &mut c,
+        &format!("SELECT string_agg(run_id || ':' || state || ':' || trigger || ':' || left(reason, 20), ',' ORDER BY run_id) FROM tide.run WHERE run_id IN ({scanned}, {plain})"),
+    )?;
+    assert_eq!(
+        after,
+        format!("{scanned}:ready:catch_up:deferred window scan,{plain}:dead:manual:gave up after 1 of 1"),
+        "only the task with rescan_previous reopens its previous window"
+    );
+    // Once: dead again, the next fire leaves it dead.
+    let token: i64 = one(
+        &mut c,
+        &format!(
+            "SELECT lease_token FROM tide.claim_runs('default', 'w', 5) WHERE run_id = {scanned}"
+        ),
+    )?;
+    exec(
+        &mut c,
+        &format!("SELECT tide.fail_run({scanned}, {token}, 'still down', 'transient')"),
+    )?;
+    exec(
+        &mut c,
+        "SELECT tide.tick((SELECT max(next_fire_at) FROM tide.task))",
+    )?;
+    let state: String = one(
+        &mut c,
+        &format!("SELECT state::text FROM tide.run WHERE run_id = {scanned}"),
+    )?;
+    assert_eq!(state, "dead");
+    Ok(())
+}
+
 /// Waits until a backfill reaches `want` (any end state stops the wait).
 fn wait_backfill(c: &mut Client, id: i64, want: &str, within: Duration) -> Result<(), Failed> {
     let got = wait_for(&format!("backfill {id} to be {want}"), within, || {
@@ -769,6 +834,7 @@ fn main() {
         ("max_failures_pauses", max_failures_pauses),
         ("pruned_success_is_remembered", pruned_success_is_remembered),
         ("bad_input_is_refused", bad_input_is_refused),
+        ("deferred_window_scan", deferred_window_scan),
         (
             "workers_thirty_days_one_effect_each",
             workers_thirty_days_one_effect_each,
