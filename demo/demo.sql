@@ -303,12 +303,12 @@ SELECT subject, kind, severity, details->'keys' AS lost_keys FROM tide.alert WHE
 \echo
 \echo '== A backfill: 90 days of a daily total recomputed after a fix, isolated from online work.'
 \echo '   A read-only precheck first, then a canary day run and verified, then batches of 10, two'
-\echo '   at a time, in its own queue below every online run (rollup_5s keeps firing meanwhile)'
+\echo '   at a time, in its own queue below every online run (an online pulse fires every 2 seconds)'
 CREATE TABLE demo_daily (day date PRIMARY KEY, total int NOT NULL);
 SELECT tide.schedule('daily_total', '0 1 * * *', biz_window => 'day', overlap => 'allow',
     command => $$INSERT INTO demo_daily SELECT tide.biz_date(), 42 FROM pg_sleep(0.05)
                  ON CONFLICT (day) DO UPDATE SET total = EXCLUDED.total$$);
-SELECT count(*) AS online_runs_before FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'rollup_5s' \gset
+SELECT tide.schedule('pulse', '*/2 * * * * *', command => 'SELECT 1');
 SELECT tide.backfill('daily_total', current_date - 91, current_date - 2, concurrency => 2, batch => 10,
     precheck => '(SELECT count(*) = 0 FROM demo_daily)',
     verify => '(SELECT total = 42 FROM demo_daily WHERE day = tide.biz_date())') AS bf \gset
@@ -320,7 +320,7 @@ SELECT backfill_id, task, state, windows_done AS done, windows_total AS total, r
   FROM tide.backfill_status WHERE backfill_id = :bf;
 SELECT pg_sleep(2);
 \echo '   two seconds later, still paused: no window started'
-SELECT backfill_id, state, windows_done AS done, windows_running AS running FROM tide.backfill_status WHERE backfill_id = :bf;
+SELECT backfill_id, state, windows_done AS done, windows_running AS running, windows_in_line AS in_line FROM tide.backfill_status WHERE backfill_id = :bf;
 SELECT tide.resume_backfill(:bf);
 CALL demo_wait($$(SELECT state NOT IN ('running', 'canary', 'sampling') FROM tide.backfill WHERE backfill_id = $$ || :bf || $$)$$, 120);
 \echo '   done: a random sample of 3 windows was verified again at the end'
@@ -330,8 +330,11 @@ SELECT backfill_id, task, from_date, to_date, state, windows_done AS done, windo
 SELECT count(*) AS days_written, min(day), max(day) FROM demo_daily;
 SELECT to_char(at, 'HH24:MI:SS.MS') AS at, coalesce(from_state, '-') || ' -> ' || to_state AS change, reason
   FROM tide.backfill_event WHERE backfill_id = :bf ORDER BY event_id;
-SELECT count(*) - :online_runs_before AS online_runs_meanwhile FROM tide.run r JOIN tide.task t USING (task_id)
- WHERE t.name = 'rollup_5s';
+\echo '   the online pulse while the backfill ran: every fire ran (latest_start: the latest start after its fire)'
+SELECT count(*) AS pulse_runs, max(r.started_at - r.fire_at) AS latest_start
+  FROM tide.run r JOIN tide.task t USING (task_id), tide.backfill b
+ WHERE t.name = 'pulse' AND b.backfill_id = :bf AND r.fire_at BETWEEN b.started_at AND b.finished_at;
+SELECT tide.pause('pulse');
 
 \echo
 \echo '== Monitoring: a partner import keeps failing; the tick opens an alert (and NOTIFYs pg_tide_alert)'

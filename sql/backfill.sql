@@ -860,7 +860,9 @@ COMMENT ON FUNCTION tide.cancel_backfill(bigint) IS
 CREATE VIEW tide.backfill_status WITH (security_invoker = true) AS
 SELECT b.backfill_id, t.name AS task, b.from_date, b.to_date, b.state,
        b.windows_total, b.windows_done, b.windows_failed,
-       b.windows_released - b.windows_done - b.windows_failed - b.windows_cancelled AS windows_running,
+       (SELECT count(*) FROM tide.backfill_window w JOIN tide.run r ON r.run_id = w.run_id
+         WHERE w.backfill_id = b.backfill_id AND w.state = 'released' AND r.state = 'running')::integer AS windows_running,
+       b.windows_released - b.windows_done - b.windows_failed - b.windows_cancelled AS windows_in_line,
        b.windows_skipped, b.windows_cancelled,
        round((b.windows_done + b.windows_failed)
              / greatest(extract(epoch FROM coalesce(b.finished_at, now()) - b.started_at), 1)::numeric, 2) AS rate,
@@ -872,5 +874,5 @@ SELECT b.backfill_id, t.name AS task, b.from_date, b.to_date, b.state,
        b.mode, b.concurrency, b.batch, b.queue, b.owner
   FROM tide.backfill b JOIN tide.task t ON t.task_id = b.task_id;
 COMMENT ON VIEW tide.backfill_status IS
-    'One row per backfill: range, state, windows total/done/failed/running/skipped/cancelled, rate (windows per second so far), ETA, started, finished and the last reason.';
+    'One row per backfill: range, state, windows total/done/failed/running (their runs running now)/in_line (released, not ended)/skipped/cancelled, rate (windows per second so far), ETA, started, finished and the last reason.';
 GRANT SELECT ON tide.backfill_status TO PUBLIC;
