@@ -478,6 +478,41 @@ $$;
 COMMENT ON FUNCTION tide._backfill_release(tide.backfill, integer, boolean) IS
     'Internal: puts the next planned windows of a backfill in line (creates or reopens their runs).';
 
+-- Cancels the runs of an ended backfill that are in line and not started. Rows a claim (or the
+-- tick) holds right now are skipped, in the claim's lock order (tide.pending, then tide.run), so
+-- nothing waits: a run being claimed runs and finishes; one skipped otherwise is cancelled by a
+-- later tick. Returns how many it cancelled.
+CREATE FUNCTION tide._backfill_cancel_runs(p_id bigint) RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n integer;
+    why text;
+BEGIN
+    SELECT format('cancelled with backfill %s: %s', b.backfill_id, tide._clip(b.reason, 500)) INTO why
+      FROM tide.backfill b WHERE b.backfill_id = p_id;
+    WITH held_pending AS (
+        SELECT p.run_id FROM tide.pending p
+         WHERE p.run_id IN (SELECT w.run_id FROM tide.backfill_window w WHERE w.backfill_id = p_id AND w.state = 'released')
+           AND p.state IN ('waiting', 'ready', 'retry', 'held', 'paused')
+           FOR UPDATE SKIP LOCKED
+    ), held_runs AS (
+        SELECT x.run_id FROM tide.run x
+         WHERE x.run_id IN (SELECT h.run_id FROM held_pending h)
+           AND x.state IN ('waiting', 'ready', 'retry', 'held', 'paused')
+           FOR UPDATE SKIP LOCKED
+    )
+    UPDATE tide.run r
+       SET state = 'cancelled', finished_at = now(), updated_at = now(), lease_expires_at = NULL, reason = why
+     WHERE r.run_id IN (SELECT h.run_id FROM held_runs h);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+COMMENT ON FUNCTION tide._backfill_cancel_runs(bigint) IS
+    'Internal: cancels the not-started runs of an ended backfill, skipping rows held right now (a later tick cancels those).';
+
 -- Moves a backfill to another state with a reason; an end also ends what is left of it.
 CREATE FUNCTION tide._backfill_to(p_id bigint, p_state text, p_reason text) RETURNS void
 LANGUAGE plpgsql
@@ -503,12 +538,7 @@ BEGIN
             RETURNING 1)
         UPDATE tide.backfill x SET windows_cancelled = x.windows_cancelled + (SELECT count(*) FROM gone)
          WHERE x.backfill_id = p_id;
-        UPDATE tide.run r
-           SET state = 'cancelled', finished_at = now(), updated_at = now(), lease_expires_at = NULL,
-               reason = format('cancelled with backfill %s: %s', p_id, tide._clip(p_reason, 500))
-          FROM tide.backfill_window w
-         WHERE w.backfill_id = p_id AND w.state = 'released' AND r.run_id = w.run_id
-           AND r.state IN ('waiting', 'ready', 'retry', 'held', 'paused');
+        PERFORM tide._backfill_cancel_runs(p_id);
     END IF;
     IF b.finished_at IS NOT NULL
        AND NOT EXISTS (SELECT 1 FROM tide.backfill_window w WHERE w.backfill_id = p_id AND w.state = 'released') THEN
@@ -572,6 +602,10 @@ BEGIN
         RETURNING * INTO b;
     END IF;
     SELECT count(*) INTO in_line FROM tide.backfill_window w WHERE w.backfill_id = p_id AND w.state = 'released';
+    IF b.state IN ('cancelled', 'verify_failed') AND in_line > 0 THEN
+        -- Runs a claim held when it ended.
+        PERFORM tide._backfill_cancel_runs(p_id);
+    END IF;
     IF b.state NOT IN ('canary', 'running', 'sampling') THEN
         IF b.finished_at IS NOT NULL AND in_line = 0 THEN
             -- Ended, nothing of it left in line: its queue goes.

@@ -783,7 +783,31 @@ fn workers_online_runs_go_first(cluster: &Cluster) -> Result<(), Failed> {
         left > 10,
         "the online runs ran while the backfill went on ({left} windows left)"
     );
+    // Cancelled while the executors claim its runs: nothing waits on anything (the not-started
+    // runs are cancelled in the claims' lock order), the running one finishes, its queue goes.
     exec(&mut c, &format!("SELECT tide.cancel_backfill({id})"))?;
+    wait_for(
+        "the cancelled backfill to settle",
+        Duration::from_secs(30),
+        || {
+            let open = count_of(
+                &mut c,
+                &format!(
+                "SELECT (SELECT windows_in_line FROM tide.backfill_status WHERE backfill_id = {id})
+                      + (SELECT count(*) FROM tide.queue WHERE name = 'backfill.{id}')"
+            ),
+            )?;
+            Ok((open == 0).then_some(()))
+        },
+    )?;
+    let ended: String = one(
+        &mut c,
+        &format!("SELECT string_agg(DISTINCT r.state::text, ',' ORDER BY r.state::text) FROM tide.run r WHERE r.queue = 'backfill.{id}'"),
+    )?;
+    assert_eq!(
+        ended, "cancelled,succeeded",
+        "run or cancelled, nothing left in line"
+    );
     Ok(())
 }
 
