@@ -344,7 +344,10 @@ BEGIN
                                              r.run_id IS NULL AND tide._succeeded_before(tk.task_id, x.window_start)) AS wanted
               FROM tide._backfill_windows(backfill.task, backfill.from_date, backfill.to_date) x
               JOIN tide.task tk ON tk.name = backfill.task AND tk.owner = caller
-              LEFT JOIN tide.run r ON r.task_id = tk.task_id AND r.window_start = x.window_start) w;
+              -- One index lookup per window (run_window_key), however large the history (the
+              -- LIMIT keeps the planner from turning it into a join over all of tide.run).
+              LEFT JOIN LATERAL (SELECT y.run_id, y.state FROM tide.run y
+                                  WHERE y.task_id = tk.task_id AND y.window_start = x.window_start LIMIT 1) r ON true) w;
     SELECT * INTO t FROM tide.task x WHERE x.name = backfill.task AND x.owner = caller;
     IF n_windows = 0 THEN
         RAISE EXCEPTION 'task % has no window with a business date from % to % that has ended', t.name, backfill.from_date, backfill.to_date
@@ -489,23 +492,23 @@ AS $$
 DECLARE
     n integer;
     why text;
+    ids bigint[];
 BEGIN
     SELECT format('cancelled with backfill %s: %s', b.backfill_id, tide._clip(b.reason, 500)) INTO why
       FROM tide.backfill b WHERE b.backfill_id = p_id;
-    WITH held_pending AS (
+    -- Arrays of ids, so that every step is an index lookup however large the history.
+    SELECT array_agg(w.run_id) INTO ids FROM tide.backfill_window w WHERE w.backfill_id = p_id AND w.state = 'released';
+    SELECT array_agg(p.run_id) INTO ids FROM (
         SELECT p.run_id FROM tide.pending p
-         WHERE p.run_id IN (SELECT w.run_id FROM tide.backfill_window w WHERE w.backfill_id = p_id AND w.state = 'released')
-           AND p.state IN ('waiting', 'ready', 'retry', 'held', 'paused')
-           FOR UPDATE SKIP LOCKED
-    ), held_runs AS (
+         WHERE p.run_id = ANY (ids) AND p.state IN ('waiting', 'ready', 'retry', 'held', 'paused')
+           FOR UPDATE SKIP LOCKED) p;
+    SELECT array_agg(x.run_id) INTO ids FROM (
         SELECT x.run_id FROM tide.run x
-         WHERE x.run_id IN (SELECT h.run_id FROM held_pending h)
-           AND x.state IN ('waiting', 'ready', 'retry', 'held', 'paused')
-           FOR UPDATE SKIP LOCKED
-    )
+         WHERE x.run_id = ANY (ids) AND x.state IN ('waiting', 'ready', 'retry', 'held', 'paused')
+           FOR UPDATE SKIP LOCKED) x;
     UPDATE tide.run r
        SET state = 'cancelled', finished_at = now(), updated_at = now(), lease_expires_at = NULL, reason = why
-     WHERE r.run_id IN (SELECT h.run_id FROM held_runs h);
+     WHERE r.run_id = ANY (ids);
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END
@@ -587,9 +590,14 @@ BEGIN
            SET state = CASE r.state WHEN 'succeeded' THEN 'succeeded' WHEN 'cancelled' THEN 'cancelled' ELSE 'failed' END,
                finished_at = coalesce(r.finished_at, now()),
                note = CASE WHEN r.state <> 'succeeded' THEN tide._clip(r.reason, 1000) END
-          FROM tide.run r
-         WHERE w.backfill_id = p_id AND w.state = 'released' AND r.run_id = w.run_id
-           AND r.state IN ('succeeded', 'need_check', 'dead', 'skipped', 'cancelled')
+          FROM (SELECT x.seq, y.state, y.finished_at, y.reason
+                  FROM tide.backfill_window x
+                  -- One index lookup per released window, however large the history.
+                  CROSS JOIN LATERAL (SELECT z.state, z.finished_at, z.reason FROM tide.run z
+                                       WHERE z.run_id = x.run_id LIMIT 1) y
+                 WHERE x.backfill_id = p_id AND x.state = 'released'
+                   AND y.state IN ('succeeded', 'need_check', 'dead', 'skipped', 'cancelled')) r
+         WHERE w.backfill_id = p_id AND w.seq = r.seq
         RETURNING w.state)
     SELECT count(*) FILTER (WHERE e.state = 'succeeded'), count(*) FILTER (WHERE e.state = 'failed'),
            count(*) FILTER (WHERE e.state = 'cancelled')
@@ -894,7 +902,8 @@ COMMENT ON FUNCTION tide.cancel_backfill(bigint) IS
 CREATE VIEW tide.backfill_status WITH (security_invoker = true) AS
 SELECT b.backfill_id, t.name AS task, b.from_date, b.to_date, b.state,
        b.windows_total, b.windows_done, b.windows_failed,
-       (SELECT count(*) FROM tide.backfill_window w JOIN tide.run r ON r.run_id = w.run_id
+       (SELECT count(*) FROM tide.backfill_window w
+         CROSS JOIN LATERAL (SELECT r.state FROM tide.run r WHERE r.run_id = w.run_id LIMIT 1) r
          WHERE w.backfill_id = b.backfill_id AND w.state = 'released' AND r.state = 'running')::integer AS windows_running,
        b.windows_released - b.windows_done - b.windows_failed - b.windows_cancelled AS windows_in_line,
        b.windows_skipped, b.windows_cancelled,

@@ -625,7 +625,9 @@ COMMENT ON FUNCTION tide.fail_run(bigint, bigint, text, text) IS
 -- A long task's command does one batch: it returns the next checkpoint (jsonb), committed with
 -- the batch's work, or NULL when done. Each call is one batch in its own transaction; the
 -- result 'more <ms>' asks the executor to call again after that many milliseconds (rate or
--- pause). A pause or cancel asked for is taken up before the next batch.
+-- pause); a wait of 2 seconds or more puts the run back in line instead (waiting until then),
+-- so that no executor is held for it. A pause or cancel asked for is taken up before the next
+-- batch.
 CREATE FUNCTION tide._execute(p_run_id bigint, p_token bigint) RETURNS text
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -644,6 +646,7 @@ DECLARE
     st text;
     msg text;
     final tide.run_state;
+    wait_ms bigint;
 BEGIN
     SELECT * INTO r FROM tide.run x WHERE x.run_id = p_run_id AND x.lease_token = p_token AND x.state = 'running';
     IF NOT FOUND THEN
@@ -689,8 +692,23 @@ BEGIN
                 IF tide.heartbeat_run(p_run_id, p_token, next_checkpoint) IS NULL THEN
                     RETURN (SELECT x.state::text FROM tide.run x WHERE x.run_id = p_run_id);
                 END IF;
-                RETURN 'more ' || coalesce(round(1000 / (rules->>'batch_rate')::float8)::bigint,
-                                           (extract(epoch FROM (rules->>'batch_pause')::interval) * 1000)::bigint, 0);
+                wait_ms := coalesce(round(1000 / (rules->>'batch_rate')::float8)::bigint,
+                                    (extract(epoch FROM (rules->>'batch_pause')::interval) * 1000)::bigint, 0);
+                IF wait_ms >= 2000 AND r.lock_key IS NULL THEN
+                    -- A wait of 2 seconds or more does not pin the executor: the run waits in line
+                    -- (its checkpoint kept) and the next batch is claimed again when it is due,
+                    -- without counting as another try. A run holding a lock keeps it, and its
+                    -- executor, for the wait.
+                    UPDATE tide.run x
+                       SET state = 'waiting', run_after = now() + make_interval(secs => wait_ms / 1000.0),
+                           ready_deadline = NULL, tries = greatest(x.tries - 1, 0), lease_expires_at = NULL,
+                           updated_at = now(),
+                           reason = format('between batches: %s done, the next at %s (no executor held meanwhile)',
+                                           x.batches, now() + make_interval(secs => wait_ms / 1000.0))
+                     WHERE x.run_id = p_run_id;
+                    RETURN 'waiting';
+                END IF;
+                RETURN 'more ' || wait_ms;
             END IF;
         END IF;
         final := tide.complete_run(p_run_id, p_token,

@@ -189,6 +189,18 @@ fn modes_choose_the_windows(cluster: &Cluster) -> Result<(), Failed> {
     // Its queue went with it.
     let queues: i64 = one(&mut c, "SELECT count(*) FROM tide.queue")?;
     assert_eq!(queues, 0);
+    // version: a dead run created under version 1 is reopened under its own rules (original)
+    // or the task's rules now (current).
+    run_date(&mut c, "import", 9, "dead")?;
+    exec(&mut c, "SELECT tide.alter('import', args => '{\"v\": 2}')")?;
+    let range9 = format!("{}, {}", ago(9), ago(9));
+    let original: i64 = one(&mut c, &format!("SELECT tide.backfill('import', {range9}, mode => 'failed', version => 'original', canary => 0)"))?;
+    let v: String = one(&mut c, &format!("SELECT r.version || ' ' || r.args::text FROM tide.run r JOIN tide.backfill_window w USING (run_id) WHERE w.backfill_id = {original}"))?;
+    assert_eq!(v, "1 {}");
+    exec(&mut c, &format!("SELECT tide.cancel_backfill({original})"))?;
+    let current: i64 = one(&mut c, &format!("SELECT tide.backfill('import', {range9}, mode => 'failed', version => 'current', canary => 0)"))?;
+    let v: String = one(&mut c, &format!("SELECT r.version || ' ' || r.args::text FROM tide.run r JOIN tide.backfill_window w USING (run_id) WHERE w.backfill_id = {current}"))?;
+    assert_eq!(v, "2 {\"v\": 2}");
     // Every change of state is recorded with its reason.
     let history: String = one(
         &mut c,
@@ -811,6 +823,54 @@ fn workers_online_runs_go_first(cluster: &Cluster) -> Result<(), Failed> {
     Ok(())
 }
 
+fn workers_long_task_waits_without_an_executor(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "CREATE TABLE bf_batches (d date, n int);
+         SELECT tide.schedule('bf_long', '0 3 * * *', long => true, batch_pause => '3 seconds',
+             command => $$WITH done AS (INSERT INTO bf_batches
+                                         VALUES (tide.biz_date(), coalesce((tide.checkpoint()->>'n')::int, 0)))
+                          SELECT CASE WHEN coalesce((tide.checkpoint()->>'n')::int, 0) < 2
+                                      THEN jsonb_build_object('n', coalesce((tide.checkpoint()->>'n')::int, 0) + 1) END$$);",
+    )?;
+    let id: i64 = one(
+        &mut c,
+        "SELECT tide.backfill('bf_long', current_date - 2, current_date - 2, canary => 0)",
+    )?;
+    // Between batches the run waits in line: no executor holds it.
+    let reason = wait_for(
+        "the run to wait between batches",
+        Duration::from_secs(30),
+        || {
+            let row = c
+                .query_opt(
+                    "SELECT r.reason FROM tide.run r JOIN tide.task t USING (task_id)
+                  WHERE t.name = 'bf_long' AND r.state = 'waiting'",
+                    &[],
+                )
+                .map_err(|e| describe(&e))?;
+            Ok(row.map(|r| r.get::<_, String>(0)))
+        },
+    )?;
+    assert!(reason.starts_with("between batches: 1 done"), "{reason}");
+    wait_backfill(&mut c, id, "done", Duration::from_secs(60))?;
+    let batches: String = one(
+        &mut c,
+        "SELECT string_agg(n::text, ',' ORDER BY n) FROM bf_batches",
+    )?;
+    assert_eq!(batches, "0,1,2", "each batch once, from its checkpoint");
+    let run: String = one(
+        &mut c,
+        "SELECT r.batches || ' ' || r.tries || ' ' || r.trigger FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'bf_long'",
+    )?;
+    assert_eq!(
+        run, "3 1 backfill",
+        "the waits between batches are not tries"
+    );
+    Ok(())
+}
+
 fn workers_kill_9_and_restart_mid_backfill(cluster: &Cluster) -> Result<(), Failed> {
     let mut c = cluster.workers_db()?;
     exec(
@@ -864,6 +924,10 @@ fn main() {
             workers_thirty_days_one_effect_each,
         ),
         ("workers_online_runs_go_first", workers_online_runs_go_first),
+        (
+            "workers_long_task_waits_without_an_executor",
+            workers_long_task_waits_without_an_executor,
+        ),
         (
             "workers_kill_9_and_restart_mid_backfill",
             workers_kill_9_and_restart_mid_backfill,
