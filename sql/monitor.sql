@@ -1077,7 +1077,8 @@ BEGIN
     DELETE FROM tide.backfill b
      WHERE b.backfill_id IN (SELECT x.backfill_id FROM tide.backfill x
                               WHERE x.finished_at < cutoff
-                                AND x.windows_released <= x.windows_done + x.windows_failed + x.windows_cancelled
+                                AND NOT EXISTS (SELECT 1 FROM tide.backfill_window w
+                                                 WHERE w.backfill_id = x.backfill_id AND w.state = 'released')
                               ORDER BY x.finished_at LIMIT 100
                                 FOR UPDATE SKIP LOCKED);
     RETURN jsonb_build_object('pruned_runs', coalesce(cardinality(victims), 0), 'pruned_alerts', alerts,

@@ -304,10 +304,11 @@ fn sleep(delay: Duration) -> bool {
     }
 }
 
-/// Verifies the canary or the sample of one backfill that is due; true if there was one. The
-/// verify expression runs sealed as the task's owner, read-only, inside `tide._verify_backfill`.
+/// Verifies the canary or the sample of one backfill that is due, or moves one backfill on;
+/// true if it verified or released windows. The verify expression runs sealed as the task's
+/// owner, read-only, inside `tide._backfill_work`.
 fn verify_one() -> bool {
-    Spi::get_one::<bool>("SELECT tide._verify_backfill()")
+    Spi::get_one::<bool>("SELECT tide._backfill_work()")
         .or_raise(F)
         .unwrap_or(false)
 }

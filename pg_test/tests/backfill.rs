@@ -323,7 +323,7 @@ fn drive(c: &mut Client, id: i64) -> Result<String, Failed> {
         let got = claim(c, &format!("backfill.{id}"), 100)?;
         complete(c, &got)?;
         tick(c)?;
-        exec(c, "SELECT tide._verify_backfill()")?;
+        exec(c, "SELECT tide._backfill_work()")?;
         let state: String = one(
             c,
             &format!("SELECT state FROM tide.backfill WHERE backfill_id = {id}"),
