@@ -233,9 +233,9 @@ SQL
 )
 rr_wps=$("${PSQL[@]}" -d "$DB" -At -v ON_ERROR_STOP=1 <<'SQL'
 SELECT clock_timestamp() AS t0 \gset
-SELECT count(tide.rerun('rr_noop', window_start => w.window_start))
+SELECT count(tide.rerun('rr_noop', window_start => w.window_start)) AS n
   FROM tide.backfill_window w JOIN tide.backfill b USING (backfill_id) JOIN tide.task t USING (task_id)
- WHERE t.name = 'bf_noop';
+ WHERE t.name = 'bf_noop' \gset
 DO $$ BEGIN WHILE EXISTS (SELECT 1 FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'rr_noop' AND r.state <> 'succeeded') LOOP PERFORM pg_sleep(0.1); END LOOP; END $$;
 SELECT count(*) || ' ' || round(count(*) / extract(epoch FROM clock_timestamp() - :'t0'::timestamptz)::numeric)
   FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'rr_noop';
@@ -283,7 +283,7 @@ set -- $bf_wps; bfn=$1; bfw=$2
 set -- $rr_wps; rrn=$1; rrw=$2
 printf '%-46s %10s %10s %7s\n' "" backfill rerun ratio
 printf '%-46s %10s %10s %7s\n' "$bfn windows of a no-op SQL task (windows/s)" "$bfw" "$rrw" "$(pct "$bfw" "$rrw")"
-echo "(rerun: the same $rrn windows of another task put in line by tide.rerun one by one, both run by the SQL executors)"
+echo "(rerun: the same $rrn windows of another task put in line by tide.rerun one by one; the backfill's runs go to one executor, the other kept for online runs, the reruns' to both)"
 set -- $pickup_idle; i50=$1; i99=$2
 set -- $pickup_busy; b50=$1; b99=$2
 printf '%-46s %10s %10s\n' "online pickup by the SQL executors (ms)" p50 p99

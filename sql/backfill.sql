@@ -96,6 +96,8 @@ COMMENT ON TABLE tide.backfill_window IS
     'The windows a backfill plans, in release order: planned, released (its run created or reopened, run_id), then how the run ended (succeeded, failed: dead, need_check or skipped; cancelled), or skipped (not needed when its turn came: it succeeded meanwhile, or a run of it was already in line). Canary and sampled windows carry the verify result.';
 CREATE INDEX backfill_window_state_idx ON tide.backfill_window (backfill_id, state, seq);
 CREATE INDEX backfill_window_run_idx ON tide.backfill_window (run_id) WHERE run_id IS NOT NULL;
+-- The current rate of tide.backfill_status: windows ended in the last minute.
+CREATE INDEX backfill_window_finished_idx ON tide.backfill_window (backfill_id, finished_at) WHERE finished_at IS NOT NULL;
 
 -- Every state change of a backfill, with its reason, like tide.run_event for runs.
 CREATE TABLE tide.backfill_event (
@@ -911,24 +913,33 @@ COMMENT ON FUNCTION tide.cancel_backfill(bigint) IS
     'cancel_backfill(backfill_id): ends a backfill: running windows finish, the others (planned, or in line and not started) are cancelled and recorded. Returns cancelled.';
 
 -- Readable in 80 columns: compact progress, rate and ETA.
+-- The current rate is that of the last minute while the backfill goes on (windows ended in it),
+-- else of its whole run; the ETA divides what is left by it.
 CREATE VIEW tide.backfill_status WITH (security_invoker = true) AS
-SELECT b.backfill_id, t.name AS task, b.from_date, b.to_date, b.state,
-       b.windows_total, b.windows_done, b.windows_failed,
-       (SELECT count(*) FROM tide.backfill_window w
-         CROSS JOIN LATERAL (SELECT r.state FROM tide.run r WHERE r.run_id = w.run_id LIMIT 1) r
-         WHERE w.backfill_id = b.backfill_id AND w.state = 'released' AND r.state = 'running')::integer AS windows_running,
-       (SELECT count(*) FROM tide.backfill_window w
-         WHERE w.backfill_id = b.backfill_id AND w.state = 'released')::integer AS windows_in_line,
-       b.windows_skipped, b.windows_cancelled,
-       round((b.windows_done + b.windows_failed)
-             / greatest(extract(epoch FROM coalesce(b.finished_at, now()) - b.started_at), 1)::numeric, 2) AS rate,
-       CASE WHEN b.finished_at IS NULL AND b.windows_done + b.windows_failed > 0 AND b.state <> 'paused'
-            THEN make_interval(secs => round((b.windows_total - b.windows_done - b.windows_failed - b.windows_skipped - b.windows_cancelled)
-                                             * extract(epoch FROM now() - b.started_at)::numeric
-                                             / (b.windows_done + b.windows_failed))::float8) END AS eta,
-       b.started_at AS started, b.finished_at AS finished, b.reason,
-       b.mode, b.concurrency, b.batch, b.queue, b.owner
-  FROM tide.backfill b JOIN tide.task t ON t.task_id = b.task_id;
+SELECT s.backfill_id, s.task, s.from_date, s.to_date, s.state,
+       s.windows_total, s.windows_done, s.windows_failed, s.windows_running, s.windows_in_line,
+       s.windows_skipped, s.windows_cancelled, s.rate,
+       CASE WHEN s.finished IS NULL AND s.state <> 'paused' AND s.rate > 0
+            THEN make_interval(secs => round(s.windows_left / s.rate)::float8) END AS eta,
+       s.started, s.finished, s.reason, s.mode, s.concurrency, s.batch, s.queue, s.owner
+  FROM (SELECT b.backfill_id, t.name AS task, b.from_date, b.to_date, b.state,
+               b.windows_total, b.windows_done, b.windows_failed,
+               (SELECT count(*) FROM tide.backfill_window w
+                 CROSS JOIN LATERAL (SELECT r.state FROM tide.run r WHERE r.run_id = w.run_id LIMIT 1) r
+                 WHERE w.backfill_id = b.backfill_id AND w.state = 'released' AND r.state = 'running')::integer AS windows_running,
+               (SELECT count(*) FROM tide.backfill_window w
+                 WHERE w.backfill_id = b.backfill_id AND w.state = 'released')::integer AS windows_in_line,
+               b.windows_skipped, b.windows_cancelled,
+               b.windows_total - b.windows_done - b.windows_failed - b.windows_skipped - b.windows_cancelled AS windows_left,
+               round(CASE WHEN b.finished_at IS NULL AND now() - b.started_at > interval '1 minute'
+                          THEN (SELECT count(*) FROM tide.backfill_window w
+                                 WHERE w.backfill_id = b.backfill_id AND w.finished_at > now() - interval '1 minute') / 60.0
+                          ELSE (b.windows_done + b.windows_failed)
+                               / greatest(extract(epoch FROM coalesce(b.finished_at, now()) - b.started_at), 1)::numeric END,
+                     2) AS rate,
+               b.started_at AS started, b.finished_at AS finished, b.reason,
+               b.mode, b.concurrency, b.batch, b.queue, b.owner
+          FROM tide.backfill b JOIN tide.task t ON t.task_id = b.task_id) s;
 COMMENT ON VIEW tide.backfill_status IS
-    'One row per backfill: range, state, windows total/done/failed/running (their runs running now)/in_line (released, not ended)/skipped/cancelled, rate (windows per second so far), ETA, started, finished and the last reason.';
+    'One row per backfill: range, state, windows total/done/failed/running (their runs running now)/in_line (released, not ended)/skipped/cancelled, rate (windows per second over the last minute while it goes on, else over its run), ETA, started, finished and the last reason.';
 GRANT SELECT ON tide.backfill_status TO PUBLIC;

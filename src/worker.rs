@@ -186,7 +186,10 @@ pub extern "C-unwind" fn pg_tide_executor_main(arg: pg_sys::Datum) {
         let online_only = number == 1 && settings::EXECUTORS.get() >= 2;
         loop {
             let checked = in_transaction("readiness check", check_one).unwrap_or(false);
-            let verified = in_transaction("backfill verify", verify_one).unwrap_or(false);
+            // Backfill work (a verify is user code that may take its timeout) is not for the
+            // executor kept for online runs.
+            let verified =
+                !online_only && in_transaction("backfill work", verify_one).unwrap_or(false);
             let ran = execute_one(&name, online_only);
             if !(checked || verified || ran) {
                 break;

@@ -240,6 +240,11 @@ fn pause_resume_cancel(cluster: &Cluster) -> Result<(), Failed> {
     );
     let state: String = one(&mut c, &format!("SELECT tide.resume_backfill({id})"))?;
     assert_eq!(state, "running");
+    let eta: bool = one(
+        &mut c,
+        &format!("SELECT rate > 0 AND eta > interval '0' FROM tide.backfill_status WHERE backfill_id = {id}"),
+    )?;
+    assert!(eta, "a backfill going on shows its rate and ETA");
     let second = claim(&mut c, &queue, 10)?;
     assert_eq!(second.len(), 2, "the next batch after resume");
     complete(&mut c, &second[..1])?;
