@@ -399,16 +399,33 @@ BEGIN
       FROM (SELECT u.*, row_number() OVER (ORDER BY CASE WHEN lower(backfill."order") = 'backward' THEN -u.n ELSE u.n END) AS seq
               FROM unnest(fires, starts, ends, dates, wanted) WITH ORDINALITY AS u(fire_at, window_start, window_end, biz_date, wanted, n)
              WHERE u.wanted) w;
-    -- Its own queue: the backfill's concurrency and rate.
-    INSERT INTO tide.queue (owner, name, max_concurrency, rate, tokens)
-    VALUES (t.owner, 'backfill.' || id, backfill.concurrency, backfill.rate, greatest(1, coalesce(backfill.rate, 1)));
-    PERFORM tide._queue_recount(t.owner, 'backfill.' || id);
+    PERFORM tide._backfill_queue(id);
     PERFORM tide._advance_backfill(id, now());
     RETURN id;
 END
 $$;
 COMMENT ON FUNCTION tide.backfill(text, date, date, text, text, boolean, integer, integer, interval, double precision, text, text, integer, text, integer, integer) IS
     'backfill(task, from_date, to_date, mode => ''missing''|''failed''|''all'', version => ''current''|''original'', force => false, concurrency => 1, batch => 10, pause => NULL, rate => NULL, order => ''forward''|''backward'', precheck => NULL, canary => 1, verify => NULL, sample => 3, max_failures => 10): runs every ended window of one of the caller''s tasks whose business date lies in the range, isolated from online work. Returns the backfill id; see tide.backfill_status.';
+
+-- The backfill's own queue, backfill.<id>: its concurrency and rate (made again by a resume
+-- after its end dropped it).
+CREATE FUNCTION tide._backfill_queue(p_id bigint) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    b tide.backfill;
+BEGIN
+    SELECT * INTO b FROM tide.backfill x WHERE x.backfill_id = p_id;
+    INSERT INTO tide.queue (owner, name, max_concurrency, rate, tokens)
+    VALUES (b.owner, b.queue, b.concurrency, b.rate, greatest(1, coalesce(b.rate, 1)))
+    ON CONFLICT ON CONSTRAINT queue_pkey DO NOTHING;
+    IF FOUND THEN
+        PERFORM tide._queue_recount(b.owner, b.queue);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION tide._backfill_queue(bigint) IS 'Internal: creates a backfill''s own queue (its concurrency and rate).';
 
 -- Creates or reopens the run of one planned window, through the one idempotency key of a
 -- window (tide._rerun); NULL, with why, when it is not needed any more.
@@ -868,9 +885,7 @@ BEGIN
         UPDATE tide.backfill x SET windows_cancelled = x.windows_cancelled - (SELECT count(*) FROM back),
                                    failures_from = x.windows_failed
          WHERE x.backfill_id = b.backfill_id;
-        INSERT INTO tide.queue (owner, name, max_concurrency, rate, tokens)
-        VALUES (b.owner, b.queue, b.concurrency, b.rate, greatest(1, coalesce(b.rate, 1)))
-        ON CONFLICT ON CONSTRAINT queue_pkey DO NOTHING;
+        PERFORM tide._backfill_queue(b.backfill_id);
         PERFORM tide._backfill_to(b.backfill_id, 'running', format('resumed by %s after the canary: the rest runs', who));
     WHEN 'needs_review' THEN
         PERFORM tide._backfill_to(b.backfill_id, 'done', format('accepted by %s after review: %s', who, b.reason));
