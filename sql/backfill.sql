@@ -728,6 +728,14 @@ DECLARE
     id bigint;
     n integer := 0;
 BEGIN
+    -- The queues of backfills that are gone (their task was unscheduled) go too.
+    WITH gone AS (
+        DELETE FROM tide.queue q
+         WHERE q.name LIKE 'backfill.%'
+           AND NOT EXISTS (SELECT 1 FROM tide.backfill b WHERE b.owner = q.owner AND b.queue = q.name)
+        RETURNING q.owner, q.name)
+    SELECT count(tide._queue_forget(g.owner, g.name)) INTO n FROM gone g;
+    n := 0;
     FOR id IN SELECT b.backfill_id FROM tide.backfill b
                WHERE b.state IN ('canary', 'running', 'sampling')
                   OR EXISTS (SELECT 1 FROM tide.backfill_window w WHERE w.backfill_id = b.backfill_id AND w.state = 'released')

@@ -273,6 +273,23 @@ fn pause_resume_cancel(cluster: &Cluster) -> Result<(), Failed> {
     assert_eq!(seen, 0);
     let (code, _, _) = refused(&mut mallory, &format!("SELECT tide.cancel_backfill({id})"))?;
     assert_eq!(code, "42704");
+    // A task unscheduled in the middle of a backfill takes it along, and its queue goes.
+    daily_external(&mut c, "gone")?;
+    let gone: i64 = one(
+        &mut c,
+        &format!(
+            "SELECT tide.backfill('gone', {}, {}, canary => 0)",
+            ago(5),
+            ago(2)
+        ),
+    )?;
+    exec(&mut c, "SELECT tide.unschedule('gone')")?;
+    tick(&mut c)?;
+    let left: i64 = one(
+        &mut c,
+        &format!("SELECT (SELECT count(*) FROM tide.backfill WHERE backfill_id = {gone}) + (SELECT count(*) FROM tide.queue WHERE name = 'backfill.{gone}')"),
+    )?;
+    assert_eq!(left, 0);
     Ok(())
 }
 
@@ -509,6 +526,10 @@ fn pruned_success_is_remembered(cluster: &Cluster) -> Result<(), Failed> {
 fn bad_input_is_refused(cluster: &Cluster) -> Result<(), Failed> {
     let mut c = cluster.fresh_db("bf_bad")?;
     daily_external(&mut c, "daily")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('events_only', NULL, topics => ARRAY['x'])",
+    )?;
     let cases = [
         (
             format!("SELECT tide.backfill('daily', {}, {})", ago(2), ago(9)),
@@ -602,6 +623,11 @@ fn bad_input_is_refused(cluster: &Cluster) -> Result<(), Failed> {
             "SELECT tide.create_queue('backfill.1')".to_string(),
             "22023",
             "reserved",
+        ),
+        (
+            "SELECT tide.backfill('events_only', current_date - 9, current_date - 2)".to_string(),
+            "22023",
+            "has no schedule",
         ),
     ];
     for (sql, want, text) in cases {
