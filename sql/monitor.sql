@@ -888,25 +888,35 @@ RETURNS TABLE (task_id bigint, metric text, label text, value double precision)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
+    -- The runs: the given ones by index (the prune's batch), or all of them (NULL). Two
+    -- branches, each with a condition on the argument alone, rather than one OR: with the OR
+    -- every call scanned all of history, comparing each run with the whole batch (a prune of
+    -- 5000 runs took 8 s over 300,000 runs, and stalled the tick for minutes over 730,000).
+    WITH runs AS (
+        SELECT x.run_id, x.task_id, x.state, x.claimed_at, x.finished_at, x.started_at, x.fire_at, x.created_at
+          FROM tide.run x WHERE p_run_ids IS NOT NULL AND x.run_id = ANY (p_run_ids)
+        UNION ALL
+        SELECT x.run_id, x.task_id, x.state, x.claimed_at, x.finished_at, x.started_at, x.fire_at, x.created_at
+          FROM tide.run x WHERE p_run_ids IS NULL
+    )
     SELECT r.task_id, 'runs', e.to_state::text, count(*)::double precision
-      FROM tide.run_event e JOIN tide.run r ON r.run_id = e.run_id
-     WHERE (p_run_ids IS NULL OR e.run_id = ANY (p_run_ids))
-       AND e.to_state IN ('succeeded', 'need_check', 'dead', 'skipped', 'cancelled')
+      FROM runs r JOIN tide.run_event e ON e.run_id = r.run_id
+     WHERE e.to_state IN ('succeeded', 'need_check', 'dead', 'skipped', 'cancelled')
      GROUP BY 1, 3
     UNION ALL
     SELECT r.task_id, m.metric, '', m.value
-      FROM tide.run r
+      FROM runs r
       CROSS JOIN LATERAL (VALUES
           ('duration_sum', extract(epoch FROM r.finished_at - r.claimed_at)::double precision),
           ('duration_count', 1::double precision)) m(metric, value)
-     WHERE (p_run_ids IS NULL OR r.run_id = ANY (p_run_ids)) AND r.state = 'succeeded' AND r.claimed_at IS NOT NULL
+     WHERE r.state = 'succeeded' AND r.claimed_at IS NOT NULL
     UNION ALL
     SELECT r.task_id, m.metric, '', m.value
-      FROM tide.run r
+      FROM runs r
       CROSS JOIN LATERAL (VALUES
           ('wait_sum', extract(epoch FROM greatest(r.started_at - coalesce(r.fire_at, r.created_at), interval '0'))::double precision),
           ('wait_count', 1::double precision)) m(metric, value)
-     WHERE (p_run_ids IS NULL OR r.run_id = ANY (p_run_ids)) AND r.started_at IS NOT NULL
+     WHERE r.started_at IS NOT NULL
 $$;
 COMMENT ON FUNCTION tide._counts(bigint[]) IS 'Internal: what runs contribute to the counters of tide.metrics() (all runs for NULL).';
 
