@@ -50,7 +50,6 @@ CREATE TABLE tide.backfill (
     -- When it was last moved on (by the tick or an executor: at most once a second each).
     advanced_at   timestamptz,
     windows_total     integer NOT NULL,
-    windows_released  integer NOT NULL DEFAULT 0,
     windows_done      integer NOT NULL DEFAULT 0,
     windows_failed    integer NOT NULL DEFAULT 0,
     windows_cancelled integer NOT NULL DEFAULT 0,
@@ -493,7 +492,7 @@ BEGIN
         END;
     END LOOP;
     UPDATE tide.backfill x
-       SET windows_released = x.windows_released + released, windows_skipped = x.windows_skipped + skipped,
+       SET windows_skipped = x.windows_skipped + skipped,
            windows_failed = x.windows_failed + failed, updated_at = now()
      WHERE x.backfill_id = b.backfill_id;
     RETURN released;
