@@ -455,10 +455,14 @@ COMMENT ON FUNCTION tide._backfill_open(tide.backfill, tide.backfill_window) IS
 
 -- Releases up to p_n planned windows of a backfill (p_canary: only canary windows); returns how
 -- many runs it put in line. A window whose run cannot be made (its window is now beyond the
--- source's retention, say) is recorded failed with the reason; the others go on.
+-- source's retention, say) is recorded failed with the reason; the others go on. A window whose
+-- run a transaction holds right now (the owner's open transaction around a replay, say) stops
+-- the round after a short wait and stays planned for the next one: the tick and the executors
+-- that call this never wait long on a role's locks.
 CREATE FUNCTION tide._backfill_release(b tide.backfill, p_n integer, p_canary boolean) RETURNS integer
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '100ms'
 AS $$
 DECLARE
     w tide.backfill_window;
@@ -483,7 +487,9 @@ BEGIN
                  WHERE x.backfill_id = w.backfill_id AND x.seq = w.seq;
                 released := released + 1;
             END IF;
-        EXCEPTION WHEN others THEN
+        EXCEPTION WHEN lock_not_available THEN
+            EXIT;
+        WHEN others THEN
             GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
             UPDATE tide.backfill_window x SET state = 'failed', finished_at = now(),
                                               note = format('could not be run (%s): %s', st, tide._clip(msg, 1000))
@@ -730,8 +736,11 @@ BEGIN
     -- The queues of backfills that are gone (their task was unscheduled) go too.
     WITH gone AS (
         DELETE FROM tide.queue q
-         WHERE q.name LIKE 'backfill.%'
-           AND NOT EXISTS (SELECT 1 FROM tide.backfill b WHERE b.owner = q.owner AND b.queue = q.name)
+         WHERE (q.owner, q.name) IN (
+                   SELECT x.owner, x.name FROM tide.queue x
+                    WHERE x.name LIKE 'backfill.%'
+                      AND NOT EXISTS (SELECT 1 FROM tide.backfill b WHERE b.owner = x.owner AND b.queue = x.name)
+                      FOR UPDATE SKIP LOCKED)
         RETURNING q.owner, q.name)
     SELECT count(tide._queue_forget(g.owner, g.name)) INTO n FROM gone g;
     n := 0;

@@ -629,6 +629,21 @@ fn bad_input_is_refused(cluster: &Cluster) -> Result<(), Failed> {
             "22023",
             "has no schedule",
         ),
+        (
+            "SELECT tide.pause_backfill(NULL)".to_string(),
+            "22004",
+            "backfill_id",
+        ),
+        (
+            "SELECT tide.resume_backfill(424242)".to_string(),
+            "42704",
+            "backfill 424242 does not exist",
+        ),
+        (
+            "SELECT tide.cancel_backfill(424242)".to_string(),
+            "42704",
+            "backfill 424242 does not exist",
+        ),
     ];
     for (sql, want, text) in cases {
         let (code, message, hint) = refused(&mut c, &sql)?;
@@ -638,6 +653,38 @@ fn bad_input_is_refused(cluster: &Cluster) -> Result<(), Failed> {
     }
     let written: i64 = one(&mut c, "SELECT (SELECT count(*) FROM tide.backfill) + (SELECT count(*) FROM tide.run) + (SELECT count(*) FROM tide.queue)")?;
     assert_eq!(written, 0, "nothing written");
+    Ok(())
+}
+
+fn a_held_run_waits_for_the_next_round(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("bf_held")?;
+    daily_external(&mut c, "held")?;
+    run_date(&mut c, "held", 3, "dead")?;
+    let run: i64 = one(&mut c, "SELECT run_id FROM tide.run")?;
+    // The owner's open transaction holds the dead run (replaying it): the backfill's release
+    // does not wait on it beyond a moment; the window stays planned.
+    let mut other = cluster.connect("bf_held")?;
+    exec(
+        &mut other,
+        &format!("BEGIN; SELECT tide.replay_run({run});"),
+    )?;
+    let id: i64 = one(
+        &mut c,
+        &format!(
+            "SELECT tide.backfill('held', {}, {}, mode => 'failed', canary => 0)",
+            ago(3),
+            ago(3)
+        ),
+    )?;
+    let state: String = one(
+        &mut c,
+        &format!("SELECT state FROM tide.backfill_window WHERE backfill_id = {id}"),
+    )?;
+    assert_eq!(state, "planned");
+    exec(&mut other, "ROLLBACK")?;
+    tick(&mut c)?;
+    let state: String = one(&mut c, &format!("SELECT w.state || ' ' || r.trigger FROM tide.backfill_window w JOIN tide.run r USING (run_id) WHERE w.backfill_id = {id}"))?;
+    assert_eq!(state, "released backfill", "released at the next round");
     Ok(())
 }
 
@@ -950,6 +997,10 @@ fn main() {
         ("pruned_success_is_remembered", pruned_success_is_remembered),
         ("bad_input_is_refused", bad_input_is_refused),
         ("deferred_window_scan", deferred_window_scan),
+        (
+            "a_held_run_waits_for_the_next_round",
+            a_held_run_waits_for_the_next_round,
+        ),
         (
             "workers_thirty_days_one_effect_each",
             workers_thirty_days_one_effect_each,
