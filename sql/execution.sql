@@ -1205,9 +1205,10 @@ $$;
 COMMENT ON FUNCTION tide._rerun(bigint, timestamptz, timestamptz, timestamptz, date, text, boolean, text, tide.run_trigger, text) IS
     'Internal: creates or reopens the run of one window (tide.rerun, tide.run_now and backfills after the window is computed; p_function names the caller in errors; a backfill''s run goes to its queue, below every online run).';
 
--- Deferred window scan (R11.2), at a fire of a task with rescan_previous: the run of the window
--- before p_start is reopened if it ended dead because it was not ready or ran out of transient
--- retries, once per run (a second death stays dead). Returns the run reopened, or NULL.
+-- Deferred window scan (R11.2), at a fire of a task with rescan_previous (the tick calls it for
+-- those only): the run of the window before p_start is reopened if it ended dead because it was
+-- not ready or ran out of transient retries, once per run (a second death stays dead). Returns
+-- the run reopened, or NULL.
 CREATE FUNCTION tide._rescan_previous(p_task_id bigint, p_start timestamptz, p_fire timestamptz) RETURNS bigint
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -1215,9 +1216,6 @@ AS $$
 DECLARE
     prev tide.run;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM tide.task t WHERE t.task_id = p_task_id AND t.rescan_previous) THEN
-        RETURN NULL;
-    END IF;
     SELECT * INTO prev FROM tide.run r
      WHERE r.task_id = p_task_id AND r.window_start < p_start
      ORDER BY r.window_start DESC LIMIT 1;

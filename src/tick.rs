@@ -36,6 +36,7 @@ struct DueTask {
     retention: Option<Interval>,
     next_fire_at: TimestampWithTimeZone,
     skip_until: Option<TimestampWithTimeZone>,
+    rescan_previous: bool,
 }
 
 /// Creates the runs that are due (and records the windows that are skipped), moves retries,
@@ -163,7 +164,7 @@ fn record_error(client: &mut SpiClient, task: &DueTask, now: TimestampWithTimeZo
 fn due_tasks(client: &mut SpiClient, now: TimestampWithTimeZone) -> Vec<DueTask> {
     let query = format!(
         "SELECT task_id, name, {RULE_COLUMNS}, misfire::text, misfire_threshold,
-                catch_up_max, source_retention, next_fire_at, skip_until
+                catch_up_max, source_retention, next_fire_at, skip_until, rescan_previous
            FROM tide.task
           WHERE NOT paused AND next_fire_at <= $1
             AND (tick_retry_at IS NULL OR tick_retry_at <= $1)
@@ -194,6 +195,7 @@ fn due_tasks(client: &mut SpiClient, now: TimestampWithTimeZone) -> Vec<DueTask>
             retention: row.get::<Interval>(14).or_raise(F),
             next_fire_at,
             skip_until: row.get::<TimestampWithTimeZone>(16).or_raise(F),
+            rescan_previous: row.get::<bool>(17).or_raise(F).unwrap_or(false),
         });
     }
     out
@@ -329,11 +331,11 @@ fn fire_task(client: &mut SpiClient, task: &DueTask, now: DateTime<Utc>) -> Resu
 
     let done = insert_runs(client, task.task_id, &planned, &fires, next_fire)?;
     // Deferred window scan (R11.2): the window before the first one fired now, reopened once if
-    // it died not ready or out of transient retries (tasks without rescan_previous: no-op).
-    if let Some(first) = planned
+    // it died not ready or out of transient retries.
+    let first_run = planned
         .iter()
-        .find(|p| !matches!(p.decision, Decision::Skip(_)))
-    {
+        .find(|p| !matches!(p.decision, Decision::Skip(_)));
+    if let (true, Some(first)) = (task.rescan_previous, first_run) {
         client
             .update(
                 "SELECT tide._rescan_previous($1, $2, $3)",
