@@ -42,6 +42,8 @@ run_tier events cargo test -p pg_tide_pg_test --test events
 run_tier queues cargo test -p pg_tide_pg_test --test queues
 # Backfills: ranges, modes, canary, sample, pause/resume/cancel, isolation, kill -9 and restart.
 run_tier backfill cargo test -p pg_tide_pg_test --test backfill
+# Reconciliations: every kind and class, compensation once, alerts, failing sides, postgres_fdw.
+run_tier recon cargo test -p pg_tide_pg_test --test recon
 # tide.import_pg_cron against the real pg_cron, preloaded beside pg_tide.
 run_tier pg_cron cargo test -p pg_tide_pg_test --test pg_cron
 # Three hostile roles and the superuser on one cluster; generated hostile calls of every function.

@@ -647,6 +647,10 @@ DECLARE
     msg text;
     final tide.run_state;
     wait_ms bigint;
+    recon jsonb;
+    compared jsonb;
+    side text;
+    wrote boolean;
 BEGIN
     SELECT * INTO r FROM tide.run x WHERE x.run_id = p_run_id AND x.lease_token = p_token AND x.state = 'running';
     IF NOT FOUND THEN
@@ -660,6 +664,8 @@ BEGIN
     long := coalesce((rules->>'long')::boolean, false);
     -- A window run of an event task with a fallback is its scan for events never emitted.
     scan := rules->>'fallback' IS NOT NULL AND r.window_start IS NOT NULL;
+    -- A reconciliation's run compares its two sides (sql/recon.sql) instead of running a command.
+    recon := CASE WHEN jsonb_typeof(rules->'reconcile') = 'object' THEN rules->'reconcile' END;
     IF coalesce((rules->>'top_level')::boolean, false) THEN
         -- Run by a worker of its own, outside any transaction block (src/toplevel.rs).
         RETURN 'top_level';
@@ -669,7 +675,15 @@ BEGIN
             PERFORM tide.business_error('the task has no command in this rule version');
         END IF;
         seal := tide._seal_begin(p_run_id, r.owner, tide._timeout_ms(rules->>'timeout'));
-        IF scan THEN
+        IF recon IS NOT NULL THEN
+            -- Read-only, in the seal's GUC level (undone with it), with the comparison's memory.
+            PERFORM set_config('transaction_read_only', 'on', true);
+            PERFORM set_config('jit', 'off', true);
+            IF recon->>'work_mem' IS NOT NULL THEN
+                PERFORM set_config('work_mem', recon->>'work_mem', true);
+            END IF;
+            compared := tide._recon_compare(recon, current_setting('search_path'));
+        ELSIF scan THEN
             EXECUTE format('SELECT coalesce(jsonb_agg(to_jsonb(s)), ''[]'') FROM (%s) s', rules->>'fallback') INTO scan_rows;
         ELSIF long THEN
             EXECUTE cmd INTO next_checkpoint;
@@ -683,6 +697,9 @@ BEGIN
         PERFORM set_config('lock_timeout', '5s', true);
         IF scan THEN
             RETURN tide.complete_run(p_run_id, p_token, tide._fallback_emit(r, scan_rows))::text;
+        END IF;
+        IF recon IS NOT NULL THEN
+            RETURN tide.complete_run(p_run_id, p_token, tide._recon_record(r, compared))::text;
         END IF;
         IF long THEN
             UPDATE tide.run x SET batches = x.batches + 1 WHERE x.run_id = p_run_id;
@@ -731,6 +748,21 @@ BEGIN
         -- tide.cancel_run or tide.pause_run interrupted the command (or asked while it failed):
         -- the run stops as asked; its work was rolled back with the subtransaction.
         RETURN tide._stop_run(p_run_id, NULL, true)::text;
+    END IF;
+    IF recon IS NOT NULL THEN
+        -- A side that fails or writes fails the run as a business error naming the side (its
+        -- errors of transient classes, such as a lost connection of a foreign table, retry).
+        wrote := st = '25006' OR (st = '0A000' AND msg LIKE '%non-volatile function%');
+        IF st NOT IN ('TDBE0', '57014') THEN
+            side := tide._recon_blame(recon, p_run_id, r.owner, tide._timeout_ms(rules->>'timeout'));
+            msg := CASE WHEN wrote THEN format('the %s side tried to write (it must only read): %s', coalesce(side, 'left or right'), msg)
+                        WHEN side IS NOT NULL THEN format('the %s side failed (%s): %s', side, st, msg)
+                        ELSE format('the comparison failed (%s): %s', st, msg) END;
+        END IF;
+        final := tide._fail(p_run_id, msg,
+                            CASE WHEN NOT wrote AND tide._error_kind(st, rules->'error_kinds') = 'transient'
+                                 THEN 'transient' ELSE 'business' END::tide.error_kind, st, 'failed', now());
+        RETURN final::text;
     END IF;
     final := tide._fail(p_run_id, msg, tide._error_kind(st, rules->'error_kinds')::tide.error_kind, st, 'failed', now());
     RETURN final::text;
@@ -1164,7 +1196,8 @@ COMMENT ON FUNCTION tide.replay_run(bigint, text, boolean) IS
 
 CREATE FUNCTION tide._rerun(p_task_id bigint, p_fire timestamptz, p_start timestamptz, p_end timestamptz,
                             p_biz_date date, p_version text, p_force boolean, p_function text,
-                            p_trigger tide.run_trigger DEFAULT 'manual', p_queue text DEFAULT NULL)
+                            p_trigger tide.run_trigger DEFAULT 'manual', p_queue text DEFAULT NULL,
+                            p_why text DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -1189,7 +1222,7 @@ BEGIN
     INSERT INTO tide.run (task_id, trigger, fire_at, window_start, window_end, biz_date, version, state, reason,
                           executor, queue, priority, args, owner)
     SELECT t.task_id, p_trigger, p_fire, p_start, p_end, p_biz_date, t.version, tide._open_state(tide._task_rules(t)),
-           format('%s by %s', CASE WHEN p_trigger = 'manual' THEN 'manual rerun' ELSE p_trigger::text END, tide._caller()),
+           coalesce(p_why, format('%s by %s', CASE WHEN p_trigger = 'manual' THEN 'manual rerun' ELSE p_trigger::text END, tide._caller())),
            tide._run_executor(tide._task_rules(t), true),
            coalesce(p_queue, t.queue), t.priority - CASE WHEN p_trigger = 'backfill' THEN 10000 ELSE 0 END, t.args, t.owner
     ON CONFLICT (task_id, window_start) DO NOTHING
@@ -1199,10 +1232,10 @@ BEGIN
         RETURN id;
     END IF;
     SELECT r.run_id INTO id FROM tide.run r WHERE r.task_id = p_task_id AND r.window_start = p_start;
-    RETURN tide._reopen(id, p_trigger, p_version, p_force, p_function, p_queue);
+    RETURN tide._reopen(id, p_trigger, p_version, p_force, p_function, p_queue, p_why);
 END
 $$;
-COMMENT ON FUNCTION tide._rerun(bigint, timestamptz, timestamptz, timestamptz, date, text, boolean, text, tide.run_trigger, text) IS
+COMMENT ON FUNCTION tide._rerun(bigint, timestamptz, timestamptz, timestamptz, date, text, boolean, text, tide.run_trigger, text, text) IS
     'Internal: creates or reopens the run of one window (tide.rerun, tide.run_now and backfills after the window is computed; p_function names the caller in errors; a backfill''s run goes to its queue, below every online run).';
 
 -- Deferred window scan (R11.2), at a fire of a task with rescan_previous (the tick calls it for

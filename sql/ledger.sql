@@ -24,9 +24,9 @@ CREATE TYPE tide.run_state AS ENUM (
 COMMENT ON TYPE tide.run_state IS
     'Life of a run; see tide.run_transition for the allowed changes and the README for the diagram.';
 
-CREATE TYPE tide.run_trigger AS ENUM ('scheduled', 'catch_up', 'manual', 'replay', 'backfill', 'event', 'enqueued');
+CREATE TYPE tide.run_trigger AS ENUM ('scheduled', 'catch_up', 'manual', 'replay', 'backfill', 'event', 'enqueued', 'reconcile');
 COMMENT ON TYPE tide.run_trigger IS
-    'What last put the run in line: scheduled fire, catch-up of a missed window, tide.rerun or tide.run_now (manual), tide.replay_run, a backfill, an event, tide.enqueue.';
+    'What last put the run in line: scheduled fire, catch-up of a missed window, tide.rerun or tide.run_now (manual), tide.replay_run, a backfill, an event, tide.enqueue, a reconciliation''s compensation or replay.';
 
 CREATE TYPE tide.skip_reason AS ENUM (
     'paused', 'misfire', 'superseded', 'coalesced', 'catch_up_limit', 'beyond_retention', 'not_ready',

@@ -139,7 +139,8 @@ RETURNS TABLE (task text, status text, severity tide.severity, last_success time
                dead integer, need_check integer, catch_up_limited_24h integer, not_ready_24h integer,
                p50_duration interval, p95_duration interval, p95_queue_wait interval,
                next_fire_at timestamptz, paused boolean, task_id bigint, owner name,
-               tick_error text, tick_error_at timestamptz, tick_retry_at timestamptz)
+               tick_error text, tick_error_at timestamptz, tick_retry_at timestamptz,
+               open_differences integer, differences_for_a_person integer)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 -- Its cost estimate is high (a lateral join per task), but each part is a short index scan:
@@ -162,7 +163,7 @@ WITH open_runs AS (
            ls.finished_at AS last_success, recent.last_state, recent.skips, fails.failures,
            day.retries, day.catch_up_limited, day.not_ready, day.p50, day.p95, day.wait95,
            p_now - ready.since AS oldest_ready, tide._max_silence(t) AS max_silence_eff,
-           p_now - coalesce(ls.finished_at, t.created_at) AS silence
+           p_now - coalesce(ls.finished_at, t.created_at) AS silence, diff.open, diff.for_a_person
       FROM tide.task t
       LEFT JOIN open_runs o ON o.task_id = t.task_id
       -- The latest successful run, walking back from the newest window (an event task without a
@@ -214,11 +215,18 @@ WITH open_runs AS (
       LEFT JOIN LATERAL (
           SELECT coalesce(r.run_after, r.fire_at, r.created_at) AS since FROM tide.run r
            WHERE r.run_id = o.oldest_ready_id) ready ON true
+      -- A reconciliation's open differences (each counted once, however many runs saw it).
+      LEFT JOIN LATERAL (
+          SELECT count(DISTINCT (x.biz_date, x.key, x.kind)) AS open,
+                 count(DISTINCT (x.biz_date, x.key, x.kind)) FILTER (WHERE x.class = 'human' OR x.escalated) AS for_a_person
+            FROM tide.recon_diff x
+           WHERE t.reconcile IS NOT NULL AND x.task_id = t.task_id AND x.status = 'open') diff ON true
 )
 SELECT h.name,
        CASE WHEN h.paused THEN 'paused'
             WHEN tide._silence_level(h.silence, h.max_silence_eff) = 2 THEN 'down'
             WHEN h.failures > 0 OR h.dead > 0 OR h.need_check > 0 OR h.tick_error IS NOT NULL THEN 'failing'
+            WHEN h.for_a_person > 0 THEN 'unbalanced'
             WHEN tide._silence_level(h.silence, h.max_silence_eff) = 1 THEN 'late'
             WHEN h.last_success IS NULL THEN 'never_ran'
             ELSE 'ok' END,
@@ -228,7 +236,9 @@ SELECT h.name,
        coalesce(h.need_check, 0)::integer, coalesce(h.catch_up_limited, 0)::integer,
        coalesce(h.not_ready, 0)::integer, h.p50, h.p95, h.wait95,
        CASE WHEN h.paused THEN NULL ELSE h.next_fire_at END, h.paused, h.task_id, h.owner,
-       h.tick_error, h.tick_error_at, h.tick_retry_at
+       h.tick_error, h.tick_error_at, h.tick_retry_at,
+       CASE WHEN h.reconcile IS NOT NULL THEN h.open::integer END,
+       CASE WHEN h.reconcile IS NOT NULL THEN h.for_a_person::integer END
   FROM h
 $$;
 COMMENT ON FUNCTION tide._health(timestamptz) IS 'Internal: tide.health at an instant (the tick evaluates alerts with it).';
@@ -236,16 +246,16 @@ COMMENT ON FUNCTION tide._health(timestamptz) IS 'Internal: tide.health at an in
 CREATE VIEW tide.health WITH (security_invoker = true) AS
 SELECT task, status, severity, last_success, silence, max_silence, last_state, consecutive_failures,
        consecutive_skips, retries_24h, backlog, oldest_ready, dead, need_check, p50_duration, p95_duration,
-       p95_queue_wait, next_fire_at, owner
+       p95_queue_wait, next_fire_at, owner, open_differences, differences_for_a_person
   FROM tide._health(now());
 COMMENT ON VIEW tide.health IS
-    'One row per task: status (ok, late, failing, down, paused, never_ran), last success, silence so far against max_silence, last run state, failures and skips in a row, retries in 24 h, backlog (ready + waiting), age of the oldest ready run, dead and need_check runs, p50/p95 duration and p95 queue wait over 24 h, next fire, owner. A role sees its own tasks (a superuser every role''s).';
+    'One row per task: status (ok, late, failing, unbalanced, down, paused, never_ran), last success, silence so far against max_silence, last run state, failures and skips in a row, retries in 24 h, backlog (ready + waiting), age of the oldest ready run, dead and need_check runs, p50/p95 duration and p95 queue wait over 24 h, next fire, owner. A role sees its own tasks (a superuser every role''s).';
 GRANT SELECT ON tide.health TO PUBLIC;
 
 CREATE FUNCTION tide._status_rank(status text) RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT array_position(ARRAY['down', 'failing', 'late', 'never_ran', 'ok', 'paused'], status) $$;
+AS $$ SELECT array_position(ARRAY['down', 'failing', 'unbalanced', 'late', 'never_ran', 'ok', 'paused'], status) $$;
 COMMENT ON FUNCTION tide._status_rank(text) IS 'Internal: sort order of statuses, worst first.';
 
 CREATE VIEW tide.dashboard WITH (security_invoker = true) AS
@@ -469,7 +479,8 @@ GRANT SELECT ON tide.check_status TO PUBLIC;
 -- Alerts.
 CREATE TYPE tide.alert_kind AS ENUM (
     'silence', 'down', 'consecutive_failures', 'dead_letter', 'need_check', 'repeated_skips', 'retries',
-    'backlog', 'catch_up_limit', 'not_ready', 'schedule_error', 'retry_budget', 'events_lost', 'backfill'
+    'backlog', 'catch_up_limit', 'not_ready', 'schedule_error', 'retry_budget', 'events_lost', 'backfill',
+    'reconciliation'
 );
 COMMENT ON TYPE tide.alert_kind IS 'What an alert is about; see the README''s alert kinds.';
 
@@ -572,6 +583,19 @@ AS $$
            b.owner
       FROM tide.backfill b JOIN tide.task t ON t.task_id = b.task_id
      WHERE b.state IN ('verify_failed', 'needs_review') OR (b.state = 'paused' AND b.failure_pause)
+    UNION ALL
+    -- A reconciliation with differences for a person (R7.2): classed human, or escalated (a
+    -- compensation that could not be made, or ran and the difference remains). The severity is
+    -- the highest of their rules'; it resolves once none is open (fixed by a later run or
+    -- resolved with tide.resolve_diff).
+    SELECT 'task', t.name, 'reconciliation', max(x.severity),
+           jsonb_build_object('open', count(DISTINCT (x.biz_date, x.key, x.kind)),
+                              'biz_dates', to_jsonb(array_agg(DISTINCT x.biz_date)),
+                              'diff_ids', to_jsonb((array_agg(x.diff_id ORDER BY x.diff_id DESC))[1:10])),
+           t.owner
+      FROM tide.recon_diff x JOIN tide.task t ON t.task_id = x.task_id
+     WHERE x.status = 'open' AND (x.class = 'human' OR x.escalated)
+     GROUP BY t.task_id, t.name, t.owner
 $$;
 COMMENT ON FUNCTION tide._alert_causes(timestamptz) IS 'Internal: every alert condition that holds at an instant.';
 
@@ -801,6 +825,23 @@ BEGIN
                                  CASE WHEN e.canary THEN ' (canary)' WHEN e.sampled THEN ' (sampled)' ELSE '' END, e.queue,
                                  coalesce('; verify: ' || e.verify_note, ''));
     END LOOP;
+    -- A reconciliation's run: what each comparison found (R7.4); a compensation: what for.
+    FOR e IN SELECT x.* FROM tide.recon_result x WHERE x.run_id = r.run_id ORDER BY x.result_id DESC LIMIT 5 LOOP
+        story := story || format('reconciliation at %s: %s; left %s rows %s, right %s rows %s; %s differences %s, by class %s%s',
+                                 e.checked_at, e.status, e.left_count, e.left_sums, e.right_count, e.right_sums,
+                                 e.differences, e.by_kind, e.by_class,
+                                 CASE WHEN e.truncated THEN ' (more than max_diffs: recorded the first, compensated none)' ELSE '' END);
+        FOR a IN SELECT x.diff_id, x.kind, x.key, x.class, x.status, x.action_run_id, x.reason FROM tide.recon_diff x
+                  WHERE x.result_id = e.result_id ORDER BY x.diff_id LIMIT 10 LOOP
+            story := story || format('  difference %s: %s of key %s, %s, %s%s%s', a.diff_id, a.kind, a.key, a.class, a.status,
+                                     coalesce(', compensated by run ' || a.action_run_id, ''), coalesce(' (' || a.reason || ')', ''));
+        END LOOP;
+    END LOOP;
+    FOR e IN SELECT x.diff_id, x.reconciliation, x.biz_date, x.kind, x.key, x.status FROM tide.recon_diff x
+              WHERE x.action_run_id = r.run_id ORDER BY x.diff_id LIMIT 5 LOOP
+        story := story || format('compensates difference %s of reconciliation %s on %s: %s of key %s (%s)',
+                                 e.diff_id, e.reconciliation, e.biz_date, e.kind, e.key, e.status);
+    END LOOP;
     IF r.lock_key IS NOT NULL THEN
         story := story || format('lock key: %s%s', r.lock_key,
                            coalesce((SELECT format(' (held by run %s until %s)', l.run_id, l.expires_at)
@@ -986,7 +1027,9 @@ lines(family, ord, line) AS (
                    ('pg_tide_task_unresolved_runs', 'Dead and need_check runs waiting for a person.'),
                    ('pg_tide_task_status', '1 for the current status of each task.'),
                    ('pg_tide_check_status', '1 for the current status of each heartbeat check.'),
-                   ('pg_tide_alerts_open', 'Open alerts by kind and severity.')) g(family, help)
+                   ('pg_tide_alerts_open', 'Open alerts by kind and severity.'),
+                   ('pg_tide_reconciliation_open_differences', 'Open differences of a reconciliation (each once), all and those for a person.'),
+                   ('pg_tide_reconciliation_rows', 'Rows of each side in a reconciliation''s latest comparison.')) g(family, help)
     UNION ALL
     SELECT 'pg_tide_task_backlog', 1, format('pg_tide_task_backlog{owner=%s,task=%s} %s', tide._prom_label(h.owner), tide._prom_label(h.task), h.backlog) FROM h
     UNION ALL
@@ -1009,6 +1052,20 @@ lines(family, ord, line) AS (
     SELECT 'pg_tide_alerts_open', 1, format('pg_tide_alerts_open{kind=%s,severity=%s} %s', tide._prom_label(k.kind::text), tide._prom_label(v.severity::text),
                   (SELECT count(*) FROM tide.alert a WHERE a.resolved_at IS NULL AND a.kind = k.kind AND a.severity = v.severity))
       FROM unnest(enum_range(NULL::tide.alert_kind)) k(kind) CROSS JOIN unnest(enum_range(NULL::tide.severity)) v(severity)
+    UNION ALL
+    SELECT 'pg_tide_reconciliation_open_differences', 1,
+           format('pg_tide_reconciliation_open_differences{owner=%s,task=%s,for=%s} %s', tide._prom_label(h.owner), tide._prom_label(h.task),
+                  tide._prom_label(v.who), v.n)
+      FROM h CROSS JOIN LATERAL (VALUES ('all', h.open_differences), ('person', h.differences_for_a_person)) v(who, n)
+     WHERE h.open_differences IS NOT NULL
+    UNION ALL
+    SELECT 'pg_tide_reconciliation_rows', 1,
+           format('pg_tide_reconciliation_rows{owner=%s,task=%s,side=%s} %s', tide._prom_label(h.owner), tide._prom_label(h.task),
+                  tide._prom_label(v.side), v.n)
+      FROM h CROSS JOIN LATERAL (SELECT x.left_count, x.right_count FROM tide.recon_result x
+                                  WHERE x.task_id = h.task_id ORDER BY x.result_id DESC LIMIT 1) last
+      CROSS JOIN LATERAL (VALUES ('left', last.left_count), ('right', last.right_count)) v(side, n)
+     WHERE h.open_differences IS NOT NULL
 )
 SELECT string_agg(l.line, E'\n' ORDER BY l.family, l.ord, l.line) || E'\n' FROM lines l
 $$;

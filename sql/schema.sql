@@ -89,6 +89,9 @@ CREATE TABLE tide.task (
     -- Deferred window scan (R11.2): each fire first reopens the previous window's run if it
     -- ended dead not ready or out of transient retries, once.
     rescan_previous   boolean NOT NULL DEFAULT false,
+    -- A reconciliation's definition (tide.reconcile): its runs compare two sides instead of
+    -- running a command.
+    reconcile         jsonb CHECK (jsonb_typeof(reconcile) = 'object'),
     -- Monitoring (set with tide.monitor): not rules, so changing them makes no new version.
     max_silence  interval CHECK (max_silence > interval '0'),
     severity     tide.severity NOT NULL DEFAULT 'warning',
@@ -121,6 +124,7 @@ COMMENT ON COLUMN tide.task.long IS 'The command does one batch per call and ret
 COMMENT ON COLUMN tide.task.ready_watermark IS 'SQL expression evaluated as the owner with the run context (such as the latest updated_at of the day''s orders); a run is ready once it has kept the same non-NULL value for watermark_stable_for.';
 COMMENT ON COLUMN tide.task.fallback IS 'Event tasks: an SQL query returning key (text) and optionally payload (jsonb), run as the owner at each fire of the schedule; each key without a run of that dedupe key becomes one (an event that was never emitted).';
 COMMENT ON COLUMN tide.task.rescan_previous IS 'Deferred window scan: each fire first reopens the previous window''s run if it ended dead because it was not ready or ran out of transient retries (once per run).';
+COMMENT ON COLUMN tide.task.reconcile IS 'A reconciliation (made by tide.reconcile): left_sql, right_sql, amounts, tolerance, rules, max_diffs and work_mem; each run compares the two sides instead of running a command.';
 COMMENT ON COLUMN tide.task.watermark_stable_for IS 'How long ready_watermark must keep one value before a run is ready.';
 COMMENT ON COLUMN tide.task.error_kinds IS 'SQLSTATEs (5 characters) or SQLSTATE classes (2) mapped to transient, business or not_ready, over the default list (tide.error_kind_of).';
 COMMENT ON COLUMN tide.task.batch_rate IS 'Long tasks: at most this many batches per second.';
@@ -300,6 +304,9 @@ BEGIN
     IF (t.batch_rate IS NOT NULL OR t.batch_pause IS NOT NULL) AND NOT t.long THEN
         RAISE EXCEPTION 'task "%": batch_rate and batch_pause apply to long tasks only', t.name
             USING ERRCODE = 'invalid_parameter_value', HINT = 'pass long => true with them, or leave them out';
+    END IF;
+    IF t.reconcile IS NOT NULL OR t.command = tide._recon_command() THEN
+        PERFORM tide._recon_check_task(t);
     END IF;
     IF t.batch_rate IS NOT NULL AND t.batch_pause IS NOT NULL THEN
         RAISE EXCEPTION 'task "%": pass batch_rate or batch_pause, not both (got batch_rate %, batch_pause %)', t.name, t.batch_rate, t.batch_pause

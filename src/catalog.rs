@@ -98,7 +98,7 @@ fn interval_of(span: Option<Span>) -> Option<Interval> {
 }
 
 /// The execution options as SQL parameters, in the column order of `EXEC_COLUMNS`.
-fn exec_args(o: &ExecOptions) -> Vec<DatumWithOid<'static>> {
+fn exec_args(o: &ExecOptions, reconcile: Option<String>) -> Vec<DatumWithOid<'static>> {
     vec![
         interval_of(o.timeout).into(),
         interval_of(o.lease).into(),
@@ -130,11 +130,12 @@ fn exec_args(o: &ExecOptions) -> Vec<DatumWithOid<'static>> {
         interval_of(o.watermark_stable_for).into(),
         o.fallback.clone().into(),
         o.rescan_previous.into(),
+        reconcile.into(),
     ]
 }
 
 /// Column names and casts for `exec_args`, starting at parameter `$first`.
-const EXEC_COLUMNS: [(&str, &str); 30] = [
+const EXEC_COLUMNS: [(&str, &str); 31] = [
     ("timeout", ""),
     ("lease", ""),
     ("priority", ""),
@@ -165,6 +166,8 @@ const EXEC_COLUMNS: [(&str, &str); 30] = [
     ("watermark_stable_for", ""),
     ("fallback", ""),
     ("rescan_previous", ""),
+    // A reconciliation's definition (set by tide.reconcile; checked by tide._check_task).
+    ("reconcile", "::jsonb"),
 ];
 
 /// Options where a given "nothing" value ('' / 0 / empty) removes the setting, so NULL can keep
@@ -178,7 +181,7 @@ fn stored(col: &str, p: &str) -> String {
         "max_concurrency" => format!("nullif({p}, 0)"),
         "batch_rate" => format!("nullif({p}, 0)"),
         "batch_pause" => format!("nullif({p}, interval '0')"),
-        "error_kinds" => format!("nullif({p}, '{{}}'::jsonb)"),
+        "error_kinds" | "reconcile" => format!("nullif({p}, '{{}}'::jsonb)"),
         _ => p.to_string(),
     }
 }
@@ -316,6 +319,7 @@ fn schedule(
     watermark_stable_for: default!(Option<Interval>, "NULL"),
     fallback: default!(Option<&str>, "NULL"),
     rescan_previous: default!(Option<bool>, false),
+    reconcile: default!(Option<JsonbText>, "NULL"),
     replace: default!(Option<bool>, false),
     pending: default!(Option<&str>, "'hold'"),
 ) -> i64 {
@@ -376,7 +380,7 @@ fn schedule(
     args.extend(rule_args(&rules));
     args.push(next_fire_datum(&rules).into());
     args.push(caller_name().into());
-    args.extend(exec_args(&exec));
+    args.extend(exec_args(&exec, reconcile.map(|r| r.0)));
     let columns: Vec<&str> = EXEC_COLUMNS.iter().map(|(c, _)| *c).collect();
     let values: Vec<String> = EXEC_COLUMNS
         .iter()
@@ -535,6 +539,7 @@ fn alter(
     watermark_stable_for: default!(Option<Interval>, "NULL"),
     fallback: default!(Option<&str>, "NULL"),
     rescan_previous: default!(Option<bool>, "NULL"),
+    reconcile: default!(Option<JsonbText>, "NULL"),
 ) -> i32 {
     const F: &str = "tide.alter";
     let name = required(task, "task", F);
@@ -597,7 +602,7 @@ fn alter(
     args.extend(rule_args(&rules));
     args.push(timing_changed.into());
     args.push(next_fire_datum(&rules).into());
-    args.extend(exec_args(&exec));
+    args.extend(exec_args(&exec, reconcile.map(|r| r.0)));
     // NULL leaves an option as it is; '' removes ready_dataset / ready_check.
     let sets: Vec<String> = EXEC_COLUMNS
         .iter()

@@ -7,7 +7,7 @@ use pgrx::datum::{Date, Interval, TimestampWithTimeZone};
 use pgrx::prelude::*;
 
 use crate::calendar::{fire_iter, previous_fire, to_local, window_for, BizWindow, WindowKind};
-use crate::catalog::load_task;
+use crate::catalog::{load_task, RULE_COLUMNS};
 use crate::error::TideError;
 use crate::pgtime::{from_pg, now, to_pg};
 use crate::retry::{classify, delay_us, ErrorKind, Jitter};
@@ -276,6 +276,40 @@ fn run_window(
     )
     .or_raise(function)
     .unwrap_or_else(|| raise(TideError::NoSuchTask(String::new()), function))
+}
+
+/// The window of task `task_id` (of any owner: a reconciliation's replay, run for its owner)
+/// whose business date is `biz_date`, with its fire: what `tide.rerun(task, biz_date)` finds.
+#[pg_extern(stable, schema = "tide", name = "_window_of_date")]
+#[search_path(pg_catalog, pg_temp)]
+fn window_of_date(
+    task_id: i64,
+    biz_date: Date,
+) -> TableIterator<
+    'static,
+    (
+        name!(fire_at, Option<TimestampWithTimeZone>),
+        name!(window_start, TimestampWithTimeZone),
+        name!(window_end, TimestampWithTimeZone),
+    ),
+> {
+    const F: &str = "tide.reconcile";
+    let (name, rules) = Spi::connect(|client| {
+        let query = format!("SELECT name, {RULE_COLUMNS} FROM tide.task WHERE task_id = $1");
+        let table = client
+            .select(&query, Some(1), &[task_id.into()])
+            .or_raise(F);
+        let row = table
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| raise(TideError::NoSuchTask(task_id.to_string()), F));
+        let name: String = row.get::<String>(1).or_raise(F).unwrap_or_default();
+        (name, crate::catalog::rule_text(&row, 2, F))
+    });
+    let rules = rules.validate().or_raise(F);
+    let date = crate::pgtime::date_from_pg(biz_date, "biz_date").or_raise(F);
+    let (fire, w) = window_by_date(&rules, date, &name).or_raise(F);
+    TableIterator::once((fire.map(to_pg), to_pg(w.start), to_pg(w.end)))
 }
 
 /// The lock key of a run from its task's `lock_key` template (see `lockkey.rs`); NULL when the

@@ -89,11 +89,14 @@ mod tide {}
     name = "backfill",
     requires = ["queues", "jobs", "long"]
 );
+// Reconciliation: tide.reconcile, its comparison, differences, compensation and resolve_diff.
+::pgrx::extension_sql_file!("../sql/recon.sql", name = "recon", requires = ["backfill"]);
 // Monitoring: health, heartbeat checks, alerts, metrics, run log lines, explain, retention.
 ::pgrx::extension_sql_file!(
     "../sql/monitor.sql",
     name = "monitor",
-    requires = ["effects", "steps", "locks", "events", "long", "jobs", "queues", "backfill"]
+    requires =
+        ["effects", "steps", "locks", "events", "long", "jobs", "queues", "backfill", "recon"]
 );
 // Comments on the generated functions, once they exist.
 ::pgrx::extension_sql_file!("../sql/comments.sql", name = "comments", finalize);

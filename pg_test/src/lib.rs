@@ -24,7 +24,9 @@ pub fn one<T: for<'a> postgres::types::FromSql<'a>>(
     c: &mut Client,
     sql: &str,
 ) -> Result<T, Failed> {
-    c.query_one(sql, &[]).map_err(db_err).map(|row| row.get(0))
+    c.query_one(sql, &[])
+        .map_err(|e| format!("{sql}: {}", describe(&e)).into())
+        .map(|row| row.get(0))
 }
 
 /// The SQLSTATE, message and hint of a statement that must fail.
