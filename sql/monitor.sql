@@ -1153,12 +1153,20 @@ BEGIN
                                                  WHERE w.backfill_id = x.backfill_id AND w.state = 'released')
                               ORDER BY x.finished_at LIMIT 100
                                 FOR UPDATE SKIP LOCKED);
+    -- Reconciliation results checked before the cutoff, with their differences, once none of
+    -- those is open (an open one keeps its result until it is fixed or resolved).
+    DELETE FROM tide.recon_result x
+     WHERE x.result_id IN (SELECT y.result_id FROM tide.recon_result y
+                            WHERE y.checked_at < cutoff
+                              AND NOT EXISTS (SELECT 1 FROM tide.recon_diff d WHERE d.result_id = y.result_id AND d.status = 'open')
+                            ORDER BY y.checked_at LIMIT p_limit
+                              FOR UPDATE SKIP LOCKED);
     RETURN jsonb_build_object('pruned_runs', coalesce(cardinality(victims), 0), 'pruned_alerts', alerts,
                               'pruned_effects', effects);
 END
 $$;
 COMMENT ON FUNCTION tide._prune(timestamptz, integer) IS
-    'Internal: prunes a bounded batch of finished history older than pg_tide.history_retention (with attempts and events), keeping the latest 10 runs of each task, unfinished and unresolved runs, and open alerts (succeeded windows are remembered in tide.succeeded_window); side effects delivered before the cutoff; backfills that ended before it.';
+    'Internal: prunes a bounded batch of finished history older than pg_tide.history_retention (with attempts and events), keeping the latest 10 runs of each task, unfinished and unresolved runs, and open alerts (succeeded windows are remembered in tide.succeeded_window); side effects delivered before the cutoff; backfills that ended before it; reconciliation results checked before it without an open difference.';
 
 -- The tick's monitoring step, every pg_tide.monitor_interval: alerts, then a batch of pruning
 -- (up to 5000 runs: a tick that has nothing to evaluate costs nothing here).

@@ -31,18 +31,19 @@ CREATE TABLE tide.recon_result (
     by_class       jsonb NOT NULL,
     truncated      boolean NOT NULL DEFAULT false,
     checked_at     timestamptz NOT NULL DEFAULT now(),
-    task_id        bigint NOT NULL,
+    task_id        bigint NOT NULL REFERENCES tide.task ON DELETE CASCADE,
     version        integer NOT NULL,
     owner          name NOT NULL
 );
 COMMENT ON TABLE tide.recon_result IS
-    'One row per reconciliation run (a run reopened by a rerun adds another): the count and the sums of each side, the differences by kind and class, and the status (balanced, auto_fixed, needs_replay, needs_human).';
+    'One row per comparison of a reconciliation run (a run reopened by a rerun adds another; pruned after pg_tide.history_retention once none of its differences is open): the count and the sums of each side, the differences by kind and class, and the status (balanced, auto_fixed, needs_replay, needs_human).';
 COMMENT ON COLUMN tide.recon_result.left_sums IS 'The sum of each amount column over the left side, by column name.';
 COMMENT ON COLUMN tide.recon_result.by_kind IS 'Differences by kind: missing_right, missing_left, mismatch, duplicate.';
 COMMENT ON COLUMN tide.recon_result.by_class IS 'Differences by class: auto_fix, replay, human (accepted ones as accepted).';
 COMMENT ON COLUMN tide.recon_result.truncated IS 'More differences than max_diffs: the first max_diffs were recorded and nothing was compensated.';
 CREATE INDEX recon_result_task_idx ON tide.recon_result (task_id, result_id);
 CREATE INDEX recon_result_run_idx ON tide.recon_result (run_id);
+CREATE INDEX recon_result_checked_idx ON tide.recon_result (checked_at);
 
 CREATE TABLE tide.recon_diff (
     diff_id        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -81,6 +82,8 @@ COMMENT ON COLUMN tide.recon_diff.fixed_by_run IS 'The reconciliation run that n
 CREATE INDEX recon_diff_identity_idx ON tide.recon_diff (task_id, biz_date, key, kind, diff_id);
 CREATE INDEX recon_diff_open_idx ON tide.recon_diff (task_id, biz_date) WHERE status = 'open';
 CREATE INDEX recon_diff_run_idx ON tide.recon_diff (run_id);
+CREATE INDEX recon_diff_result_idx ON tide.recon_diff (result_id);
+CREATE INDEX recon_diff_action_idx ON tide.recon_diff (action_run_id) WHERE action_run_id IS NOT NULL;
 
 ALTER TABLE tide.recon_result ENABLE ROW LEVEL SECURITY;
 ALTER TABLE tide.recon_diff ENABLE ROW LEVEL SECURITY;

@@ -699,6 +699,65 @@ fn bad_input_is_refused(cluster: &Cluster) -> Result<(), Failed> {
     Ok(())
 }
 
+/// Results older than history_retention go once none of their differences is open; removing a
+/// reconciliation removes its history.
+fn history_is_pruned_and_removed(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "CREATE TABLE rh_l (key text, v numeric);
+         CREATE TABLE rh_r (key text, v numeric);
+         INSERT INTO rh_l VALUES ('a', 1);
+         SELECT tide.reconcile('rh_recon', '0 6 * * *', biz_window => 'day',
+             left_sql => 'SELECT key, v FROM rh_l', right_sql => 'SELECT key, v FROM rh_r', amounts => ARRAY['v']);",
+    )?;
+    // The first comparison: a open; accepted. The second: a (still accepted) and b, open.
+    reconcile_date(&mut c, "rh_recon")?;
+    exec(
+        &mut c,
+        "SELECT tide.resolve_diff(diff_id, 'accept') FROM tide.recon_diff WHERE reconciliation = 'rh_recon';
+         INSERT INTO rh_l VALUES ('b', 2);",
+    )?;
+    reconcile_date(&mut c, "rh_recon")?;
+    let results = |c: &mut Client| -> Result<Vec<String>, Failed> {
+        Ok(c
+            .query(
+                "SELECT string_agg(d.key || ':' || d.status, ',' ORDER BY d.key) FROM tide.recon_result r
+                   JOIN tide.recon_diff d USING (result_id)
+                  WHERE r.reconciliation = 'rh_recon' GROUP BY r.result_id ORDER BY r.result_id",
+                &[],
+            )
+            .map_err(db_err)?
+            .iter()
+            .map(|r| r.get(0))
+            .collect())
+    };
+    assert_eq!(
+        results(&mut c)?,
+        vec!["a:accepted".to_string(), "a:accepted,b:open".to_string()]
+    );
+    exec(
+        &mut c,
+        "SELECT tide._prune(now() + interval '400 days', 5000)",
+    )?;
+    assert_eq!(
+        results(&mut c)?,
+        vec!["a:accepted,b:open".to_string()],
+        "the result with an open difference stays"
+    );
+    exec(&mut c, "SELECT tide.unschedule('rh_recon')")?;
+    assert_eq!(
+        one::<i64>(
+            &mut c,
+            "SELECT (SELECT count(*) FROM tide.recon_result WHERE reconciliation = 'rh_recon')
+                  + (SELECT count(*) FROM tide.recon_diff WHERE reconciliation = 'rh_recon')"
+        )?,
+        0,
+        "removed with the reconciliation"
+    );
+    Ok(())
+}
+
 fn main() {
     let tests: &[(&str, TestFn)] = &[
         ("bad_input_is_refused", bad_input_is_refused),
@@ -709,6 +768,10 @@ fn main() {
             too_many_differences_compensate_nothing,
         ),
         ("postgres_fdw_side", postgres_fdw_side),
+        (
+            "history_is_pruned_and_removed",
+            history_is_pruned_and_removed,
+        ),
     ];
     run_tests("recon", tests)
 }
