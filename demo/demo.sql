@@ -348,8 +348,7 @@ INSERT INTO payments VALUES (1001, 25.00, '2026-11-28 09:15+01'), (1002, 40.00, 
 -- line nobody knows (9001). Its file holds the right 1004.
 INSERT INTO bank_lines VALUES ('1001', 25.00, '2026-11-28'), ('1002', 40.40, '2026-11-28'),
                               ('1004', 19.99, '2026-11-28'), ('9001', 12.00, '2026-11-28');
-INSERT INTO bank_file SELECT * FROM bank_lines;
-UPDATE bank_file SET amount = 99.90 WHERE ref = '1004';
+INSERT INTO bank_file VALUES ('1004', 99.90, '2026-11-28');
 -- The compensations are ordinary tasks: each fix run gets the difference in tide.args().
 SELECT tide.schedule('push_payment', '0 0 1 1 *', tz => 'Europe/Berlin',
     command => $$INSERT INTO bank_lines VALUES (tide.args()->>'key', (tide.args()->'left'->>'amount')::numeric, (tide.args()->>'biz_date')::date)$$);

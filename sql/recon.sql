@@ -676,7 +676,7 @@ BEGIN
                         SELECT x.run_id INTO action FROM tide.run x WHERE x.task_id = ft.task_id AND x.dedupe_key = dk;
                     END IF;
                 ELSIF EXISTS (SELECT 1 FROM tide.run x WHERE x.run_id = action AND x.finished_at IS NOT NULL
-                                                         AND x.finished_at < r.started_at) THEN
+                                                         AND x.finished_at < r.claimed_at) THEN
                     -- The fix ran before this comparison began, and the difference is still there.
                     esc := true;
                     why := format('fix run %s ended (%s) before this run and the difference remains', action,
@@ -693,7 +693,7 @@ BEGIN
              ORDER BY x.diff_id LIMIT 1;
             IF action IS NOT NULL THEN
                 IF EXISTS (SELECT 1 FROM tide.run x WHERE x.run_id = action AND x.finished_at IS NOT NULL
-                                                     AND x.finished_at < r.started_at
+                                                     AND x.finished_at < r.claimed_at
                                                      AND x.finished_at > (SELECT min(y.found_at) FROM tide.recon_diff y
                                                                            WHERE y.task_id = r.task_id AND y.action_run_id = action)) THEN
                     esc := true;

@@ -516,6 +516,66 @@ fn failing_sides_fail_the_run(cluster: &Cluster) -> Result<(), Failed> {
     Ok(())
 }
 
+/// A fix that ran without fixing its difference is not made again: the difference is escalated
+/// to a person (status needs_human, an alert), with the reason.
+fn a_fix_that_does_not_fix_escalates(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "CREATE TABLE re_l AS SELECT 'k1'::text AS key, 5::numeric AS v;
+         CREATE TABLE re_r (key text, v numeric);
+         SELECT tide.schedule('re_noop', '0 0 1 1 *', command => 'SELECT 1');
+         SELECT tide.reconcile('re_recon', '0 6 * * *', biz_window => 'day',
+             left_sql => 'SELECT key, v FROM re_l', right_sql => 'SELECT key, v FROM re_r', amounts => ARRAY['v'],
+             rules => '[{\"kind\": \"missing_right\", \"class\": \"auto_fix\", \"fix_task\": \"re_noop\"}]');",
+    )?;
+    let run = reconcile_date(&mut c, "re_recon")?;
+    let fix: i64 = one(
+        &mut c,
+        &format!("SELECT action_run_id FROM tide.recon_diff WHERE run_id = {run}"),
+    )?;
+    assert_eq!(wait_run(&mut c, fix)?, "succeeded");
+    reconcile_date(&mut c, "re_recon")?;
+    let row = c
+        .query_one(
+            "SELECT r.status, d.escalated, d.reason, d.action_run_id FROM tide.recon_result r JOIN tide.recon_diff d USING (result_id)
+              WHERE r.result_id = (SELECT max(result_id) FROM tide.recon_result WHERE run_id = $1)",
+            &[&run],
+        )
+        .map_err(db_err)?;
+    let (status, escalated, reason, action): (String, bool, String, i64) =
+        (row.get(0), row.get(1), row.get(2), row.get(3));
+    assert_eq!(
+        (status.as_str(), escalated, action),
+        ("needs_human", true, fix)
+    );
+    assert!(
+        reason.contains(&format!(
+            "fix run {fix} ended (succeeded) before this run and the difference remains"
+        )),
+        "{reason}"
+    );
+    assert_eq!(
+        one::<i64>(
+            &mut c,
+            "SELECT count(*) FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 're_noop'"
+        )?,
+        1,
+        "no second fix run"
+    );
+    wait_for("the escalation alert", Duration::from_secs(20), || {
+        let n: i64 = c
+            .query_one(
+                "SELECT count(*) FROM tide.alert WHERE subject = 're_recon' AND kind = 'reconciliation' AND resolved_at IS NULL",
+                &[],
+            )
+            .map_err(|e| e.to_string())?
+            .get(0);
+        Ok((n == 1).then_some(()))
+    })?;
+    Ok(())
+}
+
 /// Past max_diffs a run records the first differences and compensates none.
 fn too_many_differences_compensate_nothing(cluster: &Cluster) -> Result<(), Failed> {
     let mut c = cluster.workers_db()?;
@@ -763,6 +823,10 @@ fn main() {
         ("bad_input_is_refused", bad_input_is_refused),
         ("every_kind_and_class", every_kind_and_class),
         ("failing_sides_fail_the_run", failing_sides_fail_the_run),
+        (
+            "a_fix_that_does_not_fix_escalates",
+            a_fix_that_does_not_fix_escalates,
+        ),
         (
             "too_many_differences_compensate_nothing",
             too_many_differences_compensate_nothing,
