@@ -378,6 +378,9 @@ SELECT biz_date, status, left_count AS l_rows, right_count AS r_rows, left_sums,
 SELECT diff_id AS id, key, kind, class, "left"->>'amount' AS l_amount, "right"->>'amount' AS r_amount,
        action_run_id AS compensated_by
   FROM tide.recon_diff WHERE run_id = :recon_run ORDER BY diff_id;
+\echo '   in 80 columns: the reconciliations, and the open differences (a person''s first):'
+SELECT * FROM tide.recon_status;
+SELECT * FROM tide.recon_open;
 \echo '   the compensations run: two fix runs (their dedupe keys) and one replay of the import:'
 CALL demo_wait($$(SELECT bool_and(r.state = 'succeeded') FROM tide.run r JOIN tide.recon_diff d ON d.action_run_id = r.run_id)$$);
 SELECT t.name AS task, r.trigger, r.dedupe_key, r.state FROM tide.run r JOIN tide.task t USING (task_id)

@@ -682,7 +682,8 @@ BEGIN
             IF recon->>'work_mem' IS NOT NULL THEN
                 PERFORM set_config('work_mem', recon->>'work_mem', true);
             END IF;
-            compared := tide._recon_compare(recon, current_setting('search_path'));
+            compared := jsonb_build_object('started_at', clock_timestamp())
+                        || tide._recon_compare(recon, current_setting('search_path'));
         ELSIF scan THEN
             EXECUTE format('SELECT coalesce(jsonb_agg(to_jsonb(s)), ''[]'') FROM (%s) s', rules->>'fallback') INTO scan_rows;
         ELSIF long THEN

@@ -30,7 +30,8 @@ CREATE TABLE tide.recon_result (
     by_kind        jsonb NOT NULL,
     by_class       jsonb NOT NULL,
     truncated      boolean NOT NULL DEFAULT false,
-    checked_at     timestamptz NOT NULL DEFAULT now(),
+    started_at     timestamptz,
+    checked_at     timestamptz NOT NULL DEFAULT clock_timestamp(),
     task_id        bigint NOT NULL REFERENCES tide.task ON DELETE CASCADE,
     version        integer NOT NULL,
     owner          name NOT NULL
@@ -40,6 +41,7 @@ COMMENT ON TABLE tide.recon_result IS
 COMMENT ON COLUMN tide.recon_result.left_sums IS 'The sum of each amount column over the left side, by column name.';
 COMMENT ON COLUMN tide.recon_result.by_kind IS 'Differences by kind: missing_right, missing_left, mismatch, duplicate.';
 COMMENT ON COLUMN tide.recon_result.by_class IS 'Differences by class: auto_fix, replay, human (accepted ones as accepted).';
+COMMENT ON COLUMN tide.recon_result.started_at IS 'When the comparison began; checked_at is when its result was recorded (both clock times: checked_at - started_at is what the comparison took).';
 COMMENT ON COLUMN tide.recon_result.truncated IS 'More differences than max_diffs: the first max_diffs were recorded and nothing was compensated.';
 CREATE INDEX recon_result_task_idx ON tide.recon_result (task_id, result_id);
 CREATE INDEX recon_result_run_idx ON tide.recon_result (run_id);
@@ -494,7 +496,6 @@ DECLARE
     rule jsonb;
     i integer := 0;
     hits integer[];
-    done integer[] := '{}';
     ruled integer[];
     st text;
     msg text;
@@ -514,12 +515,12 @@ BEGIN
         IF rule ? 'when' THEN
             BEGIN
                 PERFORM set_config('search_path', p_path, true);
-                EXECUTE format($q$SELECT coalesce(array_agg(d.i::integer), '{}') FROM unnest($1) WITH ORDINALITY AS d(x, i)
+                EXECUTE format($q$SELECT coalesce(array_agg(d.i::integer), '{}') FROM unnest($1, $3) WITH ORDINALITY AS d(x, rl, i)
                                    CROSS JOIN LATERAL jsonb_to_record(coalesce(d.x->'l', '{}') || jsonb_build_object('key', CASE WHEN d.x->'l' <> 'null' THEN d.x->'key' END)) AS l(%s)
                                    CROSS JOIN LATERAL jsonb_to_record(coalesce(d.x->'r', '{}') || jsonb_build_object('key', CASE WHEN d.x->'r' <> 'null' THEN d.x->'key' END)) AS r(%s)
-                                  WHERE d.x->>'kind' = $2 AND NOT (d.i::integer = ANY ($3)) AND ((%s) IS NOT DISTINCT FROM true)$q$,
+                                  WHERE d.x->>'kind' = $2 AND d.rl IS NULL AND ((%s) IS NOT DISTINCT FROM true)$q$,
                                tide._recon_coldefs(amounts), tide._recon_coldefs(amounts), rule->>'when')
-                   INTO hits USING diffs, rule->>'kind', done;
+                   INTO hits USING diffs, rule->>'kind', ruled;
                 PERFORM set_config('search_path', 'pg_catalog, pg_temp', true);
             EXCEPTION WHEN query_canceled THEN
                 RAISE;
@@ -528,13 +529,12 @@ BEGIN
                 PERFORM tide.business_error(format('rule %s''s when failed (%s): %s', i, st, tide._clip(msg, 500)));
             END;
         ELSE
-            SELECT coalesce(array_agg(d.i::integer), '{}') INTO hits FROM unnest(diffs) WITH ORDINALITY AS d(x, i)
-             WHERE d.x->>'kind' = rule->>'kind' AND NOT (d.i::integer = ANY (done));
+            SELECT coalesce(array_agg(d.i::integer), '{}') INTO hits FROM unnest(diffs, ruled) WITH ORDINALITY AS d(x, rl, i)
+             WHERE d.x->>'kind' = rule->>'kind' AND d.rl IS NULL;
         END IF;
         FOR j IN 1..coalesce(cardinality(hits), 0) LOOP
             ruled[hits[j]] := i;
         END LOOP;
-        done := done || hits;
     END LOOP;
     RETURN (res - 'diffs' - 'null_left' - 'null_right')
            || jsonb_build_object('truncated', (res->>'differences')::integer > (p_def->>'max_diffs')::integer,
@@ -612,20 +612,22 @@ BEGIN
     SELECT * INTO t FROM tide.task x WHERE x.task_id = r.task_id;
     SELECT v.rules->'reconcile' INTO def FROM tide.task_version v WHERE v.task_id = r.task_id AND v.version = r.version;
     INSERT INTO tide.recon_result (reconciliation, biz_date, run_id, status, left_count, right_count, left_sums, right_sums,
-                                   differences, by_kind, by_class, truncated, task_id, version, owner)
+                                   differences, by_kind, by_class, truncated, started_at, task_id, version, owner)
     VALUES (t.name, r.biz_date, r.run_id, 'balanced', (p_found->>'left_count')::bigint, (p_found->>'right_count')::bigint,
             p_found->'left_sums', p_found->'right_sums', (p_found->>'differences')::integer, p_found->'by_kind', '{}',
-            truncated, r.task_id, r.version, r.owner)
+            truncated, (p_found->>'started_at')::timestamptz, r.task_id, r.version, r.owner)
     RETURNING result_id INTO res_id;
     -- Earlier open differences of this date that this run no longer sees are fixed (when this
     -- run saw every difference).
     IF NOT truncated THEN
+        WITH seen AS MATERIALIZED (
+            SELECT e->>'key' AS key, e->>'kind' AS kind FROM jsonb_array_elements(p_found->'diffs') e
+        )
         UPDATE tide.recon_diff x
            SET status = 'fixed', fixed_by_run = r.run_id, resolved_at = now(),
                reason = concat_ws('; ', x.reason, format('no longer seen by run %s', r.run_id))
          WHERE x.task_id = r.task_id AND x.biz_date IS NOT DISTINCT FROM r.biz_date AND x.status = 'open'
-           AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(p_found->'diffs') e
-                            WHERE e->>'key' = x.key AND e->>'kind' = x.kind);
+           AND NOT EXISTS (SELECT 1 FROM seen WHERE seen.key = x.key AND seen.kind = x.kind);
     END IF;
     FOR d IN SELECT e->>'kind' AS kind, e->>'key' AS key, nullif(e->'l', 'null') AS l, nullif(e->'r', 'null') AS r,
                     ARRAY(SELECT jsonb_array_elements_text(nullif(e->'columns', 'null'))) AS cols, (e->>'rule')::integer AS rule_no
@@ -661,11 +663,11 @@ BEGIN
                                               args, owner, event_key, payload, gate, lock_key, gated)
                         SELECT ft.task_id, 'reconcile', dk, ft.version, tide._open_state(tide._task_rules(ft)),
                                format('compensation of a %s difference (key %s) found by reconciliation %s, run %s', d.kind, d.key, t.name, r.run_id),
-                               tide._executor_of(ft.command), ft.queue, ft.priority, ft.args || p.payload, ft.owner, d.key, p.payload,
+                               tide._executor_of(ft.command), ft.queue, ft.priority, ft.args || p.payload, ft.owner, NULL, p.payload,
                                g.gate, g.lock_key, g.gated
                           FROM (SELECT jsonb_build_object('reconciliation', t.name, 'biz_date', r.biz_date, 'key', d.key, 'kind', d.kind,
                                                           'left', d.l, 'right', d.r, 'columns', to_jsonb(d.cols)) AS payload) p
-                         CROSS JOIN LATERAL tide._gating_of(ft.task_id, ft.version, ft.args || p.payload, p.payload, d.key, NULL, NULL) g
+                         CROSS JOIN LATERAL tide._gating_of(ft.task_id, ft.version, ft.args || p.payload, p.payload, NULL, NULL, NULL) g
                         ON CONFLICT (task_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
                         RETURNING run_id
                     )
@@ -749,7 +751,8 @@ BEGIN
                    WHEN counts.replay > 0 THEN 'needs_replay'
                    WHEN counts.auto_fix > 0 THEN 'auto_fixed'
                    ELSE 'balanced' END;
-    UPDATE tide.recon_result x SET status = v_status, by_class = v_by_class WHERE x.result_id = res_id;
+    UPDATE tide.recon_result x SET status = v_status, by_class = v_by_class, checked_at = clock_timestamp()
+     WHERE x.result_id = res_id;
     RETURN jsonb_build_object('status', v_status, 'left_count', (p_found->>'left_count')::bigint,
                               'right_count', (p_found->>'right_count')::bigint, 'differences', (p_found->>'differences')::integer,
                               'by_kind', p_found->'by_kind', 'by_class', v_by_class, 'result_id', res_id);
@@ -799,3 +802,32 @@ END
 $$;
 COMMENT ON FUNCTION tide.resolve_diff(bigint, text, text) IS
     'resolve_diff(diff_id, decision, note => NULL): closes an open reconciliation difference by hand: accept (it is right as it is; later runs seeing the same values keep it accepted) or fixed. Its alert resolves at the next evaluation.';
+
+-- In 80 columns: each reconciliation with its latest comparison and what is open (each open
+-- difference once, however many runs saw it), those waiting for a person first.
+CREATE VIEW tide.recon_status WITH (security_invoker = true) AS
+SELECT left(t.name, 16) AS name, l.biz_date AS date, coalesce(l.status, 'never_ran') AS status,
+       l.left_count AS "left", l.right_count AS "right", coalesce(o.open, 0) AS open, coalesce(o.person, 0) AS human
+  FROM tide.task t
+  LEFT JOIN LATERAL (SELECT x.biz_date, x.status, x.left_count, x.right_count FROM tide.recon_result x
+                      WHERE x.task_id = t.task_id ORDER BY x.result_id DESC LIMIT 1) l ON true
+  LEFT JOIN LATERAL (SELECT count(DISTINCT (d.biz_date, d.key, d.kind)) AS open,
+                            count(DISTINCT (d.biz_date, d.key, d.kind)) FILTER (WHERE d.class = 'human' OR d.escalated) AS person
+                       FROM tide.recon_diff d WHERE d.task_id = t.task_id AND d.status = 'open') o ON true
+ WHERE t.reconcile IS NOT NULL
+ ORDER BY coalesce(o.person, 0) DESC, coalesce(o.open, 0) DESC, t.name;
+COMMENT ON VIEW tide.recon_status IS
+    'In 80 columns: each reconciliation''s latest comparison (business date, status, rows of each side) and its open differences (all, and those for a person: human or escalated), those waiting for a person first.';
+GRANT SELECT ON tide.recon_status TO PUBLIC;
+
+-- In 80 columns: the open differences, the latest row of each (its values: tide.recon_diff).
+CREATE VIEW tide.recon_open WITH (security_invoker = true) AS
+SELECT d.diff_id AS id, left(d.reconciliation, 12) AS recon, d.biz_date AS date, left(d.key, 10) AS key, d.kind,
+       CASE WHEN d.escalated THEN 'human!' ELSE d.class END AS class
+  FROM (SELECT DISTINCT ON (x.task_id, x.biz_date, x.key, x.kind) x.*
+          FROM tide.recon_diff x WHERE x.status = 'open'
+         ORDER BY x.task_id, x.biz_date, x.key, x.kind, x.diff_id DESC) d
+ ORDER BY (d.class = 'human' OR d.escalated) DESC, d.biz_date, d.reconciliation, d.key;
+COMMENT ON VIEW tide.recon_open IS
+    'In 80 columns: each open reconciliation difference once (its latest row; id is its diff_id for tide.resolve_diff), those for a person first (class human!, escalated: its compensation ran or could not be made and the difference remains).';
+GRANT SELECT ON tide.recon_open TO PUBLIC;

@@ -264,6 +264,38 @@ fn every_kind_and_class(cluster: &Cluster) -> Result<(), Failed> {
         )),
         "{metrics}"
     );
+    // The 80-column views: the reconciliation, and its open differences (a person's first).
+    let status: (String, String, i64, i64, i64, i64) = {
+        let r = c
+            .query_one(
+                &format!("SELECT name, status, \"left\", \"right\", open, human FROM tide.recon_status WHERE name = '{p}_recon'"),
+                &[],
+            )
+            .map_err(db_err)?;
+        (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5))
+    };
+    assert_eq!(
+        status,
+        (format!("{p}_recon"), "needs_human".into(), 7, 6, 5, 2)
+    );
+    let open: Vec<(String, String)> = c
+        .query(
+            &format!("SELECT key, class FROM tide.recon_open WHERE recon = '{p}_recon'"),
+            &[],
+        )
+        .map_err(db_err)?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        open.iter()
+            .take(2)
+            .map(|(_, c)| c.as_str())
+            .collect::<Vec<_>>(),
+        vec!["human", "human"],
+        "{open:?}"
+    );
+    assert_eq!(open.len(), 5);
     // A human difference alerts, at the highest severity of its rules (k3 critical).
     let severity: String = wait_for("the reconciliation alert", Duration::from_secs(20), || {
         c.query_opt(
@@ -431,23 +463,25 @@ fn every_kind_and_class(cluster: &Cluster) -> Result<(), Failed> {
         "k3 accepted stays accepted; k7 marked fixed by hand but still there is open again"
     );
     // tide.explain of a reconciliation run tells its result.
-    let story: String = one(
-        &mut c,
-        &format!("SELECT string_agg(line, E'\\n') FROM tide.explain({run1}) line"),
-    )?;
+    let story = explain(&mut c, run1)?;
     assert!(
         story.contains("reconciliation at ") && story.contains("needs_human; left 7 rows"),
         "{story}"
     );
-    let story: String = one(
-        &mut c,
-        &format!("SELECT string_agg(line, E'\\n') FROM tide.explain({replay}) line"),
-    )?;
+    let story = explain(&mut c, replay)?;
     assert!(
         story.contains(&format!("of reconciliation {p}_recon on")),
         "{story}"
     );
     Ok(())
+}
+
+/// The story `tide.explain` tells of a run, its lines joined.
+fn explain(c: &mut Client, run: i64) -> Result<String, Failed> {
+    one(
+        c,
+        &format!("SELECT string_agg(line, E'\\n') FROM tide.explain({run}) line"),
+    )
 }
 
 fn date_ago(c: &mut Client, n: i32) -> Result<String, Failed> {
@@ -573,6 +607,51 @@ fn a_fix_that_does_not_fix_escalates(cluster: &Cluster) -> Result<(), Failed> {
             .get(0);
         Ok((n == 1).then_some(()))
     })?;
+    Ok(())
+}
+
+/// A backfill of a reconciliation compares each business date once, through the task's windows.
+fn backfill_reconciles_each_date(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "CREATE TABLE rb_l AS SELECT current_date - g AS day, 'k' || g AS key, g::numeric AS v FROM generate_series(2, 4) g;
+         CREATE TABLE rb_r AS SELECT * FROM rb_l WHERE day <> current_date - 3;
+         SELECT tide.reconcile('rb_recon', '0 6 * * *', biz_window => 'day',
+             left_sql => 'SELECT key, v FROM rb_l WHERE day = tide.biz_date()',
+             right_sql => 'SELECT key, v FROM rb_r WHERE day = tide.biz_date()', amounts => ARRAY['v']);",
+    )?;
+    let id: i64 = one(
+        &mut c,
+        "SELECT tide.backfill('rb_recon', current_date - 4, current_date - 2, canary => 0, sample => 0)",
+    )?;
+    wait_for("the backfill to end", Duration::from_secs(30), || {
+        let state: String = c
+            .query_one(
+                "SELECT state FROM tide.backfill_status WHERE backfill_id = $1",
+                &[&id],
+            )
+            .map_err(|e| e.to_string())?
+            .get(0);
+        Ok((state == "done").then_some(()))
+    })?;
+    let got: Vec<(i32, String)> = c
+        .query(
+            "SELECT current_date - biz_date, status FROM tide.recon_result WHERE reconciliation = 'rb_recon' ORDER BY biz_date",
+            &[],
+        )
+        .map_err(db_err)?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (4, "balanced".to_string()),
+            (3, "needs_human".to_string()),
+            (2, "balanced".to_string())
+        ]
+    );
     Ok(())
 }
 
@@ -826,6 +905,10 @@ fn main() {
         (
             "a_fix_that_does_not_fix_escalates",
             a_fix_that_does_not_fix_escalates,
+        ),
+        (
+            "backfill_reconciles_each_date",
+            backfill_reconciles_each_date,
         ),
         (
             "too_many_differences_compensate_nothing",
