@@ -822,7 +822,7 @@ GRANT SELECT ON tide.recon_status TO PUBLIC;
 
 -- In 80 columns: the open differences, the latest row of each (its values: tide.recon_diff).
 CREATE VIEW tide.recon_open WITH (security_invoker = true) AS
-SELECT d.diff_id AS id, left(d.reconciliation, 12) AS recon, d.biz_date AS date, left(d.key, 10) AS key, d.kind,
+SELECT d.diff_id AS id, left(d.reconciliation, 16) AS recon, d.biz_date AS date, left(d.key, 10) AS key, d.kind,
        CASE WHEN d.escalated THEN 'human!' ELSE d.class END AS class
   FROM (SELECT DISTINCT ON (x.task_id, x.biz_date, x.key, x.kind) x.*
           FROM tide.recon_diff x WHERE x.status = 'open'
