@@ -365,7 +365,9 @@ BEGIN
            result = complete_run.result,
            expected = complete_run.expected,
            actual = complete_run.actual,
-           finished_at = now(),
+           -- The clock, not the transaction's start: an executor completes in the transaction
+           -- that ran the command, so now() would leave the command out of the run's duration.
+           finished_at = clock_timestamp(),
            updated_at = now(),
            lease_expires_at = NULL,
            control = NULL,
@@ -762,10 +764,10 @@ BEGIN
         END IF;
         final := tide._fail(p_run_id, msg,
                             CASE WHEN NOT wrote AND tide._error_kind(st, rules->'error_kinds') = 'transient'
-                                 THEN 'transient' ELSE 'business' END::tide.error_kind, st, 'failed', now());
+                                 THEN 'transient' ELSE 'business' END::tide.error_kind, st, 'failed', clock_timestamp());
         RETURN final::text;
     END IF;
-    final := tide._fail(p_run_id, msg, tide._error_kind(st, rules->'error_kinds')::tide.error_kind, st, 'failed', now());
+    final := tide._fail(p_run_id, msg, tide._error_kind(st, rules->'error_kinds')::tide.error_kind, st, 'failed', clock_timestamp());
     RETURN final::text;
 END
 $$;

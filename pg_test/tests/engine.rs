@@ -1455,6 +1455,45 @@ fn statement_timeout_bounds_a_command(cluster: &Cluster) -> Result<(), Failed> {
     Ok(())
 }
 
+/// An SQL run's duration covers its command (the executor completes it in the command's
+/// transaction): finished_at is the clock at completion, and health's durations follow.
+fn sql_run_duration_covers_its_command(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('takes_time', '0 1 * * *', biz_window => 'day', command => 'SELECT pg_sleep(0.3)');
+         SELECT tide.schedule('fails_late', '0 1 * * *', biz_window => 'day', max_attempts => 1,
+                              command => 'SELECT pg_sleep(0.3), 1 / (random() * 0)::int');",
+    )?;
+    let ok: i64 = one(
+        &mut c,
+        "SELECT tide.rerun('takes_time', biz_date => current_date - 2)",
+    )?;
+    let failed: i64 = one(
+        &mut c,
+        "SELECT tide.rerun('fails_late', biz_date => current_date - 2)",
+    )?;
+    wait_state(&mut c, ok, "succeeded", Duration::from_secs(20))?;
+    wait_state(&mut c, failed, "dead", Duration::from_secs(20))?;
+    for run in [ok, failed] {
+        let took: f64 = one(
+            &mut c,
+            &format!("SELECT extract(epoch FROM finished_at - claimed_at)::float8 FROM tide.run WHERE run_id = {run}"),
+        )?;
+        assert!(took >= 0.3, "run {run}: finished {took} s after its claim");
+    }
+    let p50: f64 = one(
+        &mut c,
+        "SELECT extract(epoch FROM p50_duration)::float8 FROM tide.health WHERE task = 'takes_time'",
+    )?;
+    assert!(p50 >= 0.3, "p50_duration {p50} s");
+    exec(
+        &mut c,
+        "SELECT tide.unschedule('takes_time'); SELECT tide.unschedule('fails_late');",
+    )?;
+    Ok(())
+}
+
 /// An SQL task whose command writes an effect, then hangs on its first attempt (until the test
 /// interrupts it); later attempts finish. Returns the run of one business date, once running.
 fn hang_once(c: &mut Client, task: &str) -> Result<i64, Failed> {
@@ -2248,6 +2287,10 @@ fn main() {
         (
             "workers_statement_timeout_bounds_a_command",
             statement_timeout_bounds_a_command,
+        ),
+        (
+            "workers_sql_run_duration_covers_its_command",
+            sql_run_duration_covers_its_command,
         ),
         (
             "workers_terminating_an_executor_mid_command",
