@@ -702,7 +702,7 @@ BEGIN
             RETURN tide.complete_run(p_run_id, p_token, tide._fallback_emit(r, scan_rows))::text;
         END IF;
         IF recon IS NOT NULL THEN
-            RETURN tide.complete_run(p_run_id, p_token, tide._recon_record(r, compared))::text;
+            RETURN tide.complete_run(p_run_id, p_token, tide._recon_record(r, recon, compared))::text;
         END IF;
         IF long THEN
             UPDATE tide.run x SET batches = x.batches + 1 WHERE x.run_id = p_run_id;

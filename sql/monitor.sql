@@ -1063,9 +1063,9 @@ lines(family, ord, line) AS (
            format('pg_tide_reconciliation_rows{owner=%s,task=%s,side=%s} %s', tide._prom_label(h.owner), tide._prom_label(h.task),
                   tide._prom_label(v.side), v.n)
       FROM h CROSS JOIN LATERAL (SELECT x.left_count, x.right_count FROM tide.recon_result x
-                                  WHERE x.task_id = h.task_id ORDER BY x.result_id DESC LIMIT 1) last
+                                  WHERE h.open_differences IS NOT NULL AND x.task_id = h.task_id
+                                  ORDER BY x.result_id DESC LIMIT 1) last
       CROSS JOIN LATERAL (VALUES ('left', last.left_count), ('right', last.right_count)) v(side, n)
-     WHERE h.open_differences IS NOT NULL
 )
 SELECT string_agg(l.line, E'\n' ORDER BY l.family, l.ord, l.line) || E'\n' FROM lines l
 $$;

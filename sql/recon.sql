@@ -584,13 +584,12 @@ COMMENT ON FUNCTION tide._recon_blame(jsonb, bigint, name, integer) IS
 -- replay_task's window of the date once per reconciliation and date; human, and a compensation
 -- that could not be made or ran without fixing the difference (escalated), alert. Returns the
 -- run's result.
-CREATE FUNCTION tide._recon_record(r tide.run, p_found jsonb) RETURNS jsonb
+CREATE FUNCTION tide._recon_record(r tide.run, def jsonb, p_found jsonb) RETURNS jsonb
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     t tide.task;
-    def jsonb;
     res_id bigint;
     d record;
     v_rule jsonb;
@@ -601,7 +600,6 @@ DECLARE
     esc boolean;
     why text;
     ft tide.task;
-    ids bigint[];
     w record;
     dk text;
     truncated boolean := (p_found->>'truncated')::boolean;
@@ -610,7 +608,6 @@ DECLARE
     counts record;
 BEGIN
     SELECT * INTO t FROM tide.task x WHERE x.task_id = r.task_id;
-    SELECT v.rules->'reconcile' INTO def FROM tide.task_version v WHERE v.task_id = r.task_id AND v.version = r.version;
     INSERT INTO tide.recon_result (reconciliation, biz_date, run_id, status, left_count, right_count, left_sums, right_sums,
                                    differences, by_kind, by_class, truncated, started_at, task_id, version, owner)
     VALUES (t.name, r.biz_date, r.run_id, 'balanced', (p_found->>'left_count')::bigint, (p_found->>'right_count')::bigint,
@@ -686,13 +683,14 @@ BEGIN
                 END IF;
             END IF;
         ELSIF cls = 'replay' THEN
-            -- One rerun per reconciliation, date and replay task: the one asked for earlier, if any.
-            SELECT x.action_run_id INTO action FROM tide.recon_diff x
-             WHERE x.task_id = r.task_id AND x.biz_date IS NOT DISTINCT FROM r.biz_date AND x.class = 'replay'
-               AND x.action_run_id IS NOT NULL
-               AND x.action_run_id IN (SELECT y.run_id FROM tide.run y JOIN tide.task z ON z.task_id = y.task_id
-                                        WHERE z.name = v_rule->>'replay_task' AND z.owner = r.owner)
-             ORDER BY x.diff_id LIMIT 1;
+            SELECT * INTO ft FROM tide.task x WHERE x.name = v_rule->>'replay_task' AND x.owner = r.owner;
+            IF FOUND THEN
+                -- One rerun per reconciliation, date and replay task: the one asked for earlier, if any.
+                SELECT x.action_run_id INTO action FROM tide.recon_diff x JOIN tide.run y ON y.run_id = x.action_run_id
+                 WHERE x.task_id = r.task_id AND x.biz_date IS NOT DISTINCT FROM r.biz_date AND x.class = 'replay'
+                   AND y.task_id = ft.task_id
+                 ORDER BY x.diff_id LIMIT 1;
+            END IF;
             IF action IS NOT NULL THEN
                 IF EXISTS (SELECT 1 FROM tide.run x WHERE x.run_id = action AND x.finished_at IS NOT NULL
                                                      AND x.finished_at < r.claimed_at
@@ -700,34 +698,31 @@ BEGIN
                                                                            WHERE y.task_id = r.task_id AND y.action_run_id = action)) THEN
                     esc := true;
                     why := format('replay run %s of %s ended (%s) before this run and the difference remains', action,
-                                  v_rule->>'replay_task', (SELECT x.state FROM tide.run x WHERE x.run_id = action));
+                                  ft.name, (SELECT x.state FROM tide.run x WHERE x.run_id = action));
                 END IF;
+            ELSIF ft.task_id IS NULL THEN
+                esc := true;
+                why := format('replay_task %s does not exist', quote_literal(v_rule->>'replay_task'));
+            ELSIF r.biz_date IS NULL THEN
+                esc := true;
+                why := 'this run has no business date to replay';
             ELSE
-                SELECT * INTO ft FROM tide.task x WHERE x.name = v_rule->>'replay_task' AND x.owner = r.owner;
-                IF NOT FOUND THEN
-                    esc := true;
-                    why := format('replay_task %s does not exist', quote_literal(v_rule->>'replay_task'));
-                ELSIF r.biz_date IS NULL THEN
-                    esc := true;
-                    why := 'this run has no business date to replay';
-                ELSE
-                    BEGIN
-                        SELECT * INTO w FROM tide._window_of_date(ft.task_id, r.biz_date);
-                        IF w.window_end > now() THEN
-                            esc := true;
-                            why := format('the window of %s on %s has not ended yet', ft.name, r.biz_date);
-                        ELSE
-                            action := tide._rerun(ft.task_id, w.fire_at, w.window_start, w.window_end, r.biz_date, 'current', true,
-                                                  'tide.reconcile', 'reconcile', NULL,
-                                                  format('replay asked by reconciliation %s (run %s): %s difference of key %s',
-                                                         t.name, r.run_id, d.kind, d.key));
-                        END IF;
-                    EXCEPTION WHEN others THEN
+                BEGIN
+                    SELECT * INTO w FROM tide._window_of_date(ft.task_id, r.biz_date);
+                    IF w.window_end > now() THEN
                         esc := true;
-                        GET STACKED DIAGNOSTICS why = MESSAGE_TEXT;
-                        why := 'the replay could not be asked for: ' || tide._clip(why, 300);
-                    END;
-                END IF;
+                        why := format('the window of %s on %s has not ended yet', ft.name, r.biz_date);
+                    ELSE
+                        action := tide._rerun(ft.task_id, w.fire_at, w.window_start, w.window_end, r.biz_date, 'current', true,
+                                              'tide.reconcile', 'reconcile', NULL,
+                                              format('replay asked by reconciliation %s (run %s): %s difference of key %s',
+                                                     t.name, r.run_id, d.kind, d.key));
+                    END IF;
+                EXCEPTION WHEN others THEN
+                    esc := true;
+                    GET STACKED DIAGNOSTICS why = MESSAGE_TEXT;
+                    why := 'the replay could not be asked for: ' || tide._clip(why, 300);
+                END;
             END IF;
         END IF;
         INSERT INTO tide.recon_diff (reconciliation, biz_date, key, kind, class, "left", "right", status, action_run_id,
@@ -758,7 +753,7 @@ BEGIN
                               'by_kind', p_found->'by_kind', 'by_class', v_by_class, 'result_id', res_id);
 END
 $$;
-COMMENT ON FUNCTION tide._recon_record(tide.run, jsonb) IS
+COMMENT ON FUNCTION tide._recon_record(tide.run, jsonb, jsonb) IS
     'Internal: records a reconciliation run''s result and differences, marks earlier ones it no longer sees fixed, and compensates by class (a fix run per difference, a replay per date, an alert); returns the run''s result.';
 
 CREATE FUNCTION tide.resolve_diff(diff_id bigint, decision text, note text DEFAULT NULL) RETURNS text
