@@ -14,7 +14,8 @@ if [ ! -f "$script" ]; then
     exit 1
 fi
 # The one justified exception, PS005 (no search_path) for these functions: SQL functions that
-# PostgreSQL inlines into their callers on the hot paths (claims, emits, the tick, health), which
+# PostgreSQL inlines into their callers on the hot paths (claims, emits, the tick, health, the
+# row-level security policies), which
 # a SET clause would forbid. Their bodies qualify every name, operator and type with its schema,
 # so pgspot checks them as bodies under an unsafe search_path and finds nothing; they are only
 # called from functions that pin search_path. A changed signature drops out of this list and
@@ -31,6 +32,7 @@ inlined=(
     "tide._max_silence(t tide.task)"
     "tide._silence_level(silence interval,max_silence interval)"
     "tide._logfmt(v text)"
+    "tide._visible(p_owner name)"
 )
 args=()
 for f in "${inlined[@]}"; do args+=(--proc-without-search-path "$f"); done

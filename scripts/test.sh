@@ -44,6 +44,9 @@ run_tier queues cargo test -p pg_tide_pg_test --test queues
 run_tier backfill cargo test -p pg_tide_pg_test --test backfill
 # Reconciliations: every kind and class, compensation once, alerts, failing sides, postgres_fdw.
 run_tier recon cargo test -p pg_tide_pg_test --test recon
+# Alert delivery (webhook, e-mail over STARTTLS) by the delivery worker, escalation and
+# reminders, the watchdog and the ping, CREATE EXTENSION refusals, alert kinds of every task.
+run_tier alerts cargo test -p pg_tide_pg_test --test alerts
 # tide.import_pg_cron against the real pg_cron, preloaded beside pg_tide.
 run_tier pg_cron cargo test -p pg_tide_pg_test --test pg_cron
 # Three hostile roles and the superuser on one cluster; generated hostile calls of every function.

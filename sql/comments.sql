@@ -1,4 +1,12 @@
+-- CREATE EXTENSION refuses where pg_tide can never work (not preloaded, or a database no
+-- scheduler serves), with a HINT: everything above is undone.
+SELECT tide._install_check();
+
 -- Comments on the functions generated from Rust, so \df+ tide.* documents them, and their privileges.
+COMMENT ON FUNCTION tide._install_check() IS
+    'Internal: refuses CREATE EXTENSION in a database other than pg_tide.database (unless pg_tide.allow_unscheduled); without pg_tide in shared_preload_libraries, loading the library refuses already.';
+COMMENT ON FUNCTION tide._watch() IS
+    'Internal: what pg_tide''s workers noted in shared memory (the scheduler''s ticks, the delivery worker, the ping), as epoch milliseconds.';
 COMMENT ON FUNCTION tide.next_fires(text, text, timestamptz, integer, text, text) IS
     'next_fires(schedule, tz => ''UTC'', after => now(), n => 5, dst_gap => ''shift'', dst_overlap => ''once''): the next n fire instants of a cron expression in a time zone, strictly after "after".';
 COMMENT ON FUNCTION tide.preview(text, integer, timestamptz) IS

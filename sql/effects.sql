@@ -60,6 +60,8 @@ CREATE INDEX effect_claim_idx ON tide.effect (channel, available_at, effect_id) 
 CREATE INDEX effect_sending_idx ON tide.effect (lease_expires_at) WHERE state = 'sending';
 -- Retention prunes delivered effects by age (tide._prune).
 CREATE INDEX effect_delivered_idx ON tide.effect (delivered_at) WHERE state = 'delivered';
+-- Dead deliveries of a channel (its delivery_failed alert, tide.self_health).
+CREATE INDEX effect_dead_idx ON tide.effect (owner, channel, created_at) WHERE state = 'dead';
 
 CREATE FUNCTION tide.create_effect(channel text, dedupe_key text, payload jsonb DEFAULT '{}', max_attempts integer DEFAULT 10)
 RETURNS bigint
@@ -129,6 +131,8 @@ BEGIN
         SELECT e.effect_id FROM tide.effect e
          WHERE e.state = 'pending' AND e.channel = claim_effects.channel AND e.available_at <= now()
            AND (only_owner IS NULL OR e.owner = only_owner)
+           -- A channel of tide.create_channel is pg_tide's delivery worker's to send.
+           AND NOT EXISTS (SELECT 1 FROM tide.alert_channel c WHERE c.owner = e.owner AND c.name = e.channel)
          ORDER BY e.available_at, e.effect_id
          LIMIT claim_effects.n FOR UPDATE SKIP LOCKED) c;
     IF ids IS NULL THEN
@@ -252,7 +256,7 @@ COMMENT ON FUNCTION tide._tick_effects(timestamptz) IS
     'Internal: the tick takes back side effects whose delivery lease expired (they are handed out again, with the same dedupe key).';
 
 ALTER TABLE tide.effect ENABLE ROW LEVEL SECURITY;
-CREATE POLICY effect_owner ON tide.effect FOR SELECT USING (owner = current_user);
+CREATE POLICY effect_owner ON tide.effect FOR SELECT USING (tide._visible(owner));
 GRANT SELECT ON tide.effect TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('tide.effect', '');
 SELECT pg_catalog.pg_extension_config_dump('tide.effect_effect_id_seq', '');

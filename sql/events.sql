@@ -34,8 +34,11 @@ DECLARE
     ids bigint[];
     queues text[];
     ev bigint;
-    -- A role's emit reaches its own tasks; a superuser's, every role's.
-    only_owner name := CASE WHEN tide._caller_is_superuser() THEN NULL ELSE tide._caller() END;
+    -- A role's emit reaches the tasks of the roles it acts for (its own, its teams') and those
+    -- whose owners granted it the topic (tide.grant('emit', ...)); a superuser's or
+    -- tide_admin's, every role's.
+    owners_ok name[] := tide._acts_for();
+    g_owners name[];
 BEGIN
     PERFORM tide._check_topic(emit.topic, 'tide.emit');
     IF length(emit.event_key) > 1000 OR length(emit.dedupe_key) > 1000 THEN
@@ -51,6 +54,9 @@ BEGIN
                   HINT = 'pass NULL or a non-empty text; dedupe keys starting with # are pg_tide''s own';
     END IF;
     PERFORM tide._jsonb_arg('payload', emit.payload, 1048576);
+    IF owners_ok IS NOT NULL THEN
+        SELECT array_agg(g.owner) INTO g_owners FROM tide._granted('emit') g WHERE g.object = emit.topic;
+    END IF;
     ev := nextval('tide.event_seq');
     -- One statement: the runs (with their gating, so the insert trigger has nothing to look up),
     -- their first history rows and their tide.pending rows, as tide._record_created would
@@ -67,7 +73,7 @@ BEGIN
           FROM tide.task t
          CROSS JOIN LATERAL tide._gating_of(t.task_id, t.version, t.args, coalesce(emit.payload, '{}'), emit.event_key,
                                             NULL, NULL) g
-         WHERE t.topics @> ARRAY[emit.topic] AND (only_owner IS NULL OR t.owner = only_owner)
+         WHERE t.topics @> ARRAY[emit.topic] AND (owners_ok IS NULL OR t.owner = ANY (owners_ok) OR t.owner = ANY (g_owners))
         ORDER BY t.task_id
         ON CONFLICT (task_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
         RETURNING run_id, task_id, state, reason, owner, executor, queue, priority, gate, lock_key, gated
@@ -82,6 +88,14 @@ BEGIN
     SELECT array_agg(c.run_id), array_agg(DISTINCT c.queue) FILTER (WHERE c.state = 'ready')
       INTO ids, queues FROM created c;
     IF ids IS NULL THEN
+        -- Never a silent 0: say so when no task this role may reach subscribes to the topic (a
+        -- dedupe key seen before is a quiet 0).
+        IF NOT EXISTS (SELECT 1 FROM tide.task t
+                        WHERE t.topics @> ARRAY[emit.topic]
+                          AND (owners_ok IS NULL OR t.owner = ANY (owners_ok) OR t.owner = ANY (g_owners))) THEN
+            RAISE WARNING 'tide.emit: no task you may reach subscribes to topic %: nothing was created', quote_literal(left(emit.topic, 200))
+                USING HINT = 'subscribe a task with tide.schedule(..., topics => ARRAY[...]), or have the owner of the task run tide.grant(''emit'', topic, your role)';
+        END IF;
         RETURN 0;
     END IF;
     PERFORM pg_notify('pg_tide_ready', q) FROM unnest(queues) q;
@@ -89,7 +103,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide.emit(text, jsonb, text, text) IS
-    'emit(topic, payload => ''{}'', event_key => NULL, dedupe_key => NULL): in the caller''s transaction, creates one run of every task of the caller''s subscribed to the topic (a superuser''s emit: every role''s). Runs of one task and key go one at a time, in the order of their runs. A dedupe key already used by a task''s run makes the emit a no-op for that task. Returns how many runs it created.';
+    'emit(topic, payload => ''{}'', event_key => NULL, dedupe_key => NULL): in the caller''s transaction, creates one run of every task subscribed to the topic that the caller may reach (its own, its teams'', those whose owner granted it the topic with tide.grant(''emit'', ...); a superuser''s or tide_admin''s emit: every role''s), owned by the task''s owner. A WARNING when no such task subscribes (never a silent 0). Runs of one task and key go one at a time, in the order of their runs. A dedupe key already used by a task''s run makes the emit a no-op for that task. Returns how many runs it created.';
 
 CREATE FUNCTION tide._emit_row() RETURNS trigger
 LANGUAGE plpgsql

@@ -93,7 +93,7 @@ BEGIN
             USING ERRCODE = 'null_value_not_allowed',
                   HINT = 'pass the run_id and lease_token that tide.claim_runs returned';
     END IF;
-    SELECT * INTO r FROM tide.run x WHERE x.run_id = p_run_id AND tide._may_act(x.owner);
+    SELECT * INTO r FROM tide.run x WHERE x.run_id = p_run_id AND tide._may_work(x.owner, x.queue);
     IF NOT FOUND THEN
         RAISE EXCEPTION 'run % does not exist', p_run_id
             USING ERRCODE = 'undefined_object',
@@ -135,8 +135,12 @@ DECLARE
     token bigint;
     ignored text;
     why text;
-    -- A role claims only its own runs; a superuser (and pg_tide's executors) any role's.
-    only_owner name := CASE WHEN tide._caller_is_superuser() THEN NULL ELSE tide._caller() END;
+    -- A role claims the runs of the roles it acts for (its own, its teams'), and of the queues
+    -- granted to it (tide.grant('claim', ...)); a superuser, tide_admin (and pg_tide's
+    -- executors) any role's.
+    owners_ok name[] := tide._acts_for();
+    g_owners name[];
+    g_queues text[];
     is_sql boolean := p_executor = 'sql';
     -- Whether a queue this claim may take from has limits (tide.queue): then its candidates
     -- go through tide._queue_admit.
@@ -158,8 +162,12 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value', HINT = 'claim at most 1000 runs at a time; batches of 10 to 100 work well';
     END IF;
     PERFORM tide._bounded('lease', p_lease, false);
+    IF owners_ok IS NOT NULL THEN
+        SELECT array_agg(g.owner), array_agg(g.object) INTO g_owners, g_queues FROM tide._granted('claim') g;
+    END IF;
     limited := EXISTS (SELECT 1 FROM tide.queue q
-                        WHERE (p_queue IS NULL OR q.name = p_queue) AND (only_owner IS NULL OR q.owner = only_owner));
+                        WHERE (p_queue IS NULL OR q.name = p_queue)
+                          AND (owners_ok IS NULL OR q.owner = ANY (owners_ok) OR q.owner = ANY (g_owners)));
     -- The candidates are fixed in an array first: a LIMIT subquery under FOR UPDATE SKIP LOCKED
     -- may be re-evaluated and claim more rows than asked. When every candidate has to wait (it
     -- is parked, out of the candidates, by tide._admit) the next ones are looked at, a few
@@ -171,7 +179,8 @@ BEGIN
                 SELECT p.run_id, p.owner, p.queue, p.gated FROM tide.pending p
                  WHERE p.state = 'ready' AND NOT p.parked AND p.executor = p_executor
                    AND (p.due_at IS NULL OR p.due_at <= now())
-                   AND (only_owner IS NULL OR p.owner = only_owner)
+                   AND (owners_ok IS NULL OR p.owner = ANY (owners_ok)
+                        OR (g_owners IS NOT NULL AND (p.owner, p.queue) IN (SELECT u.o, u.q FROM unnest(g_owners, g_queues) u(o, q))))
                    -- Backfill runs claim at priority - 10000, after every online run; one
                    -- executor keeps to online runs.
                    AND (NOT p_online_only OR p.priority > -5000)
@@ -183,7 +192,8 @@ BEGIN
                 SELECT p.run_id, p.owner, p.queue, p.gated FROM tide.pending p
                  WHERE p.state = 'ready' AND NOT p.parked AND p.executor = p_executor AND p.queue = p_queue
                    AND (p.due_at IS NULL OR p.due_at <= now())
-                   AND (only_owner IS NULL OR p.owner = only_owner)
+                   AND (owners_ok IS NULL OR p.owner = ANY (owners_ok)
+                        OR (g_owners IS NOT NULL AND (p.owner, p.queue) IN (SELECT u.o, u.q FROM unnest(g_owners, g_queues) u(o, q))))
                  ORDER BY p.priority DESC, p.run_id
                  LIMIT p_n FOR UPDATE SKIP LOCKED) c;
         END IF;
@@ -304,12 +314,12 @@ BEGIN
            checkpoint = coalesce(heartbeat_run.progress, r.checkpoint),
            updated_at = now()
      WHERE r.run_id = heartbeat_run.run_id AND r.lease_token = heartbeat_run.lease_token AND r.state = 'running'
-       AND r.control IS NULL AND tide._may_act(r.owner)
+       AND r.control IS NULL AND tide._may_work(r.owner, r.queue)
     RETURNING r.lease_expires_at, r.lock_key INTO expires, held_lock;
     IF NOT FOUND THEN
         PERFORM 1 FROM tide.run r
          WHERE r.run_id = heartbeat_run.run_id AND r.lease_token = heartbeat_run.lease_token AND r.state = 'running'
-           AND tide._may_act(r.owner);
+           AND tide._may_work(r.owner, r.queue);
         IF FOUND THEN
             -- tide.pause_run / tide.cancel_run asked it to stop: it stops here, keeping progress.
             PERFORM tide._stop_run(heartbeat_run.run_id, heartbeat_run.progress);
@@ -375,7 +385,7 @@ BEGIN
                          THEN format('completed short: expected %s, actual %s', complete_run.expected, complete_run.actual)
                          ELSE format('completed by %s', coalesce(r.lease_owner, 'a worker')) END
      WHERE r.run_id = complete_run.run_id AND r.lease_token = complete_run.lease_token AND r.state = 'running'
-       AND (any_owner OR r.owner = caller OR tide._may_act(r.owner))
+       AND (any_owner OR r.owner = caller OR tide._may_work(r.owner, r.queue))
     RETURNING r.state, r.attempts, r.reason, r.owner, r.lease_owner, r.claimed_at
          INTO done, attempt_no, why, who, worker, claimed;
     ignored := set_config('tide.history', '', true);
@@ -455,7 +465,7 @@ BEGIN
                reason = format('completed by %s', coalesce(r.lease_owner, 'a worker'))
           FROM input i
          WHERE r.run_id = i.run_id AND r.lease_token = i.token AND r.state = 'running'
-           AND (any_owner OR r.owner = caller OR tide._may_act(r.owner))
+           AND (any_owner OR r.owner = caller OR tide._may_work(r.owner, r.queue))
         RETURNING r.run_id, r.attempts, r.reason, r.owner, r.lease_owner, r.lease_token, r.claimed_at,
                   r.gated
     ), done_pending AS (
@@ -607,7 +617,7 @@ BEGIN
     k := tide._error_kind_from(tide._text_arg('kind', fail_run.kind, 20, 'use ''transient'', ''business'' or ''not_ready'''))::tide.error_kind;
     PERFORM 1 FROM tide.run r
      WHERE r.run_id = fail_run.run_id AND r.lease_token = fail_run.lease_token AND r.state = 'running'
-       AND tide._may_act(r.owner)
+       AND tide._may_work(r.owner, r.queue)
        FOR UPDATE;
     IF NOT FOUND THEN
         PERFORM tide._refuse_stale(fail_run.run_id, fail_run.lease_token, 'tide.fail_run');

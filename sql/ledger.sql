@@ -448,10 +448,10 @@ ALTER TABLE tide.run ENABLE ROW LEVEL SECURITY;
 ALTER TABLE tide.run_event ENABLE ROW LEVEL SECURITY;
 ALTER TABLE tide.pending ENABLE ROW LEVEL SECURITY;
 ALTER TABLE tide.ready_marker ENABLE ROW LEVEL SECURITY;
-CREATE POLICY run_owner ON tide.run FOR SELECT USING (owner = current_user);
-CREATE POLICY run_event_owner ON tide.run_event FOR SELECT USING (owner = current_user);
-CREATE POLICY pending_owner ON tide.pending FOR SELECT USING (owner = current_user);
-CREATE POLICY ready_marker_owner ON tide.ready_marker FOR SELECT USING (owner = current_user);
+CREATE POLICY run_owner ON tide.run FOR SELECT USING (tide._visible(owner));
+CREATE POLICY run_event_owner ON tide.run_event FOR SELECT USING (tide._visible(owner));
+CREATE POLICY pending_owner ON tide.pending FOR SELECT USING (tide._visible(owner));
+CREATE POLICY ready_marker_owner ON tide.ready_marker FOR SELECT USING (tide._visible(owner));
 
 GRANT SELECT ON tide.run TO PUBLIC;
 GRANT SELECT ON tide.pending TO PUBLIC;

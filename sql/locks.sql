@@ -35,7 +35,7 @@ COMMENT ON COLUMN tide.lock.key IS 'The business object, from the task''s lock_k
 COMMENT ON COLUMN tide.lock.lease_token IS 'Fencing token of the holding claim (tide.run.lease_token).';
 COMMENT ON COLUMN tide.lock.expires_at IS 'The holder''s lease expiry; renewed by tide.heartbeat_run (and each batch of a long task).';
 ALTER TABLE tide.lock ENABLE ROW LEVEL SECURITY;
-CREATE POLICY lock_owner ON tide.lock FOR SELECT USING (owner = current_user);
+CREATE POLICY lock_owner ON tide.lock FOR SELECT USING (tide._visible(owner));
 GRANT SELECT ON tide.lock TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('tide.lock', '');
 

@@ -140,7 +140,7 @@ RETURNS TABLE (task text, status text, severity tide.severity, last_success time
                p50_duration interval, p95_duration interval, p95_queue_wait interval,
                next_fire_at timestamptz, paused boolean, task_id bigint, owner name,
                tick_error text, tick_error_at timestamptz, tick_retry_at timestamptz,
-               open_differences integer, differences_for_a_person integer)
+               open_differences integer, differences_for_a_person integer, held integer, held_since timestamptz)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 -- Its cost estimate is high (a lateral join per task), but each part is a short index scan:
@@ -155,12 +155,18 @@ WITH open_runs AS (
                                OR (p.state = 'ready' AND (p.parked OR p.due_at IS NULL OR p.due_at <= p_now))) AS backlog,
            count(*) FILTER (WHERE p.state = 'dead') AS dead,
            count(*) FILTER (WHERE p.state = 'need_check') AS need_check,
-           min(p.run_id) FILTER (WHERE p.state = 'ready' AND (p.parked OR p.due_at IS NULL OR p.due_at <= p_now)) AS oldest_ready_id
+           min(p.run_id) FILTER (WHERE p.state = 'ready' AND (p.parked OR p.due_at IS NULL OR p.due_at <= p_now)) AS oldest_ready_id,
+           min(p.run_id) FILTER (WHERE p.state = 'held') AS oldest_held_id,
+           count(*) FILTER (WHERE p.state = 'held') AS held
       FROM tide.pending p
      GROUP BY p.task_id
 ), h AS (
     SELECT t.*, o.backlog, o.dead, o.need_check, ls.window_start AS success_window,
-           ls.finished_at AS last_success, recent.last_state, recent.skips, fails.failures,
+           ls.finished_at AS last_success,
+           CASE WHEN ev.last_run_id > coalesce(recent.last_run_id, 0) THEN ev.last_state ELSE recent.last_state END AS last_state,
+           coalesce(recent.skips, 0) + coalesce(ev.skips, 0) AS skips,
+           fails.failures + coalesce(ev.failures, 0) AS failures,
+           o.held, held.since AS held_since,
            day.retries, day.catch_up_limited, day.not_ready, day.p50, day.p95, day.wait95,
            p_now - ready.since AS oldest_ready, tide._max_silence(t) AS max_silence_eff,
            p_now - coalesce(ls.finished_at, t.created_at) AS silence, diff.open, diff.for_a_person
@@ -179,15 +185,36 @@ WITH open_runs AS (
                   AND r.state = 'succeeded'
                 ORDER BY r.run_id DESC LIMIT 1)) s
            LIMIT 1) ls ON true
-      -- The latest 100 runs: the last state, and skips in a row among the finished ones.
+      -- Runs without a window (event runs, enqueued runs) are a second sequence, in run_id
+      -- order: its latest success, and its latest 100 runs.
       LEFT JOIN LATERAL (
-          SELECT (array_agg(x.state ORDER BY x.n))[1] AS last_state,
-                 count(*) FILTER (WHERE x.state = 'skipped' AND x.others = 0) AS skips
-            FROM (SELECT y.state, y.n,
+          SELECT r.run_id FROM tide.run r
+           WHERE r.task_id = t.task_id AND r.window_start IS NULL AND r.state = 'succeeded'
+           ORDER BY r.run_id DESC LIMIT 1) ls2 ON true
+      LEFT JOIN LATERAL (
+          SELECT (array_agg(x.state ORDER BY x.n))[1] AS last_state, max(x.run_id) AS last_run_id,
+                 count(*) FILTER (WHERE x.state = 'skipped' AND x.others = 0)
+                   + coalesce(max(x.deferrals) FILTER (WHERE x.others = 0), 0) AS skips,
+                 coalesce(sum(x.attempts - CASE WHEN x.state IN ('running', 'need_check') THEN 1 ELSE 0 END)
+                          FILTER (WHERE x.run_id > coalesce(ls2.run_id, 0) AND x.state <> 'succeeded'), 0) AS failures
+            FROM (SELECT y.*, count(*) FILTER (WHERE y.state IN ('succeeded', 'dead', 'need_check', 'cancelled'))
+                                  OVER (ORDER BY y.n ROWS UNBOUNDED PRECEDING) AS others
+                    FROM (SELECT r.run_id, r.state, r.attempts, r.deferrals, row_number() OVER (ORDER BY r.run_id DESC) AS n
+                            FROM tide.run r
+                           WHERE r.task_id = t.task_id AND r.window_start IS NULL
+                           ORDER BY r.run_id DESC LIMIT 100) y) x) ev ON true
+      -- The latest 100 runs: the last state, and skips in a row among the finished ones.
+      -- A readiness deferral counts as a skip (a window that did not run when due): the most
+      -- deferred run of the streak tells how many windows in a row found the data not ready.
+      LEFT JOIN LATERAL (
+          SELECT (array_agg(x.state ORDER BY x.n))[1] AS last_state, (array_agg(x.run_id ORDER BY x.n))[1] AS last_run_id,
+                 count(*) FILTER (WHERE x.state = 'skipped' AND x.others = 0)
+                   + coalesce(max(x.deferrals) FILTER (WHERE x.others = 0), 0) AS skips
+            FROM (SELECT y.state, y.n, y.run_id, y.deferrals,
                          count(*) FILTER (WHERE y.state IN ('succeeded', 'dead', 'need_check', 'cancelled'))
                              OVER (ORDER BY y.n ROWS UNBOUNDED PRECEDING) AS others
-                    FROM (SELECT z.state, row_number() OVER (ORDER BY z.window_start DESC) AS n
-                            FROM (SELECT r.state, r.window_start FROM tide.run r
+                    FROM (SELECT z.state, z.run_id, z.deferrals, row_number() OVER (ORDER BY z.window_start DESC) AS n
+                            FROM (SELECT r.state, r.window_start, r.run_id, r.deferrals FROM tide.run r
                                    WHERE r.task_id = t.task_id AND r.window_start IS NOT NULL
                                    ORDER BY r.window_start DESC LIMIT 100) z) y) x) recent ON true
       -- Failed and lost attempts since the latest success: the windows after it, walked in
@@ -209,12 +236,18 @@ WITH open_runs AS (
                  percentile_cont(0.5) WITHIN GROUP (ORDER BY r.finished_at - r.claimed_at) FILTER (WHERE r.state = 'succeeded') AS p50,
                  percentile_cont(0.95) WITHIN GROUP (ORDER BY r.finished_at - r.claimed_at) FILTER (WHERE r.state = 'succeeded') AS p95,
                  percentile_cont(0.95) WITHIN GROUP (ORDER BY greatest(r.started_at - coalesce(r.fire_at, r.created_at), interval '0')) FILTER (WHERE r.started_at IS NOT NULL) AS wait95
-            FROM (SELECT * FROM tide.run r WHERE r.task_id = t.task_id AND r.window_start IS NOT NULL
-                   ORDER BY r.window_start DESC LIMIT 1000) r
+            FROM ((SELECT * FROM tide.run r WHERE r.task_id = t.task_id AND r.window_start IS NOT NULL
+                    ORDER BY r.window_start DESC LIMIT 1000)
+                  UNION ALL
+                  (SELECT * FROM tide.run r WHERE r.task_id = t.task_id AND r.window_start IS NULL
+                    ORDER BY r.run_id DESC LIMIT 1000)) r
            WHERE coalesce(r.finished_at, r.updated_at) > p_now - interval '1 day') day ON true
       LEFT JOIN LATERAL (
           SELECT coalesce(r.run_after, r.fire_at, r.created_at) AS since FROM tide.run r
            WHERE r.run_id = o.oldest_ready_id) ready ON true
+      -- Runs held after a rule change (R12.3), since when the oldest waits for tide.confirm.
+      LEFT JOIN LATERAL (
+          SELECT r.updated_at AS since FROM tide.run r WHERE r.run_id = o.oldest_held_id) held ON true
       -- A reconciliation's open differences (each counted once, however many runs saw it).
       LEFT JOIN LATERAL (
           SELECT count(DISTINCT (x.biz_date, x.key, x.kind)) AS open,
@@ -238,18 +271,104 @@ SELECT h.name,
        CASE WHEN h.paused THEN NULL ELSE h.next_fire_at END, h.paused, h.task_id, h.owner,
        h.tick_error, h.tick_error_at, h.tick_retry_at,
        CASE WHEN h.reconcile IS NOT NULL THEN h.open::integer END,
-       CASE WHEN h.reconcile IS NOT NULL THEN h.for_a_person::integer END
+       CASE WHEN h.reconcile IS NOT NULL THEN h.for_a_person::integer END,
+       coalesce(h.held, 0)::integer, h.held_since
   FROM h
 $$;
 COMMENT ON FUNCTION tide._health(timestamptz) IS 'Internal: tide.health at an instant (the tick evaluates alerts with it).';
+
+-- ---------------------------------------------------------------------------------------------
+-- pg_tide itself: the scheduler's ticks (noted in shared memory, src/delivery.rs), its workers,
+-- the oldest ready run, deliveries. Shown in the database pg_tide serves, to superusers and
+-- members of tide_admin.
+CREATE FUNCTION tide._self(p_now timestamptz)
+RETURNS TABLE (status text, last_tick timestamptz, since_last_tick interval, stalled_after interval, tick_errors bigint,
+               last_tick_error text, last_tick_error_at timestamptz, scheduler_alive boolean, executors_alive integer,
+               executors_expected integer, delivery_alive boolean, ready_runs integer, oldest_ready interval,
+               deliveries_pending integer, deliveries_dead_24h integer, ping_configured boolean,
+               last_ping_at timestamptz, last_ping_status integer, owner name)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    w jsonb := tide._watch();
+    ok_at timestamptz;
+    alive_at timestamptz;
+    err_at timestamptz;
+    idle_at timestamptz;
+    procs record;
+    ready record;
+    dl record;
+BEGIN
+    IF w = '{}' OR w->>'database' IS DISTINCT FROM current_database()
+       OR NOT (tide._caller_is_superuser() OR pg_has_role('tide_admin', 'MEMBER')) THEN
+        RETURN;
+    END IF;
+    ok_at := to_timestamp((w->>'tick_ok')::float8 / 1000);
+    err_at := to_timestamp((w->>'tick_error_at')::float8 / 1000);
+    idle_at := to_timestamp((w->>'idle')::float8 / 1000);
+    -- Alive: a tick succeeded, or the scheduler chose to idle, or the server started, lately.
+    alive_at := greatest(ok_at, idle_at, pg_postmaster_start_time());
+    SELECT count(*) FILTER (WHERE a.backend_type = 'pg_tide scheduler') AS scheduler,
+           count(*) FILTER (WHERE a.backend_type = 'pg_tide executor') AS executors,
+           count(*) FILTER (WHERE a.backend_type = 'pg_tide delivery') AS delivery
+      INTO procs
+      FROM pg_stat_activity a WHERE a.datname = current_database() AND a.backend_type LIKE 'pg\_tide %';
+    SELECT count(*) AS n, p_now - min(coalesce(r.run_after, r.fire_at, r.created_at)) AS oldest INTO ready
+      FROM tide.pending p JOIN tide.run r ON r.run_id = p.run_id
+     WHERE p.state = 'ready' AND (p.due_at IS NULL OR p.due_at <= p_now);
+    SELECT count(*) FILTER (WHERE e.state IN ('pending', 'sending')) AS pending,
+           count(*) FILTER (WHERE e.state = 'dead' AND e.created_at > p_now - interval '1 day') AS dead
+      INTO dl
+      FROM tide.effect e JOIN tide.alert_channel c ON c.owner = e.owner AND c.name = e.channel
+     WHERE e.state IN ('pending', 'sending', 'dead');
+    stalled_after := tide._setting('alert_stalled_after', '60s')::interval;
+    status := CASE WHEN idle_at > coalesce(ok_at, '-infinity') AND idle_at > p_now - stalled_after THEN 'paused'
+                   WHEN procs.scheduler = 0 OR alive_at < p_now - stalled_after THEN 'down'
+                   WHEN err_at > coalesce(ok_at, '-infinity') THEN 'failing'
+                   WHEN procs.executors < tide._setting('executors', '2')::integer OR procs.delivery = 0 OR dl.dead > 0 THEN 'late'
+                   ELSE 'ok' END;
+    last_tick := ok_at;
+    since_last_tick := p_now - alive_at;
+    tick_errors := (w->>'tick_errors')::bigint;
+    last_tick_error := w->>'tick_error';
+    last_tick_error_at := err_at;
+    scheduler_alive := procs.scheduler > 0;
+    executors_alive := procs.executors;
+    executors_expected := tide._setting('executors', '2')::integer;
+    delivery_alive := procs.delivery > 0;
+    ready_runs := ready.n;
+    oldest_ready := ready.oldest;
+    deliveries_pending := dl.pending;
+    deliveries_dead_24h := dl.dead;
+    ping_configured := (w->>'ping_configured')::boolean;
+    last_ping_at := to_timestamp((w->>'ping_at')::float8 / 1000);
+    last_ping_status := (w->>'ping_status')::integer;
+    owner := (SELECT r.rolname FROM pg_extension x JOIN pg_roles r ON r.oid = x.extowner WHERE x.extname = 'pg_tide');
+    RETURN NEXT;
+END
+$$;
+COMMENT ON FUNCTION tide._self(timestamptz) IS
+    'Internal: pg_tide''s own health at an instant (tide.self_health), in the database it serves, for superusers and tide_admin.';
+
+CREATE VIEW tide.self_health WITH (security_invoker = true) AS SELECT * FROM tide._self(now());
+COMMENT ON VIEW tide.self_health IS
+    'pg_tide itself: status (ok, late, failing, down, paused), the last successful tick and the time since, tick errors since the server started and the last one, whether the scheduler, executors and delivery worker run, ready runs and the oldest one''s wait, alert deliveries pending and dead in 24 h, the ping. Shown in the database pg_tide serves, to superusers and members of tide_admin.';
+GRANT SELECT ON tide.self_health TO PUBLIC;
 
 CREATE VIEW tide.health WITH (security_invoker = true) AS
 SELECT task, status, severity, last_success, silence, max_silence, last_state, consecutive_failures,
        consecutive_skips, retries_24h, backlog, oldest_ready, dead, need_check, p50_duration, p95_duration,
        p95_queue_wait, next_fire_at, owner, open_differences, differences_for_a_person
-  FROM tide._health(now());
+  FROM tide._health(now())
+UNION ALL
+-- pg_tide itself, as one more row (see tide.self_health).
+SELECT 'pg_tide', x.status, 'critical', x.last_tick, x.since_last_tick, x.stalled_after, NULL, 
+       CASE WHEN x.last_tick_error_at > coalesce(x.last_tick, '-infinity') THEN 1 ELSE 0 END, 0, 0,
+       x.ready_runs, x.oldest_ready, x.deliveries_dead_24h, 0, NULL, NULL, NULL, NULL, x.owner, NULL, NULL
+  FROM tide._self(now()) x;
 COMMENT ON VIEW tide.health IS
-    'One row per task: status (ok, late, failing, unbalanced, down, paused, never_ran), last success, silence so far against max_silence, last run state, failures and skips in a row, retries in 24 h, backlog (ready + waiting), age of the oldest ready run, dead and need_check runs, p50/p95 duration and p95 queue wait over 24 h, next fire, owner. A role sees its own tasks (a superuser every role''s).';
+    'One row per task, and one named pg_tide for pg_tide itself (in the database it serves, for superusers and tide_admin: its last tick, tick errors, ready runs and dead alert deliveries; see tide.self_health): status (ok, late, failing, unbalanced, down, paused, never_ran), last success, silence so far against max_silence, last run state, failures and skips in a row, retries in 24 h, backlog (ready + waiting), age of the oldest ready run, dead and need_check runs, p50/p95 duration and p95 queue wait over 24 h, next fire, owner. A role sees its own tasks (a superuser every role''s).';
 GRANT SELECT ON tide.health TO PUBLIC;
 
 CREATE FUNCTION tide._status_rank(status text) RETURNS integer
@@ -262,7 +381,7 @@ CREATE VIEW tide.dashboard WITH (security_invoker = true) AS
 SELECT left(h.task, 18) AS task, h.status, left(h.severity::text, 4) AS sev, tide._short(h.silence) AS quiet,
        tide._short(h.max_silence) AS max, h.consecutive_failures AS fail, h.backlog AS todo,
        tide._short(h.next_fire_at - now()) AS next
-  FROM tide._health(now()) h
+  FROM tide.health h
  ORDER BY tide._status_rank(h.status), h.severity DESC, h.silence DESC NULLS LAST, h.task;
 COMMENT ON VIEW tide.dashboard IS
     'tide.health in 80 columns, worst first: status, severity, silence (quiet) against max_silence, failed attempts in a row, backlog (todo), time to the next fire.';
@@ -480,13 +599,30 @@ GRANT SELECT ON tide.check_status TO PUBLIC;
 CREATE TYPE tide.alert_kind AS ENUM (
     'silence', 'down', 'consecutive_failures', 'dead_letter', 'need_check', 'repeated_skips', 'retries',
     'backlog', 'catch_up_limit', 'not_ready', 'schedule_error', 'retry_budget', 'events_lost', 'backfill',
-    'reconciliation'
+    'reconciliation', 'held', 'delivery_failed', 'scheduler_down'
 );
 COMMENT ON TYPE tide.alert_kind IS 'What an alert is about; see the README''s alert kinds.';
 
+-- pg_tide's own alert: no successful tick for pg_tide.alert_stalled_after (the scheduler is
+-- gone, stuck, or every tick fails). Evaluated by the tick like the others and, since a
+-- scheduler that is down cannot report itself, by the delivery worker (tide._watchdog).
+CREATE FUNCTION tide._self_causes(p_now timestamptz)
+RETURNS TABLE (subject_type text, subject text, kind tide.alert_kind, severity tide.severity, details jsonb, owner name)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT 'pg_tide', 'pg_tide', 'scheduler_down'::tide.alert_kind, 'critical'::tide.severity,
+           jsonb_build_object('last_tick', x.last_tick, 'since_last_tick', x.since_last_tick, 'scheduler_alive', x.scheduler_alive,
+                              'last_tick_error', x.last_tick_error, 'last_tick_error_at', x.last_tick_error_at),
+           x.owner
+      FROM tide._self(p_now) x
+     WHERE x.status = 'down'
+$$;
+COMMENT ON FUNCTION tide._self_causes(timestamptz) IS 'Internal: pg_tide''s own alert condition at an instant (scheduler_down).';
+
 CREATE TABLE tide.alert (
     alert_id     bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    subject_type text NOT NULL CHECK (subject_type IN ('task', 'check', 'queue', 'backfill')),
+    subject_type text NOT NULL CHECK (subject_type IN ('task', 'check', 'queue', 'backfill', 'channel', 'pg_tide')),
     subject      text NOT NULL,
     kind         tide.alert_kind NOT NULL,
     severity     tide.severity NOT NULL,
@@ -495,7 +631,16 @@ CREATE TABLE tide.alert (
     resolved_at  timestamptz,
     count        integer NOT NULL DEFAULT 1,
     details      jsonb NOT NULL DEFAULT '{}',
-    owner        name NOT NULL
+    owner        name NOT NULL,
+    -- Acknowledged (tide.ack): no more reminders or escalation; its resolution is still sent.
+    acked_at     timestamptz,
+    acked_by     name,
+    ack_note     text,
+    -- Raised one severity by escalation (pg_tide.alert_escalate_after) from the cause's.
+    escalated_at timestamptz,
+    -- The latest notification sent (opening, escalation or reminder) and how many reminders.
+    notified_at  timestamptz,
+    reminders    integer NOT NULL DEFAULT 0
 );
 COMMENT ON TABLE tide.alert IS
     'Alerts opened and resolved by the tick: at most one open alert per owner, subject (task or check) and kind. count = evaluations that found the cause while open.';
@@ -514,7 +659,8 @@ AS $$
         SELECT tide._setting('alert_failures', '3')::integer AS failures,
                tide._setting('alert_skips', '3')::integer AS skips,
                tide._setting('alert_retries', '10')::integer AS retries,
-               tide._setting('alert_backlog', '1000')::integer AS backlog
+               tide._setting('alert_backlog', '1000')::integer AS backlog,
+               tide._setting('alert_held_after', '1h')::interval AS held_after
     ), h AS MATERIALIZED (
         -- Only the tasks with something to report (the details are built for those alone).
         SELECT h.*, CASE WHEN h.paused THEN 0 ELSE tide._silence_level(h.silence, h.max_silence) END AS level
@@ -523,6 +669,7 @@ AS $$
             OR h.consecutive_failures >= cfg.failures OR h.dead > 0 OR h.need_check > 0
             OR h.consecutive_skips > cfg.skips OR h.retries_24h >= cfg.retries OR h.backlog >= cfg.backlog
             OR h.catch_up_limited_24h > 0 OR h.not_ready_24h > 0 OR h.tick_error IS NOT NULL
+            OR h.held_since <= p_now - cfg.held_after
     )
     SELECT 'task', h.task, c.kind, h.severity, c.details, h.owner
       FROM h CROSS JOIN cfg CROSS JOIN LATERAL (VALUES
@@ -541,7 +688,10 @@ AS $$
          jsonb_build_object('windows_skipped_24h', h.catch_up_limited_24h)),
         ('not_ready', h.not_ready_24h > 0, jsonb_build_object('not_ready_24h', h.not_ready_24h)),
         ('schedule_error', h.tick_error IS NOT NULL,
-         jsonb_build_object('error', h.tick_error, 'since', h.tick_error_at, 'retry_at', h.tick_retry_at))
+         jsonb_build_object('error', h.tick_error, 'since', h.tick_error_at, 'retry_at', h.tick_retry_at)),
+        ('held', h.held_since <= p_now - cfg.held_after,
+         jsonb_build_object('held', h.held, 'since', h.held_since,
+                            'confirm', format('SELECT tide.confirm(%L, version)', h.task)))
       ) AS c(kind, hit, details)
      WHERE c.hit
     UNION ALL
@@ -596,6 +746,21 @@ AS $$
       FROM tide.recon_diff x JOIN tide.task t ON t.task_id = x.task_id
      WHERE x.status = 'open' AND (x.class = 'human' OR x.escalated)
      GROUP BY t.task_id, t.name, t.owner
+    UNION ALL
+    -- A channel of tide.create_channel that gave up on deliveries in the last 24 hours (they
+    -- are dead: replay them with tide.replay_effect once the receiver is fixed).
+    SELECT 'channel', c.name, 'delivery_failed', 'warning',
+           jsonb_build_object('dead', d.n, 'last_error', c.last_error, 'last_error_at', c.last_error_at,
+                              'effect_ids', to_jsonb(d.ids)),
+           c.owner
+      FROM tide.alert_channel c
+     CROSS JOIN LATERAL (SELECT count(*) AS n, (array_agg(e.effect_id ORDER BY e.effect_id DESC))[1:10] AS ids
+                           FROM tide.effect e
+                          WHERE e.owner = c.owner AND e.channel = c.name AND e.state = 'dead'
+                            AND e.created_at > p_now - interval '1 day') d
+     WHERE d.n > 0
+    UNION ALL
+    SELECT * FROM tide._self_causes(p_now)
 $$;
 COMMENT ON FUNCTION tide._alert_causes(timestamptz) IS 'Internal: every alert condition that holds at an instant.';
 
@@ -657,9 +822,12 @@ END
 $$;
 COMMENT ON FUNCTION tide.drop_alert_route(text) IS 'drop_alert_route(channel): stops delivering alerts to a channel; false if there was no route to it.';
 
--- Opens the alerts whose cause holds and resolves those whose cause is gone; NOTIFYs
--- pg_tide_alert and writes a log line for each opening and resolution. Returns the counts.
-CREATE FUNCTION tide._evaluate_alerts(p_now timestamptz) RETURNS jsonb
+-- Opens the alerts whose cause holds and resolves those whose cause is gone; escalates and
+-- reminds of the open ones nobody acknowledged. NOTIFYs pg_tide_alert, writes a log line and
+-- records the deliveries (tide._alert_deliver) of each opening, escalation, reminder and
+-- resolution. p_only_self: pg_tide's own alert only (the delivery worker's watchdog). Returns
+-- the counts.
+CREATE FUNCTION tide._evaluate_alerts(p_now timestamptz, p_only_self boolean DEFAULT false) RETURNS jsonb
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 SET jit = off
@@ -667,22 +835,27 @@ AS $$
 DECLARE
     changes jsonb;
     c jsonb;
-    n integer;
     opened integer := 0;
     resolved integer := 0;
+    escalate_after interval := tide._setting('alert_escalate_after', '1h')::interval;
+    renotify interval := tide._setting('alert_renotify_interval', '4h')::interval;
 BEGIN
     WITH cause AS MATERIALIZED (
-        SELECT * FROM tide._alert_causes(p_now)
+        SELECT * FROM tide._alert_causes(p_now) WHERE NOT p_only_self
+        UNION ALL
+        SELECT * FROM tide._self_causes(p_now) WHERE p_only_self
     ), upsert AS (
-        INSERT INTO tide.alert AS a (subject_type, subject, kind, severity, opened_at, last_seen_at, details, owner)
-        SELECT c.subject_type, c.subject, c.kind, c.severity, p_now, p_now, c.details, c.owner FROM cause c
+        INSERT INTO tide.alert AS a (subject_type, subject, kind, severity, opened_at, last_seen_at, details, owner, notified_at)
+        SELECT c.subject_type, c.subject, c.kind, c.severity, p_now, p_now, c.details, c.owner, p_now FROM cause c
         ON CONFLICT (owner, subject_type, subject, kind) WHERE resolved_at IS NULL
-        DO UPDATE SET last_seen_at = EXCLUDED.last_seen_at, count = a.count + 1,
-                      details = EXCLUDED.details, severity = EXCLUDED.severity
+        DO UPDATE SET last_seen_at = EXCLUDED.last_seen_at, count = a.count + 1, details = EXCLUDED.details,
+                      -- An escalated alert keeps its raised severity while its cause lasts.
+                      severity = CASE WHEN a.escalated_at IS NULL THEN EXCLUDED.severity
+                                      ELSE greatest(EXCLUDED.severity, a.severity) END
         RETURNING a.*, (a.xmax = 0) AS is_new
     ), gone AS (
         UPDATE tide.alert a SET resolved_at = p_now
-         WHERE a.resolved_at IS NULL
+         WHERE a.resolved_at IS NULL AND (NOT p_only_self OR a.subject_type = 'pg_tide')
            AND NOT EXISTS (SELECT 1 FROM cause c
                             WHERE c.owner = a.owner AND c.subject_type = a.subject_type AND c.subject = a.subject
                               AND c.kind = a.kind)
@@ -696,26 +869,43 @@ BEGIN
             UNION ALL
             SELECT g.alert_id, jsonb_build_object('event', 'resolved', 'alert_id', g.alert_id, 'subject_type', g.subject_type,
                                      'subject', g.subject, 'kind', g.kind, 'severity', g.severity,
-                                     'opened_at', g.opened_at, 'resolved_at', g.resolved_at, 'count', g.count)
+                                     'opened_at', g.opened_at, 'resolved_at', g.resolved_at, 'count', g.count,
+                                     'acked_by', g.acked_by)
               FROM gone g) x;
+    -- Open alerts nobody acknowledged: raised one severity once, after escalate_after; and a
+    -- reminder every renotify interval after the latest notification.
+    WITH esc AS (
+        UPDATE tide.alert a
+           SET severity = CASE a.severity WHEN 'info' THEN 'warning'::tide.severity ELSE 'critical' END,
+               escalated_at = p_now, notified_at = p_now
+         WHERE a.resolved_at IS NULL AND a.acked_at IS NULL AND a.escalated_at IS NULL AND a.severity < 'critical'
+           AND escalate_after > interval '0' AND a.opened_at <= p_now - escalate_after
+           AND (NOT p_only_self OR a.subject_type = 'pg_tide')
+        RETURNING a.*
+    ), remind AS (
+        UPDATE tide.alert a SET reminders = a.reminders + 1, notified_at = p_now
+         WHERE a.resolved_at IS NULL AND a.acked_at IS NULL AND renotify > interval '0'
+           AND coalesce(a.notified_at, a.opened_at) <= p_now - renotify
+           AND NOT EXISTS (SELECT 1 FROM esc WHERE esc.alert_id = a.alert_id)
+           AND (NOT p_only_self OR a.subject_type = 'pg_tide')
+        RETURNING a.*
+    )
+    SELECT changes || coalesce(jsonb_agg(x.payload ORDER BY x.alert_id), '[]') INTO changes
+      FROM (SELECT e.alert_id, jsonb_build_object('event', 'escalated', 'alert_id', e.alert_id, 'subject_type', e.subject_type,
+                                     'subject', e.subject, 'kind', e.kind, 'severity', e.severity,
+                                     'opened_at', e.opened_at, 'details', e.details) AS payload
+              FROM esc e
+            UNION ALL
+            SELECT m.alert_id, jsonb_build_object('event', 'renotify', 'reminder', m.reminders, 'alert_id', m.alert_id,
+                                     'subject_type', m.subject_type, 'subject', m.subject, 'kind', m.kind,
+                                     'severity', m.severity, 'opened_at', m.opened_at, 'details', m.details)
+              FROM remind m) x;
     FOR c IN SELECT * FROM jsonb_array_elements(changes) LOOP
         PERFORM pg_notify('pg_tide_alert', c::text);
-        -- Delivery, once per opening or resolution and route, as a side effect.
-        WITH delivery AS (
-            INSERT INTO tide.effect (channel, dedupe_key, payload, owner)
-            SELECT r.channel, format('alert:%s:%s:%s', a.alert_id, c->>'event', r.channel), c, r.owner
-              FROM tide.alert_route r JOIN tide.alert a ON a.alert_id = (c->>'alert_id')::bigint
-             WHERE (r.owner = a.owner OR EXISTS (SELECT 1 FROM pg_roles x WHERE x.rolname = r.owner AND x.rolsuper))
-               AND a.severity >= r.min_severity
-               AND (r.kinds IS NULL OR a.kind = ANY (r.kinds))
-               AND (c->>'event' = 'opened' OR r.resolved)
-            ON CONFLICT ON CONSTRAINT effect_owner_dedupe_key_key DO NOTHING
-            RETURNING channel
-        )
-        SELECT count(pg_notify('pg_tide_effect', d.channel)) INTO n FROM delivery d;
+        PERFORM tide._alert_deliver(c);
         IF c->>'event' = 'opened' THEN
             opened := opened + 1;
-        ELSE
+        ELSIF c->>'event' = 'resolved' THEN
             resolved := resolved + 1;
         END IF;
         RAISE LOG 'pg_tide: alert=% alert_id=% subject_type=% subject=% kind=% severity=%', c->>'event',
@@ -724,8 +914,8 @@ BEGIN
     RETURN jsonb_build_object('alerts_opened', opened, 'alerts_resolved', resolved);
 END
 $$;
-COMMENT ON FUNCTION tide._evaluate_alerts(timestamptz) IS
-    'Internal: opens and resolves alerts at an instant (one open alert per subject and kind) and NOTIFYs pg_tide_alert with a JSON payload for each change.';
+COMMENT ON FUNCTION tide._evaluate_alerts(timestamptz, boolean) IS
+    'Internal: opens and resolves alerts at an instant (one open alert per subject and kind), escalates and reminds of unacknowledged ones, NOTIFYs pg_tide_alert with a JSON payload and records the deliveries of each change.';
 
 -- ---------------------------------------------------------------------------------------------
 -- Run log lines: one per run start, skip, success and failure, key=value.
@@ -1200,12 +1390,12 @@ COMMENT ON FUNCTION tide._monitor(timestamptz) IS
 -- changes them only through the functions above; tide.monitor_state is pg_tide's own.
 ALTER TABLE tide.check ENABLE ROW LEVEL SECURITY;
 ALTER TABLE tide.alert_route ENABLE ROW LEVEL SECURITY;
-CREATE POLICY alert_route_owner ON tide.alert_route FOR SELECT USING (owner = current_user);
+CREATE POLICY alert_route_owner ON tide.alert_route FOR SELECT USING (tide._visible(owner));
 GRANT SELECT ON tide.alert_route TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('tide.alert_route', '');
 ALTER TABLE tide.alert ENABLE ROW LEVEL SECURITY;
-CREATE POLICY check_owner ON tide.check FOR SELECT USING (owner = current_user);
-CREATE POLICY alert_owner ON tide.alert FOR SELECT USING (owner = current_user);
+CREATE POLICY check_owner ON tide.check FOR SELECT USING (tide._visible(owner));
+CREATE POLICY alert_owner ON tide.alert FOR SELECT USING (tide._visible(owner));
 GRANT SELECT ON tide.check TO PUBLIC;
 GRANT SELECT ON tide.alert TO PUBLIC;
 -- Pruned counts belong to whoever sees the task.

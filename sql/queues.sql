@@ -32,7 +32,7 @@ COMMENT ON COLUMN tide.queue.tokens IS 'Start tokens left at tokens_at (refilled
 COMMENT ON COLUMN tide.queue.budget IS 'Retry budget left at budget_at (refilled at retry_budget per retry_window, at most retry_budget); below zero, retries wait.';
 
 ALTER TABLE tide.queue ENABLE ROW LEVEL SECURITY;
-CREATE POLICY queue_owner ON tide.queue FOR SELECT USING (owner = current_user);
+CREATE POLICY queue_owner ON tide.queue FOR SELECT USING (tide._visible(owner));
 GRANT SELECT ON tide.queue TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('tide.queue', '');
 

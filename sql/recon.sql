@@ -89,8 +89,8 @@ CREATE INDEX recon_diff_action_idx ON tide.recon_diff (action_run_id) WHERE acti
 
 ALTER TABLE tide.recon_result ENABLE ROW LEVEL SECURITY;
 ALTER TABLE tide.recon_diff ENABLE ROW LEVEL SECURITY;
-CREATE POLICY recon_result_owner ON tide.recon_result FOR SELECT USING (owner = current_user);
-CREATE POLICY recon_diff_owner ON tide.recon_diff FOR SELECT USING (owner = current_user);
+CREATE POLICY recon_result_owner ON tide.recon_result FOR SELECT USING (tide._visible(owner));
+CREATE POLICY recon_diff_owner ON tide.recon_diff FOR SELECT USING (tide._visible(owner));
 GRANT SELECT ON tide.recon_result, tide.recon_diff TO PUBLIC;
 
 -- The command of a reconciliation's task: never run (tide._execute compares the sides instead);

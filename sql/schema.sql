@@ -246,10 +246,44 @@ CREATE TRIGGER task_version_immutable BEFORE UPDATE ON tide.task_version
 -- Each role reads only its own tasks and versions; superusers (and the extension owner) read
 -- all. Nobody but the extension's owner writes them: roles change tasks through tide.schedule,
 -- tide.alter and the other public functions.
+-- Who sees a row a role owns: that role, its members (a team role owns tasks, its members see
+-- them), and members of tide_admin; superusers and the extension's owner bypass row-level
+-- security. Used by every policy, per row: plain SQL without a SET clause so that it is inlined
+-- (every name is qualified, so it is safe under any search_path; scripts/pgspot.sh lists it),
+-- and the common case (one's own row) is decided by the first test.
+CREATE FUNCTION tide._visible(p_owner name) RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT p_owner OPERATOR(pg_catalog.=) CURRENT_USER
+        OR pg_catalog.pg_has_role('tide_admin', 'MEMBER')
+        OR EXISTS (SELECT 1 FROM pg_catalog.pg_roles r
+                    WHERE r.rolname OPERATOR(pg_catalog.=) p_owner AND pg_catalog.pg_has_role(r.oid, 'MEMBER'))
+$$;
+COMMENT ON FUNCTION tide._visible(name) IS
+    'Internal: whether the current role sees what a role owns: its own, a role it is a member of (a team), or everything for tide_admin.';
+
 ALTER TABLE tide.task ENABLE ROW LEVEL SECURITY;
 ALTER TABLE tide.task_version ENABLE ROW LEVEL SECURITY;
-CREATE POLICY task_owner ON tide.task FOR SELECT USING (owner = current_user);
-CREATE POLICY task_version_owner ON tide.task_version FOR SELECT USING (owner = current_user);
+CREATE POLICY task_owner ON tide.task FOR SELECT USING (tide._visible(owner));
+CREATE POLICY task_version_owner ON tide.task_version FOR SELECT USING (tide._visible(owner));
+
+-- Predefined roles (cluster-wide, created once, kept when the extension is dropped): tide_admin
+-- sees and manages every role's tasks; tide_worker claims and completes the runs of the queues
+-- it is granted; tide_producer emits to and enqueues into the topics and tasks it is granted
+-- (tide.grant). Grant them to login roles: GRANT tide_admin TO alice.
+DO $roles$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'tide_admin') THEN
+        CREATE ROLE tide_admin NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'tide_worker') THEN
+        CREATE ROLE tide_worker NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'tide_producer') THEN
+        CREATE ROLE tide_producer NOLOGIN;
+    END IF;
+END
+$roles$;
 
 GRANT USAGE ON SCHEMA tide TO PUBLIC;
 GRANT SELECT ON tide.task TO PUBLIC;

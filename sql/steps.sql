@@ -30,7 +30,7 @@ BEGIN
     END IF;
     PERFORM tide._text_arg('step name', p_name, 200, 'name the step after what it does, such as ''charge_card''');
     SELECT * INTO r FROM tide.run x
-     WHERE x.run_id = p_run_id AND x.lease_token = p_token AND x.state = 'running' AND tide._may_act(x.owner);
+     WHERE x.run_id = p_run_id AND x.lease_token = p_token AND x.state = 'running' AND tide._may_work(x.owner, x.queue);
     IF NOT FOUND THEN
         PERFORM tide._refuse_stale(p_run_id, p_token, p_function);
     END IF;
@@ -130,6 +130,6 @@ COMMENT ON FUNCTION tide.complete_step(text, jsonb) IS
     'complete_step(name, output => NULL), inside a task''s command: as complete_step(run_id, lease_token, name, output) for the run being executed.';
 
 ALTER TABLE tide.step ENABLE ROW LEVEL SECURITY;
-CREATE POLICY step_owner ON tide.step FOR SELECT USING (owner = current_user);
+CREATE POLICY step_owner ON tide.step FOR SELECT USING (tide._visible(owner));
 GRANT SELECT ON tide.step TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('tide.step', '');

@@ -294,9 +294,10 @@ pub fn caller_sql() -> String {
 }
 
 /// Whether the caller may act on something owned by `owner`: it is that role, a member of it,
-/// or a superuser. An owner role that no longer exists is left to superusers.
+/// a member of tide_admin, or a superuser. An owner role that no longer exists is left to
+/// superusers and tide_admin.
 #[pg_extern(stable, parallel_restricted, schema = "tide", name = "_may_act")]
-fn may_act(owner: Option<&str>) -> bool {
+pub fn may_act(owner: Option<&str>) -> bool {
     let Some(owner) = owner else {
         return false;
     };
@@ -306,6 +307,10 @@ fn may_act(owner: Option<&str>) -> bool {
     };
     // SAFETY: catalog lookups; missing_ok returns InvalidOid for a dropped role.
     unsafe {
+        let admin = pg_sys::get_role_oid(c"tide_admin".as_ptr(), true);
+        if admin != pg_sys::InvalidOid && pg_sys::is_member_of_role(me, admin) {
+            return true;
+        }
         let role = pg_sys::get_role_oid(name.as_ptr(), true);
         if role == pg_sys::InvalidOid {
             return pg_sys::superuser_arg(me);
@@ -321,7 +326,7 @@ fn may_act(owner: Option<&str>) -> bool {
     schema = "tide",
     name = "_caller_is_superuser"
 )]
-fn caller_is_superuser() -> bool {
+pub fn caller_is_superuser() -> bool {
     // SAFETY: a catalog lookup of the caller's role.
     unsafe { pg_sys::superuser_arg(caller()) }
 }

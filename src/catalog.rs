@@ -207,6 +207,8 @@ struct Guarantees<'a> {
 /// aborts the statement, so nothing is written.
 fn check_task(task_id: i64, function: &'static str) {
     Spi::run_with_args("SELECT tide._check_task($1)", &[task_id.into()]).or_raise(function);
+    // A WARNING when nothing would run the task (no scheduler serves this database).
+    Spi::run("SELECT tide._scheduler_warning()").or_raise(function);
 }
 
 /// Collects the execution options of `tide.schedule` / `tide.alter` and validates them.

@@ -17,6 +17,9 @@ pub mod rules;
 mod caller;
 mod sealed;
 
+// Alert messages and their sending (no pgrx).
+pub mod notify;
+
 // The SQL surface.
 mod catalog;
 mod jsonarg;
@@ -29,6 +32,7 @@ mod tick;
 mod timeline;
 
 // Settings and background workers.
+mod delivery;
 mod import;
 mod settings;
 mod toplevel;
@@ -64,6 +68,12 @@ mod tide {}
     name = "effects",
     requires = ["execution"]
 );
+// Alert delivery by pg_tide's own worker: tide.create_channel (webhook, email), tide.ack.
+::pgrx::extension_sql_file!(
+    "../sql/delivery.sql",
+    name = "delivery",
+    requires = ["effects"]
+);
 // Steps inside a run, skipped by later attempts and reruns once done.
 ::pgrx::extension_sql_file!("../sql/steps.sql", name = "steps", requires = ["execution"]);
 // Per-object locks, overlap control and serial groups: what a claim checks for gated runs.
@@ -81,6 +91,12 @@ mod tide {}
     name = "import",
     requires = ["execution"]
 );
+// Predefined roles' grants: tide.grant, tide.revoke; who may claim, emit, enqueue.
+::pgrx::extension_sql_file!(
+    "../sql/roles.sql",
+    name = "roles",
+    requires = ["execution", caller::may_act, caller::caller_is_superuser]
+);
 // One-off and delayed jobs: tide.enqueue.
 ::pgrx::extension_sql_file!("../sql/jobs.sql", name = "jobs", requires = ["locks"]);
 // Backfills: tide.backfill, its plan, canary, batches and sample check; pause, resume, cancel.
@@ -95,8 +111,10 @@ mod tide {}
 ::pgrx::extension_sql_file!(
     "../sql/monitor.sql",
     name = "monitor",
-    requires =
-        ["effects", "steps", "locks", "events", "long", "jobs", "queues", "backfill", "recon"]
+    requires = [
+        "effects", "delivery", "roles", "steps", "locks", "events", "long", "jobs", "queues",
+        "backfill", "recon"
+    ]
 );
 // Comments on the generated functions, once they exist.
 ::pgrx::extension_sql_file!("../sql/comments.sql", name = "comments", finalize);
@@ -105,13 +123,24 @@ mod tide {}
 /// and executor workers.
 #[pgrx::pg_guard]
 pub extern "C-unwind" fn _PG_init() {
+    // Loaded by CREATE EXTENSION (or LOAD) rather than at server start: nothing could ever run
+    // or alert, and the settings that take effect at server start cannot be defined now.
+    // SAFETY: reads a flag the postmaster sets while loading shared_preload_libraries.
+    if !unsafe { pgrx::pg_sys::process_shared_preload_libraries_in_progress } {
+        pgrx::pg_sys::panic::ErrorReport::new(
+            pgrx::PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            "pg_tide must be loaded by shared_preload_libraries",
+            "pg_tide",
+        )
+        .set_detail("Without it no scheduler, executor or delivery worker runs: nothing would ever run or alert.")
+        .set_hint("add pg_tide to shared_preload_libraries in postgresql.conf, set pg_tide.database, restart PostgreSQL, then CREATE EXTENSION pg_tide again")
+        .report(pgrx::PgLogLevel::ERROR);
+    }
     settings::define();
     caller::install();
-    // SAFETY: reads a flag the postmaster sets while loading shared_preload_libraries.
-    if unsafe { pgrx::pg_sys::process_shared_preload_libraries_in_progress } {
-        worker::register();
-        queue_count::init_shared();
-    }
+    worker::register();
+    queue_count::init_shared();
+    delivery::init_shared();
 }
 
 #[cfg(any(test, feature = "pg_test"))]
@@ -124,6 +153,10 @@ pub mod pg_test {
 
     #[must_use]
     pub fn postgresql_conf_options() -> Vec<&'static str> {
-        vec!["shared_preload_libraries = 'pg_tide'"]
+        // The tests' database is not pg_tide.database: nothing runs there by itself.
+        vec![
+            "shared_preload_libraries = 'pg_tide'",
+            "pg_tide.allow_unscheduled = on",
+        ]
     }
 }

@@ -36,6 +36,20 @@ pub static ALERT_FAILURES: GucSetting<i32> = GucSetting::<i32>::new(3);
 pub static ALERT_SKIPS: GucSetting<i32> = GucSetting::<i32>::new(3);
 pub static ALERT_RETRIES: GucSetting<i32> = GucSetting::<i32>::new(10);
 pub static ALERT_BACKLOG: GucSetting<i32> = GucSetting::<i32>::new(1000);
+/// Seconds without a successful tick after which the scheduler_down alert opens.
+pub static ALERT_STALLED: GucSetting<i32> = GucSetting::<i32>::new(60);
+/// Seconds a run may stay held (R12.3) before the held alert opens.
+pub static ALERT_HELD: GucSetting<i32> = GucSetting::<i32>::new(3600);
+/// Seconds between two reminders of an open, unacknowledged alert; 0 = never.
+pub static ALERT_RENOTIFY: GucSetting<i32> = GucSetting::<i32>::new(4 * 3600);
+/// Seconds after which an open, unacknowledged alert is raised one severity; 0 = never.
+pub static ALERT_ESCALATE: GucSetting<i32> = GucSetting::<i32>::new(3600);
+/// Dead-man's switch: a URL the delivery worker pings while ticks succeed (`<url>/fail` else).
+pub static PING_URL: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+/// Seconds between two pings.
+pub static PING_INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(60);
+/// Lets a superuser create the extension in a database no scheduler serves.
+pub static ALLOW_UNSCHEDULED: GucSetting<bool> = GucSetting::<bool>::new(false);
 
 pub fn define() {
     GucRegistry::define_string_guc(
@@ -102,6 +116,41 @@ pub fn define() {
         GucContext::Suset,
         GucFlags::UNIT_MS,
     );
+    GucRegistry::define_bool_guc(
+        c"pg_tide.allow_unscheduled",
+        c"Lets a superuser create pg_tide in a database other than pg_tide.database.",
+        c"Nothing runs there by itself (no scheduler serves it): for tests that drive tide.tick themselves.",
+        &ALLOW_UNSCHEDULED,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_string_guc(
+        c"pg_tide.ping_url",
+        c"Dead-man's switch URL pinged while the scheduler ticks (<url>/fail while ticks fail or stop).",
+        c"Healthchecks-style: an outside monitor alerts when the pings stop (PostgreSQL or the machine is down).",
+        &PING_URL,
+        GucContext::Sighup,
+        GucFlags::SUPERUSER_ONLY,
+    );
+    let seconds: [(&'static std::ffi::CStr, &'static std::ffi::CStr, &'static GucSetting<i32>, i32, GucContext); 5] = [
+        (c"pg_tide.ping_interval", c"Time between two pings of pg_tide.ping_url.", &PING_INTERVAL, 1, GucContext::Sighup),
+        (c"pg_tide.alert_stalled_after", c"Time without a successful tick after which the scheduler_down alert opens.", &ALERT_STALLED, 5, GucContext::Sighup),
+        (c"pg_tide.alert_held_after", c"Time a run may stay held after a rule change before the held alert opens.", &ALERT_HELD, 1, GucContext::Suset),
+        (c"pg_tide.alert_renotify_interval", c"Time between two reminders of an open alert nobody acknowledged (0: never).", &ALERT_RENOTIFY, 0, GucContext::Suset),
+        (c"pg_tide.alert_escalate_after", c"Time after which an open alert nobody acknowledged is raised one severity (0: never).", &ALERT_ESCALATE, 0, GucContext::Suset),
+    ];
+    for (name, short, setting, min, context) in seconds {
+        GucRegistry::define_int_guc(
+            name,
+            short,
+            c"See the README's alert delivery section.",
+            setting,
+            min,
+            i32::MAX,
+            context,
+            GucFlags::UNIT_S,
+        );
+    }
     let thresholds: [(&'static std::ffi::CStr, &'static std::ffi::CStr, &'static GucSetting<i32>); 4] = [
         (c"pg_tide.alert_failures", c"Failed attempts in a row (since the last success) that open a consecutive_failures alert.", &ALERT_FAILURES),
         (c"pg_tide.alert_skips", c"Skipped runs in a row above which a repeated_skips alert opens.", &ALERT_SKIPS),
@@ -120,6 +169,14 @@ pub fn define() {
             GucFlags::default(),
         );
     }
+}
+
+/// The ping URL, if one is set.
+pub fn ping_url() -> Option<String> {
+    PING_URL
+        .get()
+        .and_then(|c| c.into_string().ok())
+        .filter(|s| !s.trim().is_empty())
 }
 
 /// The configured database name.

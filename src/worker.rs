@@ -58,21 +58,29 @@ pub fn register() {
             .set_restart_time(Some(RESTART))
             .load();
     }
+    BackgroundWorkerBuilder::new("pg_tide delivery")
+        .set_type("pg_tide delivery")
+        .set_library("pg_tide")
+        .set_function("pg_tide_delivery_main")
+        .enable_spi_access()
+        .set_start_time(BgWorkerStartTime::RecoveryFinished)
+        .set_restart_time(Some(RESTART))
+        .load();
 }
 
-fn interval() -> Duration {
+pub(crate) fn interval() -> Duration {
     Duration::from_millis(u64::try_from(settings::TICK_INTERVAL.get()).unwrap_or(1000))
 }
 
 /// Exits (the postmaster died) with code 1, as a FATAL error would.
-fn exit_for_restart() -> ! {
+pub(crate) fn exit_for_restart() -> ! {
     // SAFETY: ends the process the way a FATAL error would, running exit callbacks.
     unsafe { pg_sys::proc_exit(1) }
 }
 
 /// Waits for the next round; a pending SIGTERM ends the worker here (FATAL, exit code 1).
 /// False means the postmaster died.
-fn wait(timeout: Duration) -> bool {
+pub(crate) fn wait(timeout: Duration) -> bool {
     let alive = BackgroundWorker::wait_latch(Some(timeout));
     if BackgroundWorker::sighup_received() {
         // SAFETY: the documented way for a worker to reload postgresql.conf on SIGHUP.
@@ -81,7 +89,7 @@ fn wait(timeout: Duration) -> bool {
     alive
 }
 
-fn start(name: &str) {
+pub(crate) fn start(name: &str) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP);
     // SAFETY: installs PostgreSQL's standard SIGTERM and SIGINT handlers, as regular backends
     // have: pg_cancel_backend (tide.cancel_run of a running SQL run) interrupts the command
@@ -137,7 +145,7 @@ fn installed() -> bool {
 }
 
 /// Whether this round has work to look for: enabled, not a standby, the extension present.
-fn may_work() -> bool {
+pub(crate) fn may_work() -> bool {
     // SAFETY: reads shared recovery state.
     settings::ENABLED.get()
         && !unsafe { pg_sys::RecoveryInProgress() }
@@ -150,14 +158,17 @@ pub extern "C-unwind" fn pg_tide_scheduler_main(_arg: pg_sys::Datum) {
     start("pg_tide scheduler");
     while wait(interval()) {
         if !may_work() {
+            crate::delivery::scheduler_idle();
             continue;
         }
-        // A failed tick is logged by in_transaction; the next one tries again.
-        in_transaction("tick", || {
+        // A failed tick is logged by in_transaction; the next one tries again. Its start and
+        // outcome are noted in shared memory (src/delivery.rs watches them).
+        crate::delivery::tick_started();
+        let outcome = in_transaction("tick", || {
             let counts = Spi::get_one::<pgrx::JsonB>("SELECT tide.tick()").or_raise(F);
             debug1!("pg_tide tick: {:?}", counts.map(|j| j.0));
-        })
-        .ok();
+        });
+        crate::delivery::tick_ended(outcome.err().as_deref());
     }
     exit_for_restart();
 }

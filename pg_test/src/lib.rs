@@ -191,7 +191,8 @@ impl Cluster {
             "\n# pg_tide pg_test\nport = {port}\nlisten_addresses = '127.0.0.1'\n\
              unix_socket_directories = '/tmp'\nshared_preload_libraries = 'pg_tide'\n\
              fsync = off\nlog_min_messages = warning\n\
-             pg_tide.database = '{WORKERS_DB}'\npg_tide.tick_interval = 200\npg_tide.executors = 2\n{extra}\n"
+             pg_tide.database = '{WORKERS_DB}'\npg_tide.tick_interval = 200\npg_tide.executors = 2\n\
+             pg_tide.allow_unscheduled = on\n{extra}\n"
         );
         append(&data_dir.join("postgresql.conf"), &conf)?;
         let cluster = Cluster { data_dir, port };
@@ -435,3 +436,4 @@ impl Drop for Cluster {
         let _ = std::fs::remove_dir_all(&self.data_dir);
     }
 }
+pub mod sinks;

@@ -1,0 +1,344 @@
+//! The delivery worker, and what pg_tide knows about itself.
+//!
+//! **Delivery.** Alerts routed to a channel made with `tide.create_channel` become side effects
+//! (`tide.effect`, sql/effects.sql) in the transaction that opened, escalated, re-notified or
+//! resolved them. This worker, `pg_tide delivery`, takes them in a short transaction (a lease,
+//! committed), sends them with no transaction open (HTTP or SMTP, bounded by a timeout), and
+//! records the outcome in a second short transaction: delivered, retried after a backoff, or dead
+//! after its attempts. It is a process of its own, so a slow receiver never delays a tick or a
+//! run. The guarantee is at least once, with a delivery id that is the same for every copy: a
+//! crash between sending and recording sends that event again once the worker is back (it takes
+//! back what it held at start), with the same `X-Tide-Delivery` header (`Message-ID` for e-mail).
+//!
+//! **Watching pg_tide itself.** The scheduler notes each tick's start, success or error in
+//! shared memory. From it, `tide._watch()` tells SQL when pg_tide last ticked;
+//! `tide.self_health` and the `pg_tide` row of `tide.health` show it; and this worker (which does
+//! not depend on the scheduler) opens the `scheduler_down` alert when ticks stop, and pings
+//! `pg_tide.ping_url`, so that an outside monitor notices when all of PostgreSQL is gone.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use pgrx::lwlock::PgLwLock;
+use pgrx::prelude::*;
+use pgrx::{pg_sys, JsonB, PGRXSharedMemory};
+use serde_json::{json, Value};
+
+use crate::notify::{self, Outcome};
+use crate::settings;
+use crate::sqlerr::OrRaise;
+use crate::worker;
+
+const F: &str = "pg_tide delivery";
+/// The longest one send may take: a receiver that hangs is given up on (and retried) after it.
+const SEND_TIMEOUT: Duration = Duration::from_secs(10);
+/// Sends per claim: at most this many timeouts fit well within the claim's lease (2 minutes).
+const BATCH: i32 = 5;
+const ERROR_LEN: usize = 200;
+
+#[derive(Copy, Clone)]
+#[repr(C)]
+pub struct Watch {
+    /// Epoch milliseconds; 0 = not since the server started.
+    tick_started: i64,
+    tick_ok: i64,
+    tick_error_at: i64,
+    tick_errors: i64,
+    error: [u8; ERROR_LEN],
+    /// The scheduler is alive and idle by choice (pg_tide.enabled off, no extension yet).
+    idle: i64,
+    delivery_round: i64,
+    ping_at: i64,
+    ping_status: i32,
+}
+
+impl Default for Watch {
+    fn default() -> Self {
+        Watch {
+            tick_started: 0,
+            tick_ok: 0,
+            tick_error_at: 0,
+            tick_errors: 0,
+            error: [0; ERROR_LEN],
+            idle: 0,
+            delivery_round: 0,
+            ping_at: 0,
+            ping_status: 0,
+        }
+    }
+}
+
+// SAFETY: plain data (no pointers), shared across processes under the LWLock.
+unsafe impl PGRXSharedMemory for Watch {}
+
+// SAFETY: the name is unique to pg_tide.
+static WATCH: PgLwLock<Watch> = unsafe { PgLwLock::new(c"pg_tide_watch") };
+
+/// Requests and sets up the shared state (from `_PG_init` while preloading).
+#[allow(unexpected_cfgs)]
+pub fn init_shared() {
+    pgrx::pg_shmem_init!(WATCH);
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+fn preloaded() -> bool {
+    crate::queue_count::PRELOADED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The scheduler starts a tick.
+pub fn tick_started() {
+    WATCH.exclusive().tick_started = now_ms();
+}
+
+/// The scheduler's tick committed, or failed with `error`.
+pub fn tick_ended(error: Option<&str>) {
+    let mut w = WATCH.exclusive();
+    match error {
+        None => w.tick_ok = now_ms(),
+        Some(e) => {
+            w.tick_error_at = now_ms();
+            w.tick_errors += 1;
+            let bytes = e.as_bytes();
+            let mut n = bytes.len().min(ERROR_LEN - 1);
+            while n > 0 && !e.is_char_boundary(n) {
+                n -= 1;
+            }
+            w.error = [0; ERROR_LEN];
+            w.error[..n].copy_from_slice(&bytes[..n]);
+        }
+    }
+}
+
+/// The scheduler is alive but does not tick by choice.
+pub fn scheduler_idle() {
+    WATCH.exclusive().idle = now_ms();
+}
+
+fn ms(v: i64) -> Value {
+    if v == 0 {
+        Value::Null
+    } else {
+        json!(v)
+    }
+}
+
+/// What the workers noted in shared memory, as epoch milliseconds (NULL: not since the server
+/// started); `{}` in a server where pg_tide is not preloaded.
+#[pg_extern(stable, parallel_restricted, schema = "tide", name = "_watch")]
+fn watch() -> JsonB {
+    if !preloaded() {
+        return JsonB(json!({}));
+    }
+    let w = *WATCH.share();
+    let len = w.error.iter().position(|b| *b == 0).unwrap_or(ERROR_LEN);
+    let error = String::from_utf8_lossy(&w.error[..len]).to_string();
+    JsonB(json!({
+        "database": settings::database(),
+        "tick_started": ms(w.tick_started),
+        "tick_ok": ms(w.tick_ok),
+        "tick_error_at": ms(w.tick_error_at),
+        "tick_errors": w.tick_errors,
+        "tick_error": if error.is_empty() { Value::Null } else { json!(error) },
+        "idle": ms(w.idle),
+        "delivery_round": ms(w.delivery_round),
+        "ping_at": ms(w.ping_at),
+        "ping_status": if w.ping_at == 0 { Value::Null } else { json!(w.ping_status) },
+        "ping_configured": settings::ping_url().is_some(),
+    }))
+}
+
+/// Refuses CREATE EXTENSION in a database no scheduler serves (called from the install script;
+/// without pg_tide in shared_preload_libraries, `_PG_init` refuses already).
+#[pg_extern(volatile, schema = "tide", name = "_install_check")]
+fn install_check() {
+    use pgrx::pg_sys::panic::ErrorReport;
+    use pgrx::PgLogLevel;
+    // SAFETY: the current database's name, valid for the backend's life.
+    let here = unsafe {
+        let name = pg_sys::get_database_name(pg_sys::MyDatabaseId);
+        std::ffi::CStr::from_ptr(name)
+            .to_string_lossy()
+            .into_owned()
+    };
+    if here != settings::database() && !settings::ALLOW_UNSCHEDULED.get() {
+        ErrorReport::new(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!(
+                "pg_tide can only be created in database \"{}\" (pg_tide.database), not in \"{here}\"",
+                settings::database()
+            ),
+            "CREATE EXTENSION pg_tide",
+        )
+        .set_detail("pg_tide's scheduler and workers serve the one database named by pg_tide.database.")
+        .set_hint(format!(
+            "connect to database \"{}\" and create it there, or set pg_tide.database = '{here}' in postgresql.conf and restart PostgreSQL",
+            settings::database()
+        ))
+        .report(PgLogLevel::ERROR);
+    }
+}
+
+/// One alert event to send.
+struct Job {
+    effect_id: i64,
+    token: i64,
+    kind: String,
+    config: Value,
+    payload: Value,
+    delivery_id: String,
+}
+
+fn claim() -> Vec<Job> {
+    Spi::connect_mut(|client| {
+        let rows = client
+            .update(
+                "SELECT effect_id, lease_token, kind, config, payload, dedupe_key FROM tide._delivery_claim($1)",
+                None,
+                &[BATCH.into()],
+            )
+            .or_raise(F);
+        rows.filter_map(|row| {
+            Some(Job {
+                effect_id: row.get::<i64>(1).or_raise(F)?,
+                token: row.get::<i64>(2).or_raise(F)?,
+                kind: row.get::<String>(3).or_raise(F)?,
+                config: row.get::<JsonB>(4).or_raise(F)?.0,
+                payload: row.get::<JsonB>(5).or_raise(F)?.0,
+                delivery_id: row.get::<String>(6).or_raise(F)?,
+            })
+        })
+        .collect()
+    })
+}
+
+fn send(job: &Job) -> Outcome {
+    match job.kind.as_str() {
+        "webhook" => {
+            notify::send_webhook(&job.config, &job.payload, &job.delivery_id, SEND_TIMEOUT)
+        }
+        "email" => notify::send_email(&job.config, &job.payload, &job.delivery_id, SEND_TIMEOUT),
+        other => Outcome::Permanent(format!("unknown channel kind {other}")),
+    }
+}
+
+/// Claims a batch (committed), sends it with no transaction open, records the outcomes.
+/// Returns how many were claimed.
+fn deliver_batch() -> usize {
+    let jobs = worker::in_transaction("delivery claim", claim).unwrap_or_default();
+    let mut outcomes = Vec::with_capacity(jobs.len());
+    for job in &jobs {
+        // A pending SIGTERM ends the worker here: what it holds is taken back at its restart.
+        pgrx::check_for_interrupts!();
+        outcomes.push(send(job));
+    }
+    worker::in_transaction("delivery outcome", || {
+        for (job, outcome) in jobs.iter().zip(&outcomes) {
+            let (error, permanent) = match outcome {
+                Outcome::Delivered => (None, false),
+                Outcome::Retry(e) => (Some(e.clone()), false),
+                Outcome::Permanent(e) => (Some(e.clone()), true),
+            };
+            Spi::run_with_args(
+                "SELECT tide._delivery_done($1, $2, $3, $4)",
+                &[
+                    job.effect_id.into(),
+                    job.token.into(),
+                    error.into(),
+                    permanent.into(),
+                ],
+            )
+            .or_raise(F);
+        }
+    })
+    .ok();
+    jobs.len()
+}
+
+/// Whether the scheduler ticks as it should, and what to tell the ping URL.
+fn scheduler_ok() -> (bool, String) {
+    let w = *WATCH.share();
+    let bound = i64::from(settings::ALERT_STALLED.get()) * 1000;
+    let now = now_ms();
+    let last = w.tick_ok.max(w.idle);
+    if w.tick_error_at > w.tick_ok && w.tick_error_at > w.idle {
+        let len = w.error.iter().position(|b| *b == 0).unwrap_or(ERROR_LEN);
+        return (
+            false,
+            format!(
+                "pg_tide: ticks fail: {}",
+                String::from_utf8_lossy(&w.error[..len])
+            ),
+        );
+    }
+    if last == 0 || now - last > bound {
+        return (
+            false,
+            format!("pg_tide: no successful tick for {} s", (now - last) / 1000),
+        );
+    }
+    (true, format!("pg_tide: last tick {} ms ago", now - last))
+}
+
+fn maybe_ping(last: &mut Option<Instant>) {
+    let Some(url) = settings::ping_url() else {
+        return;
+    };
+    let every = Duration::from_secs(u64::try_from(settings::PING_INTERVAL.get()).unwrap_or(60));
+    if last.is_some_and(|t| t.elapsed() < every) {
+        return;
+    }
+    *last = Some(Instant::now());
+    let (ok, body) = scheduler_ok();
+    let status = match notify::ping(&url, ok, &body, SEND_TIMEOUT) {
+        Ok(status) => i32::from(status),
+        Err(e) => {
+            warning!("pg_tide: ping failed: {e}");
+            -1
+        }
+    };
+    let mut w = WATCH.exclusive();
+    w.ping_at = now_ms();
+    w.ping_status = status;
+}
+
+#[pg_guard]
+#[no_mangle]
+pub extern "C-unwind" fn pg_tide_delivery_main(_arg: pg_sys::Datum) {
+    worker::start(F);
+    let mut recovered = false;
+    let mut last_ping: Option<Instant> = None;
+    let mut last_watch: Option<Instant> = None;
+    while worker::wait(worker::interval()) {
+        WATCH.exclusive().delivery_round = now_ms();
+        // The ping needs no database: it goes on whatever the state of the scheduler.
+        maybe_ping(&mut last_ping);
+        if !worker::may_work() {
+            continue;
+        }
+        if !recovered {
+            // What an earlier life of this worker held when it died is sent again now (at
+            // least once), rather than when its lease expires.
+            recovered = worker::in_transaction("delivery recovery", || {
+                Spi::run("SELECT tide._delivery_recover()").or_raise(F)
+            })
+            .is_ok();
+        }
+        while deliver_batch() > 0 {}
+        let every = Duration::from_millis(
+            u64::try_from(settings::MONITOR_INTERVAL.get()).unwrap_or(10_000),
+        );
+        if last_watch.is_none_or(|t| t.elapsed() >= every) {
+            last_watch = Some(Instant::now());
+            worker::in_transaction("watchdog", || {
+                Spi::run("SELECT tide._watchdog(pg_catalog.clock_timestamp())").or_raise(F)
+            })
+            .ok();
+        }
+    }
+    worker::exit_for_restart();
+}
