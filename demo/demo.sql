@@ -408,7 +408,10 @@ SELECT diff_id AS id, result_id AS res, key, kind, class, status, fixed_by_run A
 SELECT * FROM tide.explain(:recon_run);
 
 \echo
-\echo '== Monitoring: a partner import keeps failing; the tick opens an alert (and NOTIFYs pg_tide_alert)'
+\echo '== Monitoring: a partner import keeps failing; the tick opens an alert and pg_tide delivers it'
+\echo '   a channel: alerts of severity warning and up go to a webhook (Slack, Mattermost, Discord or your own),'
+\echo '   signed with HMAC-SHA256; the demo started a receiver for it on 127.0.0.1'
+SELECT tide.create_channel('ops', 'webhook', jsonb_build_object('url', :'hook_url', 'secret', :'hook_secret'), alerts => 'warning');
 SELECT tide.schedule('partner_import', '0 4 * * *', biz_window => 'day',
     command => $$SELECT tide.business_error('partner file for ' || tide.biz_date() || ' is malformed')$$);
 SELECT tide.monitor('partner_import', severity => 'critical');
@@ -424,9 +427,22 @@ SELECT * FROM tide.explain(:run_id);
 \echo '   the open alerts:'
 SELECT alert_id, subject, kind, severity, to_char(opened_at, 'HH24:MI:SS') AS opened, details
   FROM tide.alert WHERE resolved_at IS NULL ORDER BY alert_id;
+\echo '   the delivery worker sends it to the webhook within seconds (once per alert event, with a delivery id):'
+CALL demo_wait($$(SELECT count(*) > 0 FROM tide.effect e JOIN tide.alert a ON e.payload->>'alert_id' = a.alert_id::text
+                   WHERE a.subject = 'partner_import' AND e.channel = 'ops' AND e.state = 'delivered')$$);
+SELECT e.dedupe_key AS delivery_id, e.state, e.attempts, to_char(e.delivered_at, 'HH24:MI:SS') AS delivered
+  FROM tide.effect e WHERE e.channel = 'ops' AND e.payload->>'subject' = 'partner_import' ORDER BY e.effect_id;
+\echo '   acknowledged from psql: no more reminders, no escalation (its resolution is still sent):'
+SELECT tide.ack(alert_id, 'partner says the file is fixed tomorrow') FROM tide.alert
+ WHERE subject = 'partner_import' AND kind = 'dead_letter' AND resolved_at IS NULL;
 \echo '   heartbeats, pg_tide''s own tasks included (each success is a beat):'
 SELECT kind, name, status, to_char(expected_at, 'YYYY-MM-DD HH24:MI') AS next_beat_by FROM tide.check_status
  WHERE kind = 'check' OR status <> 'new' ORDER BY kind, name;
+\echo
+\echo '== pg_tide watches itself (SELECT * FROM tide.self_health): its ticks, workers, backlog, deliveries'
+\x on
+SELECT * FROM tide.self_health;
+\x off
 \echo
 \echo '== The dashboard, worst first (SELECT * FROM tide.dashboard)'
 SELECT * FROM tide.dashboard;

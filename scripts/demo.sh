@@ -4,7 +4,8 @@
 # fire times and business windows across DST, then watch real runs: on time, a retry, a dead
 # letter and its replay; event runs in per-key order under a lock; a long task in batches,
 # paused and resumed; pg_cron jobs imported and a VACUUM run at top level; one-off and delayed
-# jobs; a queue limit holding; then a failing task's alert, a heartbeat check and the dashboard.
+# jobs; a queue limit holding; then a failing task's alert delivered to a webhook receiver the
+# demo starts, a heartbeat check, pg_tide's own health and the dashboard.
 # The cluster is left running for you to explore.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,9 +22,25 @@ install_release
 start_cluster "$DATA" "$PORT" "$DB" "shared_preload_libraries = 'pg_tide,pg_cron'
 cron.database_name = '$DB'"
 
+# A webhook receiver on 127.0.0.1 (the demo's alerts arrive there), kept running beside the
+# cluster and stopped by make demo-stop.
+HOOK_PORT=${PG_TIDE_DEMO_HOOK_PORT:-5498}
+HOOK_LOG="$DATA/webhook.log"
+HOOK_SECRET=demo-signing-secret
+if [ -f "$DATA.webhook.pid" ]; then kill "$(cat "$DATA.webhook.pid")" 2>/dev/null || true; fi
+: > "$HOOK_LOG"
+python3 scripts/webhook_receiver.py "$HOOK_PORT" "$HOOK_SECRET" "$HOOK_LOG" &
+echo $! > "$DATA.webhook.pid"
+echo "==> a webhook receiver listens on http://127.0.0.1:$HOOK_PORT (it logs to $HOOK_LOG)"
+
 PSQL=("$BIN/psql" -X -h 127.0.0.1 -p "$PORT" -U postgres)
 "${PSQL[@]}" -q -d postgres -c "CREATE DATABASE $DB"
-"${PSQL[@]}" -d "$DB" -v ON_ERROR_STOP=1 -P pager=off -f demo/demo.sql
+"${PSQL[@]}" -d "$DB" -v ON_ERROR_STOP=1 -P pager=off -v hook_url="http://127.0.0.1:$HOOK_PORT/hooks/ops" \
+    -v hook_secret="$HOOK_SECRET" -f demo/demo.sql
+
+echo
+echo "==> what the webhook receiver got ($HOOK_LOG):"
+cat "$HOOK_LOG"
 
 cat <<EOT
 

@@ -184,7 +184,10 @@ BEGIN
                   AND (p_event->>'event' <> 'resolved' OR r.resolved)
                UNION
                SELECT c.name, c.owner FROM tide.alert_channel c
-                WHERE c.alerts IS NOT NULL AND a.severity >= c.alerts AND tide._routed(c.owner, a.owner)) x
+                WHERE c.alerts IS NOT NULL AND a.severity >= c.alerts AND tide._routed(c.owner, a.owner)
+                  -- A channel is not told that it is failing (it would fail again).
+                  AND NOT (a.kind = 'delivery_failed' AND a.subject_type = 'channel' AND a.subject = c.name
+                           AND a.owner = c.owner)) x
          WHERE a.alert_id = (p_event->>'alert_id')::bigint
         ON CONFLICT ON CONSTRAINT effect_owner_dedupe_key_key DO NOTHING
         RETURNING channel

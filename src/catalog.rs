@@ -51,8 +51,13 @@ pub fn rule_text(row: &SpiHeapTupleData, first: usize, function: &'static str) -
 
 /// Reads the caller's task of this name. `lock` takes a row lock for a change.
 pub fn load_task(name: &str, lock: bool) -> Result<TaskRow, TideError> {
+    // The caller's own task of that name; else the one task of that name of a role the caller
+    // acts for (a team it is a member of; any role for tide_admin). Two such tasks of other
+    // roles are ambiguous: the caller must SET ROLE to the owner.
     let query = format!(
-        "SELECT task_id, {RULE_COLUMNS}, paused FROM tide.task WHERE name = $1 AND owner = $2 {}",
+        "SELECT task_id, {RULE_COLUMNS}, paused, owner = $2 AS own FROM tide.task
+          WHERE name = $1 AND (owner = $2 OR tide._may_act(owner))
+          ORDER BY owner = $2 DESC, task_id LIMIT 2 {}",
         // NO KEY UPDATE: it serialises changes of the task without blocking the inserts of its
         // runs, whose foreign-key checks take KEY SHARE (a role's open transaction after
         // tide.pause would otherwise block the emits, and ticks, that create its runs).
@@ -62,11 +67,15 @@ pub fn load_task(name: &str, lock: bool) -> Result<TaskRow, TideError> {
     // `connect_mut`: a read-only SPI connection refuses the row lock.
     Spi::connect_mut(|client| {
         let table = client
-            .update(&query, Some(1), &[name.into(), caller_name().into()])
+            .update(&query, None, &[name.into(), caller_name().into()])
             .or_raise(F);
+        let several = table.len() > 1;
         let Some(row) = table.into_iter().next() else {
             return Err(TideError::NoSuchTask(name.to_string()));
         };
+        if several && !row.get::<bool>(11).or_raise(F).unwrap_or(false) {
+            return Err(TideError::AmbiguousTask(name.to_string()));
+        }
         Ok(TaskRow {
             task_id: row.get::<i64>(1).or_raise(F).unwrap_or_default(),
             rules: rule_text(&row, 2, F),

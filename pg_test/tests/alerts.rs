@@ -334,6 +334,56 @@ fn a_receiver_that_is_down_gets_it_later(cluster: &Cluster) -> Result<(), Failed
     Ok(())
 }
 
+fn a_refused_delivery_is_dead_alerts_and_is_replayed(cluster: &Cluster) -> Result<(), Failed> {
+    let r = Receiver::start()?;
+    r.status.store(404, std::sync::atomic::Ordering::SeqCst);
+    let mut db = cluster.workers_db()?;
+    exec(&mut db, &format!("SELECT tide.create_channel('hook_gone', 'webhook', jsonb_build_object('url', '{}'), 'warning')", r.url("/revoked")))?;
+    dead_run(&mut db, "a_gone")?;
+    // 404: trying again cannot help; the delivery is dead at once, and says why.
+    let (effect, error): (i64, String) = wait_for(
+        "a dead delivery",
+        Duration::from_secs(30),
+        || {
+            let row = db
+            .query_opt("SELECT effect_id, last_error FROM tide.effect WHERE channel = 'hook_gone' AND state = 'dead'", &[])
+            .map_err(|e| describe(&e))?;
+            Ok(row.map(|r| (r.get(0), r.get(1))))
+        },
+    )?;
+    assert_eq!(error, "the receiver refused it: HTTP 404");
+    wait_for("the delivery_failed alert", Duration::from_secs(30), || {
+        let n: i64 = db
+            .query_one("SELECT count(*) FROM tide.alert WHERE subject_type = 'channel' AND subject = 'hook_gone' AND kind = 'delivery_failed' AND resolved_at IS NULL", &[])
+            .map_err(|e| describe(&e))?
+            .get(0);
+        Ok((n == 1).then_some(()))
+    })?;
+    let dead: i32 = one(&mut db, "SELECT deliveries_dead_24h FROM tide.self_health")?;
+    assert!(dead >= 1, "{dead}");
+    let told: i64 = one(&mut db, "SELECT count(*) FROM tide.effect WHERE channel = 'hook_gone' AND payload->>'kind' = 'delivery_failed'")?;
+    assert_eq!(told, 0, "a failing channel is not told that it fails");
+    // Fixed, and replayed from psql: delivered, and the alert resolves.
+    r.status.store(200, std::sync::atomic::Ordering::SeqCst);
+    exec(&mut db, &format!("SELECT tide.replay_effect({effect})"))?;
+    wait_requests(&r, "\"a_gone\"", 2, Duration::from_secs(30))?;
+    wait_for("the alert to resolve", Duration::from_secs(30), || {
+        // (Other alerts of this database that reached the channel meanwhile died too.)
+        db.batch_execute("SELECT tide.replay_effect(effect_id) FROM tide.effect WHERE channel = 'hook_gone' AND state = 'dead'")
+            .map_err(|e| describe(&e))?;
+        let n: i64 = db
+            .query_one("SELECT count(*) FROM tide.alert WHERE subject = 'hook_gone' AND kind = 'delivery_failed' AND resolved_at IS NULL", &[])
+            .map_err(|e| describe(&e))?
+            .get(0);
+        Ok((n == 0).then_some(()))
+    })?;
+    exec(
+        &mut db,
+        "SELECT tide.drop_channel('hook_gone'); SELECT tide.unschedule('a_gone')",
+    )?;
+    Ok(())
+}
+
 fn a_crash_mid_send_sends_again_with_the_same_delivery_id(cluster: &Cluster) -> Result<(), Failed> {
     let r = Receiver::start()?;
     r.hold.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -840,6 +890,10 @@ fn main() {
         (
             "a_receiver_that_is_down_gets_it_later",
             a_receiver_that_is_down_gets_it_later,
+        ),
+        (
+            "a_refused_delivery_is_dead_alerts_and_is_replayed",
+            a_refused_delivery_is_dead_alerts_and_is_replayed,
         ),
         (
             "a_crash_mid_send_sends_again_with_the_same_delivery_id",

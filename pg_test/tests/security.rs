@@ -1028,6 +1028,191 @@ fn commands_run_sealed(cluster: &Cluster) -> Result<(), Failed> {
     Ok(())
 }
 
+/// Roles that fit a company: a team role owns tasks and its member sees and changes them; a
+/// worker role (tide_worker) claims and finishes the runs of the queue granted to it; an app role
+/// (tide_producer) emits to the granted topic and enqueues into the granted task; tide_admin sees
+/// and manages everything; an outsider reaches nothing, and is told so. Whatever runs, runs as
+/// the task's owner, never as the role that caused it, never as a superuser.
+fn predefined_roles_teams_and_grants(cluster: &Cluster) -> Result<(), Failed> {
+    let mut admin = cluster.workers_db()?;
+    exec(
+        &mut admin,
+        "DO $$ BEGIN
+             IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'g_team') THEN CREATE ROLE g_team NOLOGIN; END IF;
+             IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'g_alice') THEN CREATE ROLE g_alice LOGIN IN ROLE g_team; END IF;
+             IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'g_worker') THEN CREATE ROLE g_worker LOGIN IN ROLE tide_worker; END IF;
+             IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'g_app') THEN CREATE ROLE g_app LOGIN IN ROLE tide_producer; END IF;
+             IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'g_ops') THEN CREATE ROLE g_ops LOGIN IN ROLE tide_admin; END IF;
+             IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'g_eve') THEN CREATE ROLE g_eve LOGIN; END IF;
+         END $$;
+         GRANT CREATE ON SCHEMA public TO g_team;",
+    )?;
+    let predefined: i64 = one(&mut admin, "SELECT count(*) FROM pg_roles WHERE rolname IN ('tide_admin', 'tide_worker', 'tide_producer') AND NOT rolcanlogin")?;
+    assert_eq!(predefined, 3, "CREATE EXTENSION made the predefined roles");
+    let mut alice = cluster.connect_as(WORKERS_DB, "g_alice")?;
+    let mut worker = cluster.connect_as(WORKERS_DB, "g_worker")?;
+    let mut app = cluster.connect_as(WORKERS_DB, "g_app")?;
+    let mut ops = cluster.connect_as(WORKERS_DB, "g_ops")?;
+    let mut eve = cluster.connect_as(WORKERS_DB, "g_eve")?;
+    // The team owns the tasks: its member creates them as the team.
+    exec(
+        &mut alice,
+        "SET ROLE g_team;
+         CREATE TABLE IF NOT EXISTS g_seen (who text, superuser boolean, payload jsonb);
+         SELECT tide.schedule('g_ship', NULL, topics => '{g_orders}', queue => 'g_pay');
+         SELECT tide.schedule('g_log', NULL, 'INSERT INTO public.g_seen SELECT current_user, (SELECT rolsuper FROM pg_roles WHERE rolname = current_user), tide.payload()',
+                              topics => '{g_orders}');
+         SELECT tide.grant('claim', 'g_pay', 'tide_worker');
+         SELECT tide.grant('emit', 'g_orders', 'tide_producer');
+         SELECT tide.grant('enqueue', 'g_ship', 'g_app');
+         RESET ROLE;",
+    )?;
+    // Who sees the tasks: the team's member and tide_admin; not the worker, the app or eve.
+    let count = |c: &mut Client, sql: &str| -> Result<i64, Failed> { one(c, sql) };
+    let sql = "SELECT count(*) FROM tide.task WHERE name IN ('g_ship', 'g_log')";
+    assert_eq!(
+        (
+            count(&mut alice, sql)?,
+            count(&mut ops, sql)?,
+            count(&mut worker, sql)?,
+            count(&mut app, sql)?,
+            count(&mut eve, sql)?
+        ),
+        (2, 2, 0, 0, 0)
+    );
+    // The member changes the team's task by name; tide_admin pauses and resumes it; eve cannot.
+    let version: i32 = one(&mut alice, "SELECT tide.alter('g_ship', priority => 5)")?;
+    assert_eq!(version, 2);
+    let paused: bool = one(&mut ops, "SELECT tide.pause('g_ship')")?;
+    let resumed: bool = one(&mut ops, "SELECT tide.resume('g_ship')")?;
+    assert!(paused && resumed);
+    assert_eq!(code_of(&mut eve, "SELECT tide.pause('g_ship')")?, "42704");
+    assert_eq!(
+        code_of(&mut worker, "SELECT tide.alter('g_ship', priority => 1)")?,
+        "42704"
+    );
+    let not_eves: bool = one(&mut eve, "SELECT tide.unschedule('g_ship')")?;
+    assert!(!not_eves);
+    // A grant is its giver's: eve granting herself the team's topic reaches nothing.
+    let granted: bool = one(&mut eve, "SELECT tide.grant('emit', 'g_orders', 'g_eve')")?;
+    assert!(granted);
+    // The app emits to the granted topic: a run of each subscribed task, owned by the team.
+    let created: i32 = one(&mut app, "SELECT tide.emit('g_orders', '{\"order\": 7}')")?;
+    assert_eq!(created, 2);
+    let enqueued: i64 = one(
+        &mut app,
+        "SELECT count(*) FROM tide.enqueue('g_ship', '{\"order\": 8}')",
+    )?;
+    assert_eq!(enqueued, 1);
+    assert_eq!(
+        code_of(&mut app, "SELECT tide.enqueue('g_log', '{}')")?,
+        "42704",
+        "g_log was not granted for enqueue"
+    );
+    let owners: String = one(&mut admin, "SELECT string_agg(DISTINCT r.owner, ',') FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name IN ('g_ship', 'g_log')")?;
+    assert_eq!(owners, "g_team");
+    let app_sees: i64 = one(&mut app, "SELECT count(*) FROM tide.run")?;
+    assert_eq!(
+        app_sees, 0,
+        "the runs are the team's, not the app's to read"
+    );
+    // eve's emit reaches nothing, and she is told: a WARNING, never a silent 0.
+    let eve_created: i32 = one(&mut eve, "SELECT tide.emit('g_orders', '{}')")?;
+    assert_eq!(eve_created, 0);
+    let warned = {
+        let mut config = postgres::Config::new();
+        config
+            .host("127.0.0.1")
+            .port(cluster.port)
+            .user("g_eve")
+            .dbname(WORKERS_DB);
+        let notices = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let sink = notices.clone();
+        config.notice_callback(move |n| {
+            if let Ok(mut v) = sink.lock() {
+                v.push(format!(
+                    "{}: {} ({})",
+                    n.severity(),
+                    n.message(),
+                    n.hint().unwrap_or_default()
+                ));
+            }
+        });
+        let mut eve2 = config.connect(postgres::NoTls).map_err(db_err)?;
+        exec(&mut eve2, "SELECT tide.emit('g_orders', '{}')")?;
+        let joined = notices.lock().map(|v| v.join("\n")).unwrap_or_default();
+        joined
+    };
+    assert!(
+        warned.contains("WARNING: tide.emit: no task you may reach subscribes to topic 'g_orders'"),
+        "{warned}"
+    );
+    assert!(warned.contains("tide.grant('emit'"), "{warned}");
+    // The worker claims the granted queue's runs and finishes them; eve claims nothing there.
+    assert_eq!(
+        count(
+            &mut eve,
+            "SELECT count(*) FROM tide.claim_runs('g_pay', 'eve', 10)"
+        )?,
+        0
+    );
+    let claimed = worker
+        .query(
+            "SELECT run_id, lease_token FROM tide.claim_runs('g_pay', 'w1', 10)",
+            &[],
+        )
+        .map_err(db_err)?;
+    assert_eq!(
+        claimed.len(),
+        2,
+        "the emitted and the enqueued run of g_ship"
+    );
+    for row in &claimed {
+        let (run, token): (i64, i64) = (row.get(0), row.get(1));
+        exec(&mut worker, &format!("SELECT tide.heartbeat_run({run}, {token}); SELECT tide.complete_run({run}, {token})"))?;
+    }
+    let done: i64 = one(&mut alice, "SELECT count(*) FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'g_ship' AND r.state = 'succeeded'")?;
+    assert_eq!(done, 2, "the team's member sees its runs finished");
+    // g_log's command ran as the team, never as the app that emitted, never as a superuser.
+    let seen = wait_for("g_log to run", Duration::from_secs(60), || {
+        let row = admin
+            .query_opt("SELECT who, superuser FROM g_seen LIMIT 1", &[])
+            .map_err(|e| e.to_string())?;
+        Ok(row.map(|r| (r.get::<_, String>(0), r.get::<_, bool>(1))))
+    })?;
+    assert_eq!(seen, ("g_team".to_string(), false));
+    // Revoked: the worker's next claim finds nothing, though a run is ready.
+    exec(
+        &mut alice,
+        "SET ROLE g_team; SELECT tide.revoke('claim', 'g_pay', 'tide_worker'); RESET ROLE;",
+    )?;
+    exec(&mut app, "SELECT tide.enqueue('g_ship', '{\"order\": 9}')")?;
+    assert_eq!(
+        count(
+            &mut worker,
+            "SELECT count(*) FROM tide.claim_runs('g_pay', 'w1', 10)"
+        )?,
+        0
+    );
+    let ready: i64 = one(&mut ops, "SELECT count(*) FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'g_ship' AND r.state = 'ready'")?;
+    assert_eq!(ready, 1, "tide_admin sees it waiting");
+    // Bad grants are refused clearly.
+    let (code, message, hint) = refused(&mut alice, "SELECT tide.grant('own', 'x', 'g_app')")?;
+    assert_eq!(code, "22023");
+    assert!(
+        message.contains("unknown privilege 'own'") && hint.contains("claim"),
+        "{message}"
+    );
+    let (code, message, _) = refused(
+        &mut alice,
+        "SELECT tide.grant('claim', 'g_pay', 'nobody_at_all')",
+    )?;
+    assert_eq!(code, "42704");
+    assert!(message.contains("nobody_at_all"), "{message}");
+    exec(&mut alice, "SET ROLE g_team; SELECT tide.unschedule('g_ship'); SELECT tide.unschedule('g_log'); RESET ROLE;")?;
+    Ok(())
+}
+
 fn main() {
     let tests: &[(&str, TestFn)] = &[
         (
@@ -1071,6 +1256,10 @@ fn main() {
             roles_see_change_claim_and_run_only_their_own,
         ),
         ("commands_run_sealed", commands_run_sealed),
+        (
+            "predefined_roles_teams_and_grants",
+            predefined_roles_teams_and_grants,
+        ),
     ];
     run_tests("security", tests)
 }
