@@ -1213,6 +1213,114 @@ fn predefined_roles_teams_and_grants(cluster: &Cluster) -> Result<(), Failed> {
     Ok(())
 }
 
+/// No role makes its code run as another: a readiness check runs as its task's owner (never as
+/// whoever emitted, never as a superuser); an emit trigger needs the table's owner; a lock key
+/// and a payload are data, never code; a SECURITY DEFINER function runs as its owner, so
+/// mallory's function called from mallory's command is mallory's, not the executor's superuser.
+fn no_role_runs_its_code_as_another(cluster: &Cluster) -> Result<(), Failed> {
+    let mut admin = cluster.workers_db()?;
+    roles(&mut admin, WORKERS_DB)?;
+    exec(
+        &mut admin,
+        "DROP TABLE IF EXISTS x_checks, x_bob_orders, x_defs; DROP FUNCTION IF EXISTS x_whoami()",
+    )?;
+    let mut bob = cluster.connect_as(WORKERS_DB, "bob")?;
+    let mut mallory = cluster.connect_as(WORKERS_DB, "mallory")?;
+    exec(
+        &mut bob,
+        "CREATE TABLE x_checks (who name, super boolean);
+         GRANT INSERT ON x_checks TO PUBLIC;
+         CREATE TABLE x_bob_orders (id int);
+         SELECT tide.schedule('x_checked', NULL, topics => ARRAY['x.go'], command => 'SELECT 1',
+             -- Ready only when checked as bob, not a superuser: else the run never goes.
+             ready_check => $c$SELECT current_user = 'bob' AND NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)$c$,
+             lock_key => 'x:{payload.id}');
+         SELECT tide.grant('emit', 'x.go', 'mallory');",
+    )?;
+    // A second task's command records who runs it; mallory emits to both.
+    exec(
+        &mut bob,
+        "SELECT tide.schedule('x_recorded', NULL, topics => ARRAY['x.go'],
+             command => 'INSERT INTO x_checks SELECT current_user, (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)');",
+    )?;
+    let created: i32 = one(
+        &mut mallory,
+        "SELECT tide.emit('x.go', '{\"id\": \"1); DROP TABLE x_checks; --\"}')",
+    )?;
+    assert_eq!(created, 2);
+    wait_runs(
+        &mut bob,
+        "x_checked",
+        "succeeded",
+        1,
+        Duration::from_secs(60),
+    )?;
+    wait_runs(
+        &mut bob,
+        "x_recorded",
+        "succeeded",
+        1,
+        Duration::from_secs(60),
+    )?;
+    let who: String = one(
+        &mut bob,
+        "SELECT string_agg(DISTINCT who || ':' || super, ',') FROM x_checks",
+    )?;
+    assert_eq!(
+        who, "bob:false",
+        "bob's commands run as bob, though mallory emitted"
+    );
+    let key: String = one(&mut bob, "SELECT r.lock_key FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'x_checked'")?;
+    assert_eq!(
+        key, "x:1); DROP TABLE x_checks; --",
+        "a payload in a lock key is text"
+    );
+    let checked_by: i64 = one(
+        &mut bob,
+        "SELECT count(*) FROM tide.run_event e JOIN tide.run r USING (run_id) JOIN tide.task t USING (task_id)
+          WHERE t.name = 'x_checked' AND e.to_state = 'ready'",
+    )?;
+    assert!(
+        checked_by >= 1,
+        "the readiness check ran (as bob) and let the run go"
+    );
+    // An emit trigger on bob's table is bob's to install.
+    assert_eq!(
+        code_of(
+            &mut mallory,
+            "SELECT tide.create_emit_trigger('x_bob_orders', 'x.go')"
+        )?,
+        "42501"
+    );
+    // mallory's SECURITY DEFINER function, called by mallory's command, runs as mallory.
+    exec(
+        &mut mallory,
+        "CREATE TABLE x_defs (who name, super boolean);
+         CREATE FUNCTION x_whoami() RETURNS void LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, public
+             AS $f$ INSERT INTO public.x_defs SELECT current_user, (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) $f$;
+         SELECT tide.schedule('x_definer', NULL, topics => ARRAY['x.def'], command => 'SELECT public.x_whoami()');
+         SELECT tide.emit('x.def');",
+    )?;
+    wait_runs(
+        &mut mallory,
+        "x_definer",
+        "succeeded",
+        1,
+        Duration::from_secs(60),
+    )?;
+    let definer: String = one(
+        &mut mallory,
+        "SELECT string_agg(who || ':' || super, ',') FROM x_defs",
+    )?;
+    assert_eq!(definer, "mallory:false");
+    exec(
+        &mut bob,
+        "SELECT tide.unschedule('x_checked'); SELECT tide.unschedule('x_recorded')",
+    )?;
+    exec(&mut mallory, "SELECT tide.unschedule('x_definer')")?;
+    Ok(())
+}
+
 fn main() {
     let tests: &[(&str, TestFn)] = &[
         (
@@ -1259,6 +1367,10 @@ fn main() {
         (
             "predefined_roles_teams_and_grants",
             predefined_roles_teams_and_grants,
+        ),
+        (
+            "no_role_runs_its_code_as_another",
+            no_role_runs_its_code_as_another,
         ),
     ];
     run_tests("security", tests)
