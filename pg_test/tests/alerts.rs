@@ -58,6 +58,18 @@ fn wait_requests(
     )?)
 }
 
+/// Polls `sql` (one row, one column, read as text) until it reads `want`, for at most `secs`.
+fn wait_text(db: &mut Client, what: &str, sql: &str, want: &str, secs: u64) -> Result<(), Failed> {
+    wait_for(what, Duration::from_secs(secs), || {
+        let got: Option<String> = db
+            .query_one(&format!("SELECT ({sql})::text"), &[])
+            .map_err(|e| describe(&e))?
+            .get(0);
+        Ok((got.as_deref() == Some(want)).then_some(()))
+    })?;
+    Ok(())
+}
+
 /// A daily task of the workers' database whose command fails at once (dead after one
 /// attempt), and its run for a past window: a dead_letter alert opens at the next evaluation.
 fn dead_run(db: &mut Client, task: &str) -> Result<i64, Failed> {
@@ -72,16 +84,13 @@ fn dead_run(db: &mut Client, task: &str) -> Result<i64, Failed> {
         db,
         &format!("SELECT tide.rerun('{task}', biz_date => current_date - 2)"),
     )?;
-    wait_for("the run to die", Duration::from_secs(60), || {
-        let s: String = db
-            .query_one(
-                &format!("SELECT state::text FROM tide.run WHERE run_id = {run}"),
-                &[],
-            )
-            .map_err(|e| describe(&e))?
-            .get(0);
-        Ok((s == "dead").then_some(()))
-    })?;
+    wait_text(
+        db,
+        "the run to die",
+        &format!("SELECT state FROM tide.run WHERE run_id = {run}"),
+        "dead",
+        60,
+    )?;
     Ok(run)
 }
 
@@ -268,25 +277,15 @@ fn webhook_gets_the_alert_within_seconds_signed(cluster: &Cluster) -> Result<(),
         &mut db,
         &format!("SELECT state::text FROM tide.effect WHERE dedupe_key = '{id}'"),
     )?;
-    let state = if state == "delivered" {
-        state
-    } else {
-        wait_for(
+    if state != "delivered" {
+        wait_text(
+            &mut db,
             "the delivery to be recorded",
-            Duration::from_secs(10),
-            || {
-                let s: String = db
-                    .query_one(
-                        &format!("SELECT state::text FROM tide.effect WHERE dedupe_key = '{id}'"),
-                        &[],
-                    )
-                    .map_err(|e| describe(&e))?
-                    .get(0);
-                Ok((s == "delivered").then_some(s))
-            },
-        )?
-    };
-    assert_eq!(state, "delivered");
+            &format!("SELECT state FROM tide.effect WHERE dedupe_key = '{id}'"),
+            "delivered",
+            10,
+        )?;
+    }
     exec(
         &mut db,
         "SELECT tide.drop_channel('hook_signed'); SELECT tide.unschedule('a_signed')",
@@ -353,13 +352,10 @@ fn a_refused_delivery_is_dead_alerts_and_is_replayed(cluster: &Cluster) -> Resul
         },
     )?;
     assert_eq!(error, "the receiver refused it: HTTP 404");
-    wait_for("the delivery_failed alert", Duration::from_secs(30), || {
-        let n: i64 = db
-            .query_one("SELECT count(*) FROM tide.alert WHERE subject_type = 'channel' AND subject = 'hook_gone' AND kind = 'delivery_failed' AND resolved_at IS NULL", &[])
-            .map_err(|e| describe(&e))?
-            .get(0);
-        Ok((n == 1).then_some(()))
-    })?;
+    let open_failed =
+        "SELECT count(*) FROM tide.alert WHERE subject_type = 'channel' AND subject = 'hook_gone'
+                          AND kind = 'delivery_failed' AND resolved_at IS NULL";
+    wait_text(&mut db, "the delivery_failed alert", open_failed, "1", 30)?;
     let dead: i32 = one(&mut db, "SELECT deliveries_dead_24h FROM tide.self_health")?;
     assert!(dead >= 1, "{dead}");
     let told: i64 = one(&mut db, "SELECT count(*) FROM tide.effect WHERE channel = 'hook_gone' AND payload->>'kind' = 'delivery_failed'")?;
@@ -368,16 +364,16 @@ fn a_refused_delivery_is_dead_alerts_and_is_replayed(cluster: &Cluster) -> Resul
     r.status.store(200, std::sync::atomic::Ordering::SeqCst);
     exec(&mut db, &format!("SELECT tide.replay_effect({effect})"))?;
     wait_requests(&r, "\"a_gone\"", 2, Duration::from_secs(30))?;
-    wait_for("the alert to resolve", Duration::from_secs(30), || {
-        // (Other alerts of this database that reached the channel meanwhile died too.)
-        db.batch_execute("SELECT tide.replay_effect(effect_id) FROM tide.effect WHERE channel = 'hook_gone' AND state = 'dead'")
-            .map_err(|e| describe(&e))?;
-        let n: i64 = db
-            .query_one("SELECT count(*) FROM tide.alert WHERE subject = 'hook_gone' AND kind = 'delivery_failed' AND resolved_at IS NULL", &[])
-            .map_err(|e| describe(&e))?
-            .get(0);
-        Ok((n == 0).then_some(()))
-    })?;
+    wait_text(
+        &mut db,
+        "the alert to resolve",
+        // Other alerts of this database that reached the channel meanwhile died too: replay
+        // them all, as a person would.
+        &format!("SELECT count(tide.replay_effect(effect_id)) FROM tide.effect WHERE channel = 'hook_gone' AND state = 'dead'
+                  UNION ALL {open_failed} ORDER BY 1 DESC LIMIT 1"),
+        "0",
+        30,
+    )?;
     exec(
         &mut db,
         "SELECT tide.drop_channel('hook_gone'); SELECT tide.unschedule('a_gone')",
@@ -400,19 +396,12 @@ fn a_crash_mid_send_sends_again_with_the_same_delivery_id(cluster: &Cluster) -> 
     cluster.kill_9("pg_tide delivery")?;
     r.hold.store(false, std::sync::atomic::Ordering::SeqCst);
     let mut db = cluster.workers_db()?;
-    wait_for(
+    wait_text(
+        &mut db,
         "the delivery to be recorded after the crash",
-        Duration::from_secs(60),
-        || {
-            let s: String = db
-                .query_one(
-                    &format!("SELECT state::text FROM tide.effect WHERE dedupe_key = '{id}'"),
-                    &[],
-                )
-                .map_err(|e| describe(&e))?
-                .get(0);
-            Ok((s == "delivered").then_some(()))
-        },
+        &format!("SELECT state FROM tide.effect WHERE dedupe_key = '{id}'"),
+        "delivered",
+        60,
     )?;
     let all = wait_requests(&r, "\"a_crash\"", 2, Duration::from_secs(10))?;
     let opened: Vec<&Request> = all
