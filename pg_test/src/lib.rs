@@ -375,6 +375,28 @@ impl Cluster {
         Ok(killed)
     }
 
+    /// Runs one statement with psql in a database; returns its stdout and stderr (notices,
+    /// warnings, errors), whatever its exit status.
+    pub fn psql(&self, db: &str, sql: &str) -> Result<(String, String), String> {
+        let out = Command::new(pg_bin().join("psql"))
+            .args([
+                "-X",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+            ])
+            .args(["-d", db, "-c", sql])
+            .output()
+            .map_err(|e| format!("psql: {e}"))?;
+        Ok((
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ))
+    }
+
     /// Runs a server binary (pg_dump, psql, ...) against this cluster; returns its stdout.
     pub fn tool(&self, program: &str, args: &[&str]) -> Result<String, String> {
         let port = self.port.to_string();

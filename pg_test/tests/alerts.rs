@@ -13,8 +13,7 @@ use sha2::Sha256;
 
 use pg_tide_pg_test::sinks::{Receiver, Request, SmtpSink};
 use pg_tide_pg_test::{
-    db_err, describe, one, pg_bin, refused, run_tests_with, wait_for, Client, Cluster, Failed,
-    TestFn,
+    db_err, describe, one, refused, run_tests_with, wait_for, Client, Cluster, Failed, TestFn,
 };
 
 fn exec(c: &mut Client, sql: &str) -> Result<(), Failed> {
@@ -624,26 +623,6 @@ fn the_watchdog_and_the_ping_notice_a_stopped_scheduler(cluster: &Cluster) -> Re
     Ok(())
 }
 
-/// psql's stderr for one statement in a database.
-fn psql_stderr(cluster: &Cluster, db: &str, sql: &str) -> Result<String, Failed> {
-    let out = Command::new(pg_bin().join("psql"))
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &cluster.port.to_string(),
-            "-U",
-            "postgres",
-            "-d",
-            db,
-            "-X",
-            "-c",
-            sql,
-        ])
-        .output()?;
-    Ok(String::from_utf8_lossy(&out.stderr).into_owned())
-}
-
 fn create_extension_refuses_where_pg_tide_cannot_work(cluster: &Cluster) -> Result<(), Failed> {
     // A database no scheduler serves.
     let mut admin = cluster.connect("postgres")?;
@@ -669,8 +648,7 @@ fn create_extension_refuses_where_pg_tide_cannot_work(cluster: &Cluster) -> Resu
     // With the extension there (a test's own database), tide.schedule warns that no scheduler
     // runs; in the workers' database it does not.
     cluster.fresh_db("a_warned")?;
-    let warned = psql_stderr(
-        cluster,
+    let (_, warned) = cluster.psql(
         "a_warned",
         "SET pg_tide.allow_unscheduled = off; SELECT tide.schedule('w', '0 0 1 1 *', 'SELECT 1')",
     )?;
@@ -679,7 +657,7 @@ fn create_extension_refuses_where_pg_tide_cannot_work(cluster: &Cluster) -> Resu
         "{warned}"
     );
     assert!(warned.contains("HINT:"), "{warned}");
-    let quiet = psql_stderr(cluster, "tide_workers", "SET pg_tide.allow_unscheduled = off; SELECT tide.schedule('a_quiet', '0 0 1 1 *', 'SELECT 1'); SELECT tide.unschedule('a_quiet')")?;
+    let (_, quiet) = cluster.psql("tide_workers", "SET pg_tide.allow_unscheduled = off; SELECT tide.schedule('a_quiet', '0 0 1 1 *', 'SELECT 1'); SELECT tide.unschedule('a_quiet')")?;
     assert!(!quiet.contains("WARNING"), "{quiet}");
     // A server without pg_tide preloaded.
     let bare = Cluster::start_with("a_bare", "shared_preload_libraries = ''")?;
