@@ -841,6 +841,62 @@ fn readiness_deferrals_count_as_skips_and_held_runs_alert(cluster: &Cluster) -> 
     Ok(())
 }
 
+fn backlog_catch_up_limit_and_not_ready_alert(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("a_more_kinds")?;
+    exec(
+        &mut c,
+        "SET pg_tide.alert_backlog = 5;
+         SELECT tide.schedule('bl', NULL, topics => '{bl}', queue => 'bl');
+         SELECT tide.schedule('cu', '0 * * * *', 'SELECT 1', biz_window => 'hour', catch_up_max => 2);
+         SELECT tide.schedule('nr', '0 * * * *', 'SELECT 1', biz_window => 'hour', ready_check => 'SELECT false',
+                              ready_timeout => '10 minutes', not_ready_policy => 'skip');",
+    )?;
+    // Six runs waiting for a worker, against a threshold of five.
+    exec(&mut c, "SELECT tide.enqueue('bl', (SELECT jsonb_agg(jsonb_build_object('n', g)) FROM generate_series(1, 6) g))")?;
+    let base: String = one(
+        &mut c,
+        "SELECT next_fire_at::text FROM tide.task WHERE name = 'cu'",
+    )?;
+    // nr's run of the first fire waits for readiness until 10 minutes after it.
+    tick(
+        &mut c,
+        &format!("'{base}'::timestamptz + interval '1 second'"),
+    )?;
+    assert!(
+        kinds(&mut c, "bl")?.contains("backlog"),
+        "{}",
+        kinds(&mut c, "bl")?
+    );
+    let waiting: i64 = one(&mut c, "SELECT count(*) FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'nr' AND r.state = 'waiting'")?;
+    assert_eq!(waiting, 1);
+    assert!(!kinds(&mut c, "nr")?.contains("not_ready"));
+    // Not ready by its deadline: skipped (not_ready_policy skip), and said so.
+    tick(
+        &mut c,
+        &format!("'{base}'::timestamptz + interval '11 minutes'"),
+    )?;
+    assert!(
+        kinds(&mut c, "nr")?.contains("not_ready"),
+        "{}",
+        kinds(&mut c, "nr")?
+    );
+    // Then down for three fires (+1h, +2h, +3h missed; +4h on time): cu catches up two windows
+    // (catch_up_max) and skips the oldest.
+    assert!(!kinds(&mut c, "cu")?.contains("catch_up_limit"));
+    tick(
+        &mut c,
+        &format!("'{base}'::timestamptz + interval '4 hours 5 seconds'"),
+    )?;
+    assert!(
+        kinds(&mut c, "cu")?.contains("catch_up_limit"),
+        "{}",
+        kinds(&mut c, "cu")?
+    );
+    let details: i32 = one(&mut c, "SELECT (details->>'windows_skipped_24h')::int FROM tide.alert WHERE subject = 'cu' AND kind = 'catch_up_limit'")?;
+    assert_eq!(details, 1);
+    Ok(())
+}
+
 fn main() {
     let tests: &[(&'static str, TestFn)] = &[
         (
@@ -883,6 +939,10 @@ fn main() {
         (
             "readiness_deferrals_count_as_skips_and_held_runs_alert",
             readiness_deferrals_count_as_skips_and_held_runs_alert,
+        ),
+        (
+            "backlog_catch_up_limit_and_not_ready_alert",
+            backlog_catch_up_limit_and_not_ready_alert,
         ),
         // Last: it reads the server log every other test wrote.
         (
