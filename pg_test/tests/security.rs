@@ -1222,15 +1222,15 @@ fn no_role_runs_its_code_as_another(cluster: &Cluster) -> Result<(), Failed> {
     roles(&mut admin, WORKERS_DB)?;
     exec(
         &mut admin,
-        "DROP TABLE IF EXISTS x_checks, x_bob_orders, x_defs; DROP FUNCTION IF EXISTS x_whoami()",
+        "DROP TABLE IF EXISTS public.x_checks, public.x_bob_orders, public.x_defs; DROP FUNCTION IF EXISTS public.x_whoami()",
     )?;
     let mut bob = cluster.connect_as(WORKERS_DB, "bob")?;
     let mut mallory = cluster.connect_as(WORKERS_DB, "mallory")?;
     exec(
         &mut bob,
-        "CREATE TABLE x_checks (who name, super boolean);
-         GRANT INSERT ON x_checks TO PUBLIC;
-         CREATE TABLE x_bob_orders (id int);
+        "CREATE TABLE public.x_checks (who name, super boolean);
+         GRANT INSERT ON public.x_checks TO PUBLIC;
+         CREATE TABLE public.x_bob_orders (id int);
          SELECT tide.schedule('x_checked', NULL, topics => ARRAY['x.go'], command => 'SELECT 1',
              -- Ready only when checked as bob, not a superuser: else the run never goes.
              ready_check => $c$SELECT current_user = 'bob' AND NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)$c$,
@@ -1241,7 +1241,7 @@ fn no_role_runs_its_code_as_another(cluster: &Cluster) -> Result<(), Failed> {
     exec(
         &mut bob,
         "SELECT tide.schedule('x_recorded', NULL, topics => ARRAY['x.go'],
-             command => 'INSERT INTO x_checks SELECT current_user, (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)');",
+             command => 'INSERT INTO public.x_checks SELECT current_user, (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)');",
     )?;
     let created: i32 = one(
         &mut mallory,
@@ -1264,7 +1264,7 @@ fn no_role_runs_its_code_as_another(cluster: &Cluster) -> Result<(), Failed> {
     )?;
     let who: String = one(
         &mut bob,
-        "SELECT string_agg(DISTINCT who || ':' || super, ',') FROM x_checks",
+        "SELECT string_agg(DISTINCT who || ':' || super, ',') FROM public.x_checks",
     )?;
     assert_eq!(
         who, "bob:false",
@@ -1288,15 +1288,15 @@ fn no_role_runs_its_code_as_another(cluster: &Cluster) -> Result<(), Failed> {
     assert_eq!(
         code_of(
             &mut mallory,
-            "SELECT tide.create_emit_trigger('x_bob_orders', 'x.go')"
+            "SELECT tide.create_emit_trigger('public.x_bob_orders', 'x.go')"
         )?,
         "42501"
     );
     // mallory's SECURITY DEFINER function, called by mallory's command, runs as mallory.
     exec(
         &mut mallory,
-        "CREATE TABLE x_defs (who name, super boolean);
-         CREATE FUNCTION x_whoami() RETURNS void LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, public
+        "CREATE TABLE public.x_defs (who name, super boolean);
+         CREATE FUNCTION public.x_whoami() RETURNS void LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, public
              AS $f$ INSERT INTO public.x_defs SELECT current_user, (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) $f$;
          SELECT tide.schedule('x_definer', NULL, topics => ARRAY['x.def'], command => 'SELECT public.x_whoami()');
          SELECT tide.emit('x.def');",
@@ -1310,7 +1310,7 @@ fn no_role_runs_its_code_as_another(cluster: &Cluster) -> Result<(), Failed> {
     )?;
     let definer: String = one(
         &mut mallory,
-        "SELECT string_agg(who || ':' || super, ',') FROM x_defs",
+        "SELECT string_agg(who || ':' || super, ',') FROM public.x_defs",
     )?;
     assert_eq!(definer, "mallory:false");
     exec(
