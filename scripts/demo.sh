@@ -24,7 +24,7 @@ cron.database_name = '$DB'"
 
 # A webhook receiver on 127.0.0.1 (the demo's alerts arrive there), kept running beside the
 # cluster and stopped by make demo-stop.
-HOOK_PORT=${PG_TIDE_DEMO_HOOK_PORT:-5498}
+HOOK_PORT=${PG_TIDE_DEMO_HOOK_PORT:-5497}
 HOOK_LOG="$DATA/webhook.log"
 HOOK_SECRET=demo-signing-secret
 if [ -f "$DATA.webhook.pid" ]; then kill "$(cat "$DATA.webhook.pid")" 2>/dev/null || true; fi

@@ -106,3 +106,5 @@ COMMENT ON FUNCTION tide._backfill_windows(text, date, date) IS
     'Internal: the ended windows of the caller''s task whose business date lies in a range, oldest first, with their fires (what tide.backfill plans; at most 100000 windows over at most 3660 days).';
 COMMENT ON FUNCTION tide._window_of_date(bigint, date) IS
     'Internal: the window (with its fire) of a task, of any owner, whose business date is a date: what a reconciliation''s replay reruns.';
+COMMENT ON FUNCTION tide._wake(boolean) IS
+    'Internal: at the commit of this transaction, sets the latches of the executors (a ready SQL run) or of the scheduler (true: a schedule changed); nothing on abort.';

@@ -33,6 +33,7 @@ AS $$
 DECLARE
     ids bigint[];
     queues text[];
+    sql_ready boolean;
     ev bigint;
     -- A role's emit reaches the tasks of the roles it acts for (its own, its teams') and those
     -- whose owners granted it the topic (tide.grant('emit', ...)); a superuser's or
@@ -85,8 +86,9 @@ BEGIN
         SELECT c.run_id, c.task_id, c.state, c.executor, c.queue, c.priority, c.owner, c.gate, c.lock_key, c.gated
           FROM created c
     )
-    SELECT array_agg(c.run_id), array_agg(DISTINCT c.queue) FILTER (WHERE c.state = 'ready')
-      INTO ids, queues FROM created c;
+    SELECT array_agg(c.run_id), array_agg(DISTINCT c.queue) FILTER (WHERE c.state = 'ready'),
+           bool_or(c.state = 'ready' AND c.executor = 'sql')
+      INTO ids, queues, sql_ready FROM created c;
     IF ids IS NULL THEN
         -- Never a silent 0: say so when no task this role may reach subscribes to the topic (a
         -- dedupe key seen before is a quiet 0).
@@ -99,6 +101,9 @@ BEGIN
         RETURN 0;
     END IF;
     PERFORM pg_notify('pg_tide_ready', q) FROM unnest(queues) q;
+    IF sql_ready THEN
+        PERFORM tide._wake(false);  -- an idle executor claims at this commit (src/wake.rs)
+    END IF;
     RETURN cardinality(ids);
 END
 $$;

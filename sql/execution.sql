@@ -593,6 +593,9 @@ BEGIN
                                 claimed_at, outcome, error_kind, sqlstate, error)
     VALUES (p_run_id, 'running', new_state, why, r.owner, p_now, r.attempts, r.lease_owner, r.lease_token,
             coalesce(r.claimed_at, p_now), p_outcome, p_kind, p_sqlstate, error_text);
+    IF new_state = 'retry' THEN
+        PERFORM tide._wake(true);  -- the scheduler sleeps until the retry is due, not its next poll
+    END IF;
     PERFORM tide._log_runs('failure', ARRAY[p_run_id], error_text);
     RETURN new_state;
 END
@@ -1583,3 +1586,30 @@ SELECT r.run_id, t.name AS task, r.version, r.trigger, r.biz_date, r.window_star
 COMMENT ON VIEW tide.dead_letter IS
     'Dead runs with their full context: task, rule version and rules, window, args, and every attempt''s error. Replay one with tide.replay_run(run_id).';
 GRANT SELECT ON tide.dead_letter TO PUBLIC;
+
+-- How long the scheduler may sleep after a tick (ms, at most p_cap_ms): until the next fire of a
+-- task or the next retry that comes due, so that it ticks on time rather than at its next poll.
+-- A due instant already past (a task skipped by this tick: its row was locked) gives 100 ms, not
+-- a busy loop; one a few ms past (reached while this tick ran), 1 ms.
+CREATE FUNCTION tide._next_wake(p_cap_ms integer) RETURNS integer
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH due AS (
+        SELECT least((SELECT min(greatest(f.next_fire_at, f.tick_retry_at))
+                        FROM (SELECT t.next_fire_at, t.tick_retry_at FROM tide.task t
+                               WHERE NOT t.paused AND t.next_fire_at IS NOT NULL
+                               ORDER BY t.next_fire_at LIMIT 20) f),
+                     (SELECT min(p.due_at) FROM tide.pending p WHERE p.state = 'retry')) AS at
+    ), left_ms AS (
+        SELECT extract(epoch FROM (d.at - clock_timestamp())) * 1000 AS ms FROM due d
+    )
+    -- (Compared as numbers before the cast: a yearly task's next fire is billions of ms away.)
+    SELECT CASE WHEN l.ms IS NULL THEN p_cap_ms
+                WHEN l.ms > 0 THEN least(p_cap_ms::numeric, ceil(l.ms) + 1)::integer
+                WHEN l.ms > -50 THEN 1
+                ELSE least(p_cap_ms, 100) END
+      FROM left_ms l
+$$;
+COMMENT ON FUNCTION tide._next_wake(integer) IS
+    'Internal: milliseconds the scheduler may sleep after a tick: until the next fire or due retry, at most p_cap_ms.';

@@ -24,6 +24,7 @@ DECLARE
     prio integer;
     due timestamptz;
     queues text[];
+    sql_ready boolean;
 BEGIN
     PERFORM tide._text_arg('task', enqueue.task, 200, 'pass the name of one of your tasks');
     -- KEY SHARE: the task cannot be deleted under the new runs; changes of it may go on.
@@ -123,8 +124,13 @@ BEGIN
                coalesce(c.gated, false)
           FROM created c
     )
-    SELECT array_agg(DISTINCT c.queue) FILTER (WHERE c.state = 'ready' AND c.run_after IS NULL) INTO queues FROM created c;
+    SELECT array_agg(DISTINCT c.queue) FILTER (WHERE c.state = 'ready' AND c.run_after IS NULL),
+           bool_or(c.state = 'ready' AND c.run_after IS NULL AND c.executor = 'sql')
+      INTO queues, sql_ready FROM created c;
     PERFORM pg_notify('pg_tide_ready', q) FROM unnest(queues) q;
+    IF sql_ready THEN
+        PERFORM tide._wake(false);  -- an idle executor claims at this commit (src/wake.rs)
+    END IF;
     -- The run of each element, created now or earlier with the same dedupe key.
     RETURN QUERY
         SELECT r.run_id FROM unnest(keys) WITH ORDINALITY AS k(key, i)

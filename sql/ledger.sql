@@ -357,6 +357,11 @@ BEGIN
     END IF;
     IF NEW.state = 'ready' AND OLD.state <> 'ready' THEN
         PERFORM pg_notify('pg_tide_ready', NEW.queue);
+        IF NEW.executor = 'sql' THEN
+            PERFORM tide._wake(false);  -- a retry, readiness, a replay: an executor claims at commit
+        END IF;
+    ELSIF NEW.state = 'retry' AND OLD.state <> 'retry' THEN
+        PERFORM tide._wake(true);  -- the scheduler sleeps until the retry is due, not its next poll
     END IF;
     RETURN NULL;
 END
@@ -419,6 +424,9 @@ BEGIN
     PERFORM pg_notify('pg_tide_ready', q.queue)
        FROM (SELECT DISTINCT r.queue FROM tide.run r
               WHERE r.run_id = ANY (p_run_ids) AND r.state = 'ready') q;
+    IF EXISTS (SELECT 1 FROM tide.run r WHERE r.run_id = ANY (p_run_ids) AND r.state = 'ready' AND r.executor = 'sql') THEN
+        PERFORM tide._wake(false);  -- the runs the tick created: an executor claims at its commit
+    END IF;
     PERFORM tide._log_runs('skip', array_agg(r.run_id))
        FROM tide.run r WHERE r.run_id = ANY (p_run_ids) AND r.state = 'skipped'
       HAVING count(*) > 0;

@@ -250,6 +250,9 @@ BEGIN
     IF cardinality(woken) > 0 THEN
         PERFORM pg_notify('pg_tide_ready', q.queue)
            FROM (SELECT DISTINCT p.queue FROM tide.pending p WHERE p.run_id = ANY (woken)) q;
+        IF EXISTS (SELECT 1 FROM tide.pending p WHERE p.run_id = ANY (woken) AND p.executor = 'sql') THEN
+            PERFORM tide._wake(false);
+        END IF;
     END IF;
     RETURN cardinality(woken);
 END

@@ -264,6 +264,7 @@ BEGIN
     GET DIAGNOSTICS n = ROW_COUNT;
     IF n > 0 THEN
         PERFORM pg_notify('pg_tide_ready', p_queue);
+        PERFORM tide._wake(false);
     END IF;
     RETURN n;
 END

@@ -218,6 +218,8 @@ fn check_task(task_id: i64, function: &'static str) {
     Spi::run_with_args("SELECT tide._check_task($1)", &[task_id.into()]).or_raise(function);
     // A WARNING when nothing would run the task (no scheduler serves this database).
     Spi::run("SELECT tide._scheduler_warning()").or_raise(function);
+    // The scheduler looks again at when to tick, at this commit (the next fire may be sooner).
+    Spi::run("SELECT tide._wake(true)").or_raise(function);
 }
 
 /// Collects the execution options of `tide.schedule` / `tide.alter` and validates them.
@@ -716,6 +718,7 @@ fn resume(task: Option<&str>) -> bool {
         &[task.task_id.into()],
     )
     .or_raise(F);
+    Spi::run("SELECT tide._wake(true)").or_raise(F);
     true
 }
 

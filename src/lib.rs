@@ -36,6 +36,7 @@ mod delivery;
 mod import;
 mod settings;
 mod toplevel;
+mod wake;
 mod worker;
 
 ::pgrx::pg_module_magic!(name, version);
@@ -141,6 +142,7 @@ pub extern "C-unwind" fn _PG_init() {
     worker::register();
     queue_count::init_shared();
     delivery::init_shared();
+    wake::init_shared();
 }
 
 #[cfg(any(test, feature = "pg_test"))]

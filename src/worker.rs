@@ -156,7 +156,12 @@ pub(crate) fn may_work() -> bool {
 #[no_mangle]
 pub extern "C-unwind" fn pg_tide_scheduler_main(_arg: pg_sys::Datum) {
     start("pg_tide scheduler");
-    while wait(interval()) {
+    crate::wake::register(0);
+    // It sleeps until the next fire or due retry (at most pg_tide.tick_interval), and is woken
+    // early when a task's schedule changes (src/wake.rs).
+    let mut next = interval();
+    while wait(next) {
+        next = interval();
         if !may_work() {
             crate::delivery::scheduler_idle();
             continue;
@@ -169,6 +174,15 @@ pub extern "C-unwind" fn pg_tide_scheduler_main(_arg: pg_sys::Datum) {
             debug1!("pg_tide tick: {:?}", counts.map(|j| j.0));
         });
         crate::delivery::tick_ended(outcome.err().as_deref());
+        // When to tick next, in a transaction of its own: whatever goes wrong there leaves the
+        // poll interval, never a tick undone.
+        let cap = i32::try_from(next.as_millis()).unwrap_or(i32::MAX);
+        let wake = in_transaction("next tick", || {
+            Spi::get_one_with_args::<i32>("SELECT tide._next_wake($1)", &[cap.into()]).or_raise(F)
+        });
+        if let Ok(Some(ms)) = wake {
+            next = Duration::from_millis(u64::try_from(ms.max(1)).unwrap_or(1));
+        }
     }
     exit_for_restart();
 }
@@ -186,6 +200,8 @@ pub extern "C-unwind" fn pg_tide_executor_main(arg: pg_sys::Datum) {
     let name = format!("pg_tide executor {number}");
     start(&name);
     crate::sealed::mark_executor();
+    // Woken at the commit of a transaction that made an SQL run ready (src/wake.rs).
+    crate::wake::register(number);
     while wait(interval()) {
         if !may_work() {
             continue;

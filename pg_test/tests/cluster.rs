@@ -227,6 +227,61 @@ fn tasks_survive_a_restart(cluster: &Cluster) -> Result<(), Failed> {
     Ok(())
 }
 
+/// The workers are woken, not found by their poll: on a server whose poll interval is a minute
+/// (`pg_tide.tick_interval = 60s`), an emitted SQL run, a task's first fire a few seconds ahead,
+/// and a retry due a second later all run within seconds. Each wait below is far shorter than
+/// the poll interval: without the wake-ups (src/wake.rs) every one of them would time out.
+fn workers_are_woken_not_polled(_shared: &Cluster) -> Result<(), Failed> {
+    let cluster = Cluster::start_with("woken", "pg_tide.tick_interval = 60000")?;
+    let mut c = cluster.workers_db()?;
+    // Let the workers settle into their minute-long sleep.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let state = |c: &mut postgres::Client, task: &str, want: &str| -> Result<Option<()>, String> {
+        let n: i64 = c
+            .query_one(
+                "SELECT count(*) FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = $1 AND r.state::text = $2",
+                &[&task, &want],
+            )
+            .map_err(|e| e.to_string())?
+            .get(0);
+        Ok((n > 0).then_some(()))
+    };
+    let within = std::time::Duration::from_secs(15);
+    c.batch_execute(
+        "SELECT tide.schedule('woken_event', NULL, topics => '{w}', command => 'SELECT 1');
+         SELECT tide.emit('w');",
+    )
+    .map_err(db_err)?;
+    pg_tide_pg_test::wait_for("the emitted run", within, || {
+        state(&mut c, "woken_event", "succeeded")
+    })?;
+    // A task whose next fire is two seconds ahead: the scheduler sleeps until then.
+    c.batch_execute("SELECT tide.schedule('woken_fire', '*/2 * * * * *', 'SELECT 1')")
+        .map_err(db_err)?;
+    pg_tide_pg_test::wait_for("the first fire", within, || {
+        state(&mut c, "woken_fire", "succeeded")
+    })?;
+    c.batch_execute("SELECT tide.pause('woken_fire')")
+        .map_err(db_err)?;
+    // A run that fails once, retried a second later.
+    c.batch_execute(
+        "CREATE SEQUENCE woken_tries;  -- not rolled back with the failed attempt
+         SELECT tide.schedule('woken_retry', NULL, topics => '{r}', backoff_base => '1 second', jitter => 'none',
+             command => $c$SELECT CASE WHEN nextval('woken_tries') < 2 THEN tide.transient_error('once') END$c$);
+         SELECT tide.emit('r');",
+    )
+    .map_err(db_err)?;
+    pg_tide_pg_test::wait_for("the retried run", within, || {
+        state(&mut c, "woken_retry", "succeeded")
+    })?;
+    let attempts: i32 = one(
+        &mut c,
+        "SELECT r.attempts FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'woken_retry'",
+    )?;
+    assert_eq!(attempts, 2);
+    Ok(())
+}
+
 fn main() {
     let tests: &[(&str, TestFn)] = &[
         ("preloaded_and_installed", preloaded_and_installed),
@@ -243,6 +298,7 @@ fn main() {
             pg_dump_keeps_tasks_versions_and_runs,
         ),
         ("tasks_survive_a_restart", tasks_survive_a_restart),
+        ("workers_are_woken_not_polled", workers_are_woken_not_polled),
     ];
     run_tests("shared", tests)
 }
