@@ -202,7 +202,9 @@ event_50=$(tps "$tmp/event_many.sql" 50 "$TX_BATCH50")
 base_ev_50=$(tps "$tmp/baseline.sql" 50 "$TX_BATCH50")
 
 # Backfills (last: they use the SQL executors). Online pickup latency (claimed_at - created_at of
-# 100 one-off SQL jobs enqueued 50 ms apart), idle and while a backfill of a slow task runs;
+# 100 one-off SQL jobs enqueued 50 ms apart, each in a transaction of its own that starts when
+# the job is enqueued: created_at is the transaction's start), idle and while a backfill of a
+# slow task runs;
 # then 10,000 windows of a no-op hourly SQL task by one backfill, beside the same windows
 # (another task) put in line by tide.rerun one by one.
 "${PSQL[@]}" -d "$DB" -v ON_ERROR_STOP=1 <<'SQL' >/dev/null
@@ -213,7 +215,7 @@ SELECT tide.schedule('rr_noop', '0 * * * *', overlap => 'allow', command => 'SEL
 SQL
 pickup() { # $1 = label: p50 and p99 in ms
     "${PSQL[@]}" -d "$DB" -v ON_ERROR_STOP=1 -c "DO \$\$ BEGIN FOR i IN 1..100 LOOP
-        PERFORM tide.enqueue('online_noop', jsonb_build_object('probe', '$1', 'i', i)); COMMIT; PERFORM pg_sleep(0.05);
+        PERFORM pg_sleep(0.05); COMMIT; PERFORM tide.enqueue('online_noop', jsonb_build_object('probe', '$1', 'i', i)); COMMIT;
         END LOOP; END \$\$" >/dev/null
     "${PSQL[@]}" -d "$DB" -v ON_ERROR_STOP=1 -c "DO \$\$ BEGIN
         WHILE EXISTS (SELECT 1 FROM tide.run r WHERE r.args->>'probe' = '$1' AND r.state <> 'succeeded') LOOP
