@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use postgres::fallible_iterator::FallibleIterator;
 
-use pg_tide_pg_test::{db_err, one, pg_bin, refused, run_tests, Client, Cluster, Failed, TestFn};
+use pg_tide_pg_test::{db_err, one, refused, run_tests, Client, Cluster, Failed, TestFn};
 
 fn exec(c: &mut Client, sql: &str) -> Result<(), Failed> {
     c.batch_execute(sql).map_err(db_err)
@@ -872,23 +872,11 @@ fn dashboard_is_worst_first_in_80_columns(cluster: &Cluster) -> Result<(), Faile
     )?;
     let order: String = one(&mut c, "SELECT string_agg(status, ',') FROM tide.dashboard")?;
     assert_eq!(order, "failing,ok,paused");
-    let out = Command::new(pg_bin().join("psql"))
-        .args([
-            "-X",
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &cluster.port.to_string(),
-            "-U",
-            "postgres",
-            "-d",
-            "m_dashboard",
-        ])
-        .args(["-c", "SELECT * FROM tide.dashboard"])
-        .output()
-        .map_err(|e| e.to_string())?;
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(out.status.success() && text.contains("b_broken"), "{text}");
+    let (text, errors) = cluster.psql("m_dashboard", "SELECT * FROM tide.dashboard")?;
+    assert!(
+        errors.is_empty() && text.contains("b_broken"),
+        "{text}{errors}"
+    );
     let widest = text.lines().map(|l| l.chars().count()).max().unwrap_or(0);
     assert!(widest <= 80, "{widest} columns:\n{text}");
     // Row-level security: another role sees none of these tasks.
