@@ -1075,6 +1075,10 @@ BEGIN
                          ELSE r.reason END
       FROM waiting w WHERE r.run_id = w.run_id;
     GET DIAGNOSTICS released = ROW_COUNT;
+    IF released > 0 THEN
+        -- Ready runs wake the executors through the run trigger; the re-checks are theirs too.
+        PERFORM tide._wake(false);
+    END IF;
     RETURN released;
 END
 $$;

@@ -229,7 +229,7 @@ fn tasks_survive_a_restart(cluster: &Cluster) -> Result<(), Failed> {
 
 /// The workers are woken, not found by their poll: on a server whose poll interval is a minute
 /// (`pg_tide.tick_interval = 60s`), an emitted SQL run, a task's first fire a few seconds ahead,
-/// and a retry due a second later all run within seconds. Each wait below is far shorter than
+/// a retry due a second later, and a run whose data is marked ready all run within seconds. Each wait below is far shorter than
 /// the poll interval: without the wake-ups (src/wake.rs) every one of them would time out.
 fn workers_are_woken_not_polled(_shared: &Cluster) -> Result<(), Failed> {
     let cluster = Cluster::start_with("woken", "pg_tide.tick_interval = 60000")?;
@@ -279,6 +279,18 @@ fn workers_are_woken_not_polled(_shared: &Cluster) -> Result<(), Failed> {
         "SELECT r.attempts FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'woken_retry'",
     )?;
     assert_eq!(attempts, 2);
+    // A run that waits for a marker and a check: marking the data ready has it checked now.
+    c.batch_execute(
+        "SELECT tide.schedule('woken_ready', '0 0 1 1 *', 'SELECT 1', biz_window => 'day',
+                              ready_dataset => 'woken_ds', ready_check => 'SELECT true');
+         SELECT tide.rerun('woken_ready', biz_date => DATE '2026-01-01' - 1);",
+    )
+    .map_err(db_err)?;
+    c.batch_execute("SELECT tide.mark_ready('woken_ds', DATE '2026-01-01' - 1)")
+        .map_err(db_err)?;
+    pg_tide_pg_test::wait_for("the marked run", within, || {
+        state(&mut c, "woken_ready", "succeeded")
+    })?;
     Ok(())
 }
 
