@@ -96,6 +96,10 @@ $$;
 -- Called while a command runs as its owner, to switch back: useless without the key that only
 -- the executor's frame holds.
 GRANT EXECUTE ON FUNCTION tide._seal_end(bigint) TO PUBLIC;
+-- pg_tide's own state (the scheduler's last error among it) is for superusers and tide_admin, who
+-- read it through tide.self_health.
+REVOKE EXECUTE ON FUNCTION tide._watch() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tide._watch() TO tide_admin;
 COMMENT ON FUNCTION tide._fire_gap(text, text, text, text) IS
     'Internal: the longest gap between two consecutive fires of a schedule, a year ahead (the base of a task''s derived max_silence).';
 COMMENT ON FUNCTION tide._next_fire(text, text, timestamptz) IS

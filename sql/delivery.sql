@@ -285,19 +285,6 @@ END
 $$;
 COMMENT ON FUNCTION tide._delivery_recover() IS 'Internal: at its start, the delivery worker takes back the deliveries its earlier life held.';
 
--- The delivery worker's watch over the scheduler: pg_tide's own alert, opened (and delivered)
--- even when no tick runs.
-CREATE FUNCTION tide._watchdog(p_now timestamptz) RETURNS jsonb
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    RETURN tide._evaluate_alerts(p_now, true);
-END
-$$;
-COMMENT ON FUNCTION tide._watchdog(timestamptz) IS
-    'Internal: evaluates pg_tide''s own alert (scheduler_down) from the delivery worker, which does not depend on the scheduler.';
-
 CREATE FUNCTION tide.ack(alert_id bigint, note text DEFAULT NULL) RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -332,7 +319,7 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF coalesce(current_setting('pg_tide.allow_unscheduled', true), 'off') = 'on' THEN
+    IF tide._setting('allow_unscheduled', 'off') = 'on' THEN
         RETURN;
     END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_stat_activity a

@@ -291,7 +291,7 @@ LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    w jsonb := tide._watch();
+    w jsonb;
     ok_at timestamptz;
     alive_at timestamptz;
     err_at timestamptz;
@@ -300,15 +300,20 @@ DECLARE
     ready record;
     dl record;
 BEGIN
-    IF w = '{}' OR w->>'database' IS DISTINCT FROM current_database()
-       OR NOT (tide._caller_is_superuser() OR pg_has_role('tide_admin', 'MEMBER')) THEN
+    IF NOT (tide._caller_is_superuser() OR pg_has_role('tide_admin', 'MEMBER')) THEN
+        RETURN;
+    END IF;
+    w := tide._watch();
+    IF w->>'database' IS DISTINCT FROM current_database() THEN
         RETURN;
     END IF;
     ok_at := to_timestamp((w->>'tick_ok')::float8 / 1000);
     err_at := to_timestamp((w->>'tick_error_at')::float8 / 1000);
     idle_at := to_timestamp((w->>'idle')::float8 / 1000);
-    -- Alive: a tick succeeded, or the scheduler chose to idle, or the server started, lately.
-    alive_at := greatest(ok_at, idle_at, pg_postmaster_start_time());
+    -- Alive: a tick succeeded, or the scheduler chose to idle, or the server started, lately
+    -- (src/delivery.rs decides it, for the ping too).
+    alive_at := to_timestamp((w->>'alive_at')::float8 / 1000);
+    executors_expected := tide._setting('executors', '2')::integer;
     SELECT count(*) FILTER (WHERE a.backend_type = 'pg_tide scheduler') AS scheduler,
            count(*) FILTER (WHERE a.backend_type = 'pg_tide executor') AS executors,
            count(*) FILTER (WHERE a.backend_type = 'pg_tide delivery') AS delivery
@@ -325,8 +330,8 @@ BEGIN
     stalled_after := tide._setting('alert_stalled_after', '60s')::interval;
     status := CASE WHEN idle_at > coalesce(ok_at, '-infinity') AND idle_at > p_now - stalled_after THEN 'paused'
                    WHEN procs.scheduler = 0 OR alive_at < p_now - stalled_after THEN 'down'
-                   WHEN err_at > coalesce(ok_at, '-infinity') THEN 'failing'
-                   WHEN procs.executors < tide._setting('executors', '2')::integer OR procs.delivery = 0 OR dl.dead > 0 THEN 'late'
+                   WHEN (w->>'failing')::boolean THEN 'failing'
+                   WHEN procs.executors < executors_expected OR procs.delivery = 0 OR dl.dead > 0 THEN 'late'
                    ELSE 'ok' END;
     last_tick := ok_at;
     since_last_tick := p_now - alive_at;
@@ -335,7 +340,6 @@ BEGIN
     last_tick_error_at := err_at;
     scheduler_alive := procs.scheduler > 0;
     executors_alive := procs.executors;
-    executors_expected := tide._setting('executors', '2')::integer;
     delivery_alive := procs.delivery > 0;
     ready_runs := ready.n;
     oldest_ready := ready.oldest;
@@ -605,7 +609,7 @@ COMMENT ON TYPE tide.alert_kind IS 'What an alert is about; see the README''s al
 
 -- pg_tide's own alert: no successful tick for pg_tide.alert_stalled_after (the scheduler is
 -- gone, stuck, or every tick fails). Evaluated by the tick like the others and, since a
--- scheduler that is down cannot report itself, by the delivery worker (tide._watchdog).
+-- scheduler that is down cannot report itself, by the delivery worker (tide._evaluate_alerts(now, true)).
 CREATE FUNCTION tide._self_causes(p_now timestamptz)
 RETURNS TABLE (subject_type text, subject text, kind tide.alert_kind, severity tide.severity, details jsonb, owner name)
 LANGUAGE sql STABLE

@@ -86,10 +86,6 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-fn preloaded() -> bool {
-    crate::queue_count::PRELOADED.load(std::sync::atomic::Ordering::Relaxed)
-}
-
 /// The scheduler starts a tick.
 pub fn tick_started() {
     WATCH.exclusive().tick_started = now_ms();
@@ -127,16 +123,33 @@ fn ms(v: i64) -> Value {
     }
 }
 
+impl Watch {
+    fn error_text(&self) -> String {
+        let len = self.error.iter().position(|b| *b == 0).unwrap_or(ERROR_LEN);
+        String::from_utf8_lossy(&self.error[..len]).into_owned()
+    }
+
+    /// The last instant the scheduler was known well (epoch ms): a successful tick, an idle
+    /// round by choice, or the server's start. What `scheduler_down`, the ping and
+    /// `tide.self_health` compare with `pg_tide.alert_stalled_after`.
+    fn alive_at(&self) -> i64 {
+        // SAFETY: PgStartTime is set once by the postmaster (microseconds since 2000-01-01).
+        let started = unsafe { pg_sys::PgStartTime } / 1000 + 946_684_800_000;
+        self.tick_ok.max(self.idle).max(started)
+    }
+
+    /// The latest tick failed (no success or idle round since).
+    fn failing(&self) -> bool {
+        self.tick_error_at > self.tick_ok.max(self.idle)
+    }
+}
+
 /// What the workers noted in shared memory, as epoch milliseconds (NULL: not since the server
-/// started); `{}` in a server where pg_tide is not preloaded.
+/// started), with the scheduler's verdict (`alive_at`, `failing`) that the ping uses too.
 #[pg_extern(stable, parallel_restricted, schema = "tide", name = "_watch")]
 fn watch() -> JsonB {
-    if !preloaded() {
-        return JsonB(json!({}));
-    }
     let w = *WATCH.share();
-    let len = w.error.iter().position(|b| *b == 0).unwrap_or(ERROR_LEN);
-    let error = String::from_utf8_lossy(&w.error[..len]).to_string();
+    let error = w.error_text();
     JsonB(json!({
         "database": settings::database(),
         "tick_started": ms(w.tick_started),
@@ -145,6 +158,8 @@ fn watch() -> JsonB {
         "tick_errors": w.tick_errors,
         "tick_error": if error.is_empty() { Value::Null } else { json!(error) },
         "idle": ms(w.idle),
+        "alive_at": w.alive_at(),
+        "failing": w.failing(),
         "delivery_round": ms(w.delivery_round),
         "ping_at": ms(w.ping_at),
         "ping_status": if w.ping_at == 0 { Value::Null } else { json!(w.ping_status) },
@@ -263,25 +278,17 @@ fn deliver_batch() -> usize {
 fn scheduler_ok() -> (bool, String) {
     let w = *WATCH.share();
     let bound = i64::from(settings::ALERT_STALLED.get()) * 1000;
-    let now = now_ms();
-    let last = w.tick_ok.max(w.idle);
-    if w.tick_error_at > w.tick_ok && w.tick_error_at > w.idle {
-        let len = w.error.iter().position(|b| *b == 0).unwrap_or(ERROR_LEN);
-        return (
+    let since = now_ms() - w.alive_at();
+    if w.failing() {
+        (false, format!("pg_tide: ticks fail: {}", w.error_text()))
+    } else if since > bound {
+        (
             false,
-            format!(
-                "pg_tide: ticks fail: {}",
-                String::from_utf8_lossy(&w.error[..len])
-            ),
-        );
+            format!("pg_tide: no successful tick for {} s", since / 1000),
+        )
+    } else {
+        (true, format!("pg_tide: last tick {since} ms ago"))
     }
-    if last == 0 || now - last > bound {
-        return (
-            false,
-            format!("pg_tide: no successful tick for {} s", (now - last) / 1000),
-        );
-    }
-    (true, format!("pg_tide: last tick {} ms ago", now - last))
 }
 
 fn maybe_ping(last: &mut Option<Instant>) {
@@ -335,7 +342,8 @@ pub extern "C-unwind" fn pg_tide_delivery_main(_arg: pg_sys::Datum) {
         if last_watch.is_none_or(|t| t.elapsed() >= every) {
             last_watch = Some(Instant::now());
             worker::in_transaction("watchdog", || {
-                Spi::run("SELECT tide._watchdog(pg_catalog.clock_timestamp())").or_raise(F)
+                Spi::run("SELECT tide._evaluate_alerts(pg_catalog.clock_timestamp(), true)")
+                    .or_raise(F)
             })
             .ok();
         }

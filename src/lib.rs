@@ -120,8 +120,8 @@ mod tide {}
 // Comments on the generated functions, once they exist.
 ::pgrx::extension_sql_file!("../sql/comments.sql", name = "comments", finalize);
 
-/// Defines the settings and, when loaded by shared_preload_libraries, registers the scheduler
-/// and executor workers.
+/// Refuses to load other than by shared_preload_libraries; defines the settings, installs the
+/// caller hook, registers the scheduler, executor and delivery workers and the shared memory.
 #[pgrx::pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     // Loaded by CREATE EXTENSION (or LOAD) rather than at server start: nothing could ever run

@@ -99,9 +99,6 @@ pub fn wake_now(executors: bool, scheduler: bool) {
 /// scheduler (a task's schedule changed). Once per transaction and kind; nothing on abort.
 #[pg_extern(volatile, parallel_unsafe, schema = "tide", name = "_wake")]
 fn wake_at_commit(scheduler: bool) {
-    if !crate::queue_count::PRELOADED.load(std::sync::atomic::Ordering::Relaxed) {
-        return;
-    }
     let (executors_armed, scheduler_armed) = ARMED.get();
     let first = !executors_armed && !scheduler_armed;
     ARMED.set((executors_armed || !scheduler, scheduler_armed || scheduler));
