@@ -421,12 +421,10 @@ BEGIN
            r.gate, r.lock_key, coalesce(r.gated, false)
       FROM tide.run r
      WHERE r.run_id = ANY (p_run_ids) AND r.state IN ('waiting', 'ready', 'running', 'retry', 'held', 'paused', 'dead', 'need_check');
-    PERFORM pg_notify('pg_tide_ready', q.queue)
-       FROM (SELECT DISTINCT r.queue FROM tide.run r
-              WHERE r.run_id = ANY (p_run_ids) AND r.state = 'ready') q;
-    IF EXISTS (SELECT 1 FROM tide.run r WHERE r.run_id = ANY (p_run_ids) AND r.state = 'ready' AND r.executor = 'sql') THEN
-        PERFORM tide._wake(false);  -- the runs the tick created: an executor claims at its commit
-    END IF;
+    -- One NOTIFY per queue with ready runs; SQL runs among them wake an executor at commit.
+    PERFORM pg_notify('pg_tide_ready', q.queue), CASE WHEN q.sql THEN tide._wake(false) END
+       FROM (SELECT r.queue, bool_or(r.executor = 'sql') AS sql FROM tide.run r
+              WHERE r.run_id = ANY (p_run_ids) AND r.state = 'ready' GROUP BY r.queue) q;
     PERFORM tide._log_runs('skip', array_agg(r.run_id))
        FROM tide.run r WHERE r.run_id = ANY (p_run_ids) AND r.state = 'skipped'
       HAVING count(*) > 0;

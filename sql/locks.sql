@@ -248,11 +248,9 @@ BEGIN
         woken := woken || coalesce(more, '{}');
     END LOOP;
     IF cardinality(woken) > 0 THEN
-        PERFORM pg_notify('pg_tide_ready', q.queue)
-           FROM (SELECT DISTINCT p.queue FROM tide.pending p WHERE p.run_id = ANY (woken)) q;
-        IF EXISTS (SELECT 1 FROM tide.pending p WHERE p.run_id = ANY (woken) AND p.executor = 'sql') THEN
-            PERFORM tide._wake(false);
-        END IF;
+        PERFORM pg_notify('pg_tide_ready', q.queue), CASE WHEN q.sql THEN tide._wake(false) END
+           FROM (SELECT p.queue, bool_or(p.executor = 'sql') AS sql FROM tide.pending p
+                  WHERE p.run_id = ANY (woken) GROUP BY p.queue) q;
     END IF;
     RETURN cardinality(woken);
 END
