@@ -28,16 +28,9 @@ DECLARE
 BEGIN
     PERFORM tide._text_arg('task', enqueue.task, 200, 'pass the name of one of your tasks');
     -- KEY SHARE: the task cannot be deleted under the new runs; changes of it may go on.
-    SELECT * INTO t FROM tide.task x WHERE x.name = enqueue.task AND x.owner = tide._caller() FOR KEY SHARE;
-    IF NOT FOUND THEN
-        -- A task another role owns and granted to this one (tide.grant('enqueue', ...)), or a
-        -- team's: the runs are its owner's.
-        SELECT x.* INTO t FROM tide.task x
-         WHERE x.name = enqueue.task
-           AND (EXISTS (SELECT 1 FROM tide._granted('enqueue') g WHERE g.owner = x.owner AND g.object = x.name)
-                OR tide._may_act(x.owner))
-         ORDER BY x.owner = tide._caller() DESC, x.task_id LIMIT 1 FOR KEY SHARE;
-    END IF;
+    -- The caller's task, a team's, or one granted to it (tide.grant('enqueue', ...)): the runs
+    -- are its owner's.
+    SELECT * INTO t FROM tide.task x WHERE x.task_id = tide._named_task(enqueue.task, 'enqueue') FOR KEY SHARE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'task "%" does not exist', left(enqueue.task, 200) USING ERRCODE = 'undefined_object',
             HINT = 'list your tasks with: SELECT name FROM tide.task';

@@ -66,7 +66,44 @@ $$;
 COMMENT ON FUNCTION tide._may_work(name, text) IS
     'Internal: whether the caller may work a run: it may act for the run''s owner, or was granted claim on its queue.';
 
-CREATE FUNCTION tide._grant_args(p_privilege text, p_object text, p_grantee text, p_function text) RETURNS void
+-- Granting also needs the role to exist (and, for enqueue, the task); a revoke of a role
+-- dropped since still goes through.
+-- The task a name means to the caller: its own of that name; else the one task of that name of
+-- a role it acts for (a team it is a member of, any role for tide_admin) or, with p_granted,
+-- whose owner granted it that privilege on the task. Two such tasks of other roles are
+-- ambiguous (42P08). NULL: none. tide.alter, pause, resume ... (src/catalog.rs) and
+-- tide.enqueue find tasks through it.
+CREATE FUNCTION tide._named_task(p_name text, p_granted text DEFAULT NULL) RETURNS bigint
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    ids bigint[];
+BEGIN
+    SELECT array_agg(t.task_id) INTO ids FROM tide.task t WHERE t.name = p_name AND t.owner = tide._caller();
+    IF ids IS NOT NULL THEN
+        RETURN ids[1];
+    END IF;
+    SELECT array_agg(x.task_id) INTO ids FROM (
+        SELECT t.task_id FROM tide.task t
+         WHERE t.name = p_name
+           AND (tide._may_act(t.owner)
+                OR (p_granted IS NOT NULL
+                    AND EXISTS (SELECT 1 FROM tide._granted(p_granted) g WHERE g.owner = t.owner AND g.object = t.name)))
+         ORDER BY t.task_id LIMIT 2) x;
+    IF cardinality(ids) > 1 THEN
+        RAISE EXCEPTION 'task name "%" belongs to several roles you act for', left(p_name, 200)
+            USING ERRCODE = 'ambiguous_parameter',
+                  HINT = 'SET ROLE to the task''s owner first (see SELECT name, owner FROM tide.task)';
+    END IF;
+    RETURN ids[1];
+END
+$$;
+COMMENT ON FUNCTION tide._named_task(text, text) IS
+    'Internal: the task a name means to the caller: its own, else the one of a role it acts for (or, with p_granted, that was granted to it); 42P08 when two roles have it.';
+
+CREATE FUNCTION tide._grant_args(p_privilege text, p_object text, p_grantee text, p_function text, p_granting boolean)
+RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -78,6 +115,9 @@ BEGIN
     END IF;
     PERFORM tide._text_arg('object', p_object, 200, 'name the queue, topic or task');
     PERFORM tide._text_arg('role', p_grantee, 63, 'name a role, such as tide_worker or app');
+    IF NOT p_granting THEN
+        RETURN;
+    END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = p_grantee) THEN
         RAISE EXCEPTION '%: role % does not exist', p_function, quote_ident(p_grantee)
             USING ERRCODE = 'undefined_object', HINT = 'create it first (CREATE ROLE), or grant to tide_worker or tide_producer';
@@ -88,14 +128,14 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION tide._grant_args(text, text, text, text) IS 'Internal: the arguments of tide.grant and tide.revoke, checked.';
+COMMENT ON FUNCTION tide._grant_args(text, text, text, text, boolean) IS 'Internal: the arguments of tide.grant and tide.revoke, checked.';
 
 CREATE FUNCTION tide.grant(privilege text, object text, role text) RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM tide._grant_args($1, $2, $3, 'tide.grant');
+    PERFORM tide._grant_args($1, $2, $3, 'tide.grant', true);
     INSERT INTO tide.grant (owner, privilege, object, grantee) VALUES (tide._caller(), $1, $2, $3)
     ON CONFLICT ON CONSTRAINT grant_pkey DO NOTHING;
     RETURN FOUND;
@@ -109,9 +149,7 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF $1 IS NULL OR $1 NOT IN ('claim', 'emit', 'enqueue') THEN
-        PERFORM tide._grant_args($1, $2, $3, 'tide.revoke');
-    END IF;
+    PERFORM tide._grant_args($1, $2, $3, 'tide.revoke', false);
     DELETE FROM tide.grant g WHERE g.owner = tide._caller() AND g.privilege = $1 AND g.object = $2 AND g.grantee = $3;
     RETURN FOUND;
 END

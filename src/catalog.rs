@@ -51,13 +51,10 @@ pub fn rule_text(row: &SpiHeapTupleData, first: usize, function: &'static str) -
 
 /// Reads the caller's task of this name. `lock` takes a row lock for a change.
 pub fn load_task(name: &str, lock: bool) -> Result<TaskRow, TideError> {
-    // The caller's own task of that name; else the one task of that name of a role the caller
-    // acts for (a team it is a member of; any role for tide_admin). Two such tasks of other
-    // roles are ambiguous: the caller must SET ROLE to the owner.
+    // The caller's own task of that name, else a team's or (tide_admin) anyone's: which one,
+    // and the error when two roles have it, are tide._named_task's (sql/roles.sql).
     let query = format!(
-        "SELECT task_id, {RULE_COLUMNS}, paused, owner = $2 AS own FROM tide.task
-          WHERE name = $1 AND (owner = $2 OR tide._may_act(owner))
-          ORDER BY owner = $2 DESC, task_id LIMIT 2 {}",
+        "SELECT task_id, {RULE_COLUMNS}, paused FROM tide.task WHERE task_id = tide._named_task($1) {}",
         // NO KEY UPDATE: it serialises changes of the task without blocking the inserts of its
         // runs, whose foreign-key checks take KEY SHARE (a role's open transaction after
         // tide.pause would otherwise block the emits, and ticks, that create its runs).
@@ -66,16 +63,10 @@ pub fn load_task(name: &str, lock: bool) -> Result<TaskRow, TideError> {
     const F: &str = "load_task";
     // `connect_mut`: a read-only SPI connection refuses the row lock.
     Spi::connect_mut(|client| {
-        let table = client
-            .update(&query, None, &[name.into(), caller_name().into()])
-            .or_raise(F);
-        let several = table.len() > 1;
+        let table = client.update(&query, Some(1), &[name.into()]).or_raise(F);
         let Some(row) = table.into_iter().next() else {
             return Err(TideError::NoSuchTask(name.to_string()));
         };
-        if several && !row.get::<bool>(11).or_raise(F).unwrap_or(false) {
-            return Err(TideError::AmbiguousTask(name.to_string()));
-        }
         Ok(TaskRow {
             task_id: row.get::<i64>(1).or_raise(F).unwrap_or_default(),
             rules: rule_text(&row, 2, F),

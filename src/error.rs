@@ -14,8 +14,6 @@ pub enum SqlState {
     NullValueNotAllowed,
     /// 22008 datetime_field_overflow
     DatetimeFieldOverflow,
-    /// 42P08 ambiguous_parameter
-    AmbiguousParameter,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -66,9 +64,6 @@ pub enum TideError {
 
     #[error("task \"{}\" does not exist", short(.0))]
     NoSuchTask(String),
-
-    #[error("task name \"{}\" belongs to several roles you act for", short(.0))]
-    AmbiguousTask(String),
 
     #[error("{param} must be {expected}, got {}", short(value))]
     OutOfRange {
@@ -136,7 +131,6 @@ impl TideError {
         match self {
             TideError::DuplicateTask(_) => SqlState::UniqueViolation,
             TideError::NoSuchTask(_) => SqlState::UndefinedObject,
-            TideError::AmbiguousTask(_) => SqlState::AmbiguousParameter,
             TideError::NullArgument { .. } => SqlState::NullValueNotAllowed,
             TideError::DateOutOfRange { .. } => SqlState::DatetimeFieldOverflow,
             _ => SqlState::InvalidParameterValue,
@@ -178,9 +172,6 @@ impl TideError {
             ),
             TideError::NoSuchTask(_) => {
                 "list your tasks with: SELECT name FROM tide.task".to_string()
-            }
-            TideError::AmbiguousTask(_) => {
-                "SET ROLE to the task's owner first (see SELECT name, owner FROM tide.task)".to_string()
             }
             TideError::BadSecondsInterval(_) => {
                 "use '1 second' to '59 seconds', or a cron expression such as '*/5 * * * *' (every 5 minutes) or '0 */2 * * * *' (every 2 minutes, with a seconds field)".to_string()

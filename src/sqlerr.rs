@@ -11,7 +11,6 @@ fn code(state: SqlState) -> PgSqlErrorCode {
         SqlState::InvalidParameterValue => PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
         SqlState::UniqueViolation => PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION,
         SqlState::UndefinedObject => PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
-        SqlState::AmbiguousParameter => PgSqlErrorCode::ERRCODE_AMBIGUOUS_PARAMETER,
         SqlState::NullValueNotAllowed => PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
         SqlState::DatetimeFieldOverflow => PgSqlErrorCode::ERRCODE_DATETIME_FIELD_OVERFLOW,
     }

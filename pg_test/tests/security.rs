@@ -1086,6 +1086,16 @@ fn predefined_roles_teams_and_grants(cluster: &Cluster) -> Result<(), Failed> {
     let paused: bool = one(&mut ops, "SELECT tide.pause('g_ship')")?;
     let resumed: bool = one(&mut ops, "SELECT tide.resume('g_ship')")?;
     assert!(paused && resumed);
+    // A name two roles use is ambiguous for tide_admin, who must SET ROLE to the owner.
+    exec(
+        &mut eve,
+        "SELECT tide.schedule('g_ship', NULL, topics => '{g_eve_own}')",
+    )?;
+    let (code, message, hint) = refused(&mut ops, "SELECT tide.pause('g_ship')")?;
+    assert_eq!(code, "42P08", "{message}");
+    assert!(hint.contains("SET ROLE"), "{hint}");
+    let mine: bool = one(&mut eve, "SELECT tide.unschedule('g_ship')")?;
+    assert!(mine, "eve's own g_ship");
     assert_eq!(code_of(&mut eve, "SELECT tide.pause('g_ship')")?, "42704");
     assert_eq!(
         code_of(&mut worker, "SELECT tide.alter('g_ship', priority => 1)")?,
@@ -1209,6 +1219,13 @@ fn predefined_roles_teams_and_grants(cluster: &Cluster) -> Result<(), Failed> {
     )?;
     assert_eq!(code, "42704");
     assert!(message.contains("nobody_at_all"), "{message}");
+    let (code, message, hint) = refused(&mut alice, "SELECT tide.revoke('claim', NULL, 'g_app')")?;
+    assert_eq!(code, "22004", "{message}");
+    assert!(!hint.is_empty());
+    assert_eq!(
+        code_of(&mut alice, "SELECT tide.revoke('own', 'g_pay', 'g_app')")?,
+        "22023"
+    );
     exec(&mut alice, "SET ROLE g_team; SELECT tide.unschedule('g_ship'); SELECT tide.unschedule('g_log'); RESET ROLE;")?;
     Ok(())
 }
