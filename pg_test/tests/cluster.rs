@@ -234,8 +234,18 @@ fn tasks_survive_a_restart(cluster: &Cluster) -> Result<(), Failed> {
 fn workers_are_woken_not_polled(_shared: &Cluster) -> Result<(), Failed> {
     let cluster = Cluster::start_with("woken", "pg_tide.tick_interval = 60000")?;
     let mut c = cluster.workers_db()?;
-    // Let the workers settle into their minute-long sleep.
-    std::thread::sleep(std::time::Duration::from_secs(2));
+    // The workers are up in this database (each notes its latch in shared memory as it
+    // connects); they poll once a minute, so every run below must come from a wake-up.
+    pg_tide_pg_test::wait_for("the workers", std::time::Duration::from_secs(30), || {
+        let up: bool = c
+            .query_one(
+                "SELECT scheduler_alive AND executors_alive = executors_expected FROM tide.self_health",
+                &[],
+            )
+            .map_err(|e| e.to_string())?
+            .get(0);
+        Ok(up.then_some(()))
+    })?;
     let state = |c: &mut postgres::Client, task: &str, want: &str| -> Result<Option<()>, String> {
         let n: i64 = c
             .query_one(
