@@ -226,6 +226,19 @@ pickup() { # $1 = label: p50 and p99 in ms
                WHERE r.args->>'probe' = '$1') x"
 }
 pickup_idle=$(pickup idle)
+# Runs enqueued for later (run_at 200 ms ahead): how late after run_at an idle executor claims
+# them (it sleeps until the next one is due, tide._executor_wake, not until its next poll).
+"${PSQL[@]}" -d "$DB" -v ON_ERROR_STOP=1 -c "DO \$\$ DECLARE due timestamptz; BEGIN FOR i IN 1..100 LOOP
+    PERFORM pg_sleep(0.05); COMMIT; due := clock_timestamp() + interval '200 milliseconds';
+    PERFORM tide.enqueue('online_noop', jsonb_build_object('probe', 'delayed', 'due', due), run_at => due); COMMIT;
+    END LOOP; END \$\$" >/dev/null
+"${PSQL[@]}" -d "$DB" -v ON_ERROR_STOP=1 -c "DO \$\$ BEGIN
+    WHILE EXISTS (SELECT 1 FROM tide.run r WHERE r.args->>'probe' = 'delayed' AND r.state <> 'succeeded') LOOP
+        PERFORM pg_sleep(0.1); END LOOP; END \$\$" >/dev/null
+pickup_delayed=$("${PSQL[@]}" -d "$DB" -At -F ' ' -c "SELECT round(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms)::numeric, 1),
+    round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)::numeric, 1)
+    FROM (SELECT extract(epoch FROM r.claimed_at - (r.args->>'due')::timestamptz) * 1000 AS ms FROM tide.run r
+           WHERE r.args->>'probe' = 'delayed') x")
 slow_bf=$("${PSQL[@]}" -d "$DB" -At -c "SELECT tide.backfill('bf_slow', current_date - 60, current_date - 2, concurrency => 4, batch => 500, canary => 0, sample => 0)")
 pickup_busy=$(pickup busy)
 busy_state=$("${PSQL[@]}" -d "$DB" -At -c "SELECT state || ', ' || windows_done || ' of ' || windows_total || ' windows done' FROM tide.backfill_status WHERE backfill_id = $slow_bf")
@@ -377,7 +390,9 @@ echo "(rerun: the same $rrn windows of another task put in line by tide.rerun on
 set -- $pickup_idle; i50=$1; i99=$2
 set -- $pickup_busy; b50=$1; b99=$2
 printf '%-46s %10s %10s\n' "online pickup by the SQL executors (ms)" p50 p99
-printf '%-46s %10s %10s\n' "idle" "$i50" "$i99" "while a backfill runs ($busy_state)" "$b50" "$b99"
+set -- $pickup_delayed; d50=$1; d99=$2
+printf '%-46s %10s %10s\n' "idle" "$i50" "$i99" "enqueued with run_at, after run_at" "$d50" "$d99" "while a backfill runs ($busy_state)" "$b50" "$b99"
+echo "(target: p50 5 ms, p99 20 ms, idle and with run_at)"
 echo "(target: p99 with a backfill at most 1.5x the idle p99: $(pct "$b99" "$i99") of it)"
 set -- $record
 echo "succeeded-window record (R4.6), bytes per million hourly windows: $1 when all succeeded, $2 when every other one did"

@@ -118,11 +118,13 @@ BEGIN
           FROM created c
     )
     SELECT array_agg(DISTINCT c.queue) FILTER (WHERE c.state = 'ready' AND c.run_after IS NULL),
-           bool_or(c.state = 'ready' AND c.run_after IS NULL AND c.executor = 'sql')
+           bool_or(c.state = 'ready' AND c.executor = 'sql')
       INTO queues, sql_ready FROM created c;
     PERFORM pg_notify('pg_tide_ready', q) FROM unnest(queues) q;
     IF sql_ready THEN
-        PERFORM tide._wake(false);  -- an idle executor claims at this commit (src/wake.rs)
+        -- An idle executor claims at this commit, or (run_at ahead) sleeps until the run is due
+        -- rather than until its next poll (src/wake.rs, tide._executor_wake).
+        PERFORM tide._wake(false);
     END IF;
     -- The run of each element, created now or earlier with the same dedupe key.
     RETURN QUERY

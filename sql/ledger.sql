@@ -200,6 +200,9 @@ CREATE INDEX pending_parked_idx ON tide.pending (due_at) WHERE parked;
 -- into the same index page.
 CREATE INDEX pending_due_idx ON tide.pending (due_at) WHERE state IN ('retry', 'waiting');
 CREATE INDEX pending_running_idx ON tide.pending (run_id) WHERE state = 'running';
+-- Ready runs enqueued for later (due_at ahead): when the next comes due (idle SQL executors
+-- sleep until then, tide._executor_wake). A claim clears due_at: no entry outlives the wait.
+CREATE INDEX pending_delayed_idx ON tide.pending (due_at) WHERE state = 'ready' AND due_at IS NOT NULL AND NOT parked;
 
 -- Keeps tide.pending in step with a run that changed (or was created) outside the hot paths.
 -- p_was_running: the run was running before this change (the room its queue counted for it,
@@ -360,6 +363,8 @@ BEGIN
         IF NEW.executor = 'sql' THEN
             PERFORM tide._wake(false);  -- a retry, readiness, a replay: an executor claims at commit
         END IF;
+    ELSIF NEW.state = 'waiting' AND OLD.state <> 'waiting' THEN
+        PERFORM tide._wake(false);  -- an executor evaluates its readiness check when it is due
     ELSIF NEW.state = 'retry' AND OLD.state <> 'retry' THEN
         PERFORM tide._wake(true);  -- the scheduler sleeps until the retry is due, not its next poll
     END IF;
@@ -421,10 +426,13 @@ BEGIN
            r.gate, r.lock_key, coalesce(r.gated, false)
       FROM tide.run r
      WHERE r.run_id = ANY (p_run_ids) AND r.state IN ('waiting', 'ready', 'running', 'retry', 'held', 'paused', 'dead', 'need_check');
-    -- One NOTIFY per queue with ready runs; SQL runs among them wake an executor at commit.
-    PERFORM pg_notify('pg_tide_ready', q.queue), CASE WHEN q.sql THEN tide._wake(false) END
-       FROM (SELECT r.queue, bool_or(r.executor = 'sql') AS sql FROM tide.run r
-              WHERE r.run_id = ANY (p_run_ids) AND r.state = 'ready' GROUP BY r.queue) q;
+    -- One NOTIFY per queue with ready runs; SQL runs among them wake an executor at commit, as
+    -- do waiting runs (an executor evaluates their readiness checks).
+    PERFORM CASE WHEN q.ready THEN pg_notify('pg_tide_ready', q.queue) END,
+            CASE WHEN q.sql THEN tide._wake(false) END
+       FROM (SELECT r.queue, bool_or(r.state = 'ready') AS ready,
+                    bool_or(r.executor = 'sql' OR r.state = 'waiting') AS sql FROM tide.run r
+              WHERE r.run_id = ANY (p_run_ids) AND r.state IN ('ready', 'waiting') GROUP BY r.queue) q;
     PERFORM tide._log_runs('skip', array_agg(r.run_id))
        FROM tide.run r WHERE r.run_id = ANY (p_run_ids) AND r.state = 'skipped'
       HAVING count(*) > 0;

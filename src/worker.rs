@@ -202,11 +202,13 @@ pub extern "C-unwind" fn pg_tide_executor_main(arg: pg_sys::Datum) {
     crate::sealed::mark_executor();
     // Woken at the commit of a transaction that made an SQL run ready (src/wake.rs).
     crate::wake::register(number);
-    while wait(interval()) {
+    let mut next = interval();
+    while wait(next) {
+        next = interval();
         if !may_work() {
             continue;
         }
-        // Work until there is nothing left, then sleep until the next poll. Both kinds of work
+        // Work until there is nothing left, then sleep until the next due instant. Both kinds of work
         // are tried each round, so neither starves the other.
         // With two executors or more, the first keeps to online runs: backfills never hold
         // every executor.
@@ -221,6 +223,16 @@ pub extern "C-unwind" fn pg_tide_executor_main(arg: pg_sys::Datum) {
             if !(checked || verified || ran) {
                 break;
             }
+        }
+        // Idle: sleep until the next delayed run or readiness re-check comes due (at most the
+        // poll interval), in a transaction of its own; a failure there leaves the poll interval.
+        let cap = i32::try_from(next.as_millis()).unwrap_or(i32::MAX);
+        let wake = in_transaction("next wake", || {
+            Spi::get_one_with_args::<i32>("SELECT tide._executor_wake($1)", &[cap.into()])
+                .or_raise(F)
+        });
+        if let Ok(Some(ms)) = wake {
+            next = Duration::from_millis(u64::try_from(ms.max(1)).unwrap_or(1));
         }
     }
     exit_for_restart();

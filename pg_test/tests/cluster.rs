@@ -301,6 +301,37 @@ fn workers_are_woken_not_polled(_shared: &Cluster) -> Result<(), Failed> {
     pg_tide_pg_test::wait_for("the marked run", within, || {
         state(&mut c, "woken_ready", "succeeded")
     })?;
+    // A run enqueued for two seconds ahead: an idle executor sleeps until it is due.
+    c.batch_execute(
+        "SELECT tide.schedule('woken_later', NULL, topics => '{woken_never}', command => 'SELECT 1');
+         SELECT tide.enqueue('woken_later', run_at => now() + interval '2 seconds');",
+    )
+    .map_err(db_err)?;
+    pg_tide_pg_test::wait_for("the delayed run", within, || {
+        state(&mut c, "woken_later", "succeeded")
+    })?;
+    let early: bool = one(
+        &mut c,
+        "SELECT r.started_at < r.created_at + interval '2 seconds' FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'woken_later'",
+    )?;
+    assert!(!early, "the delayed run started before its run_at");
+    // A readiness check that fails once and is checked again a second later.
+    c.batch_execute(
+        "CREATE SEQUENCE woken_checks;
+         SELECT tide.schedule('woken_recheck', '0 0 1 1 *', 'SELECT 1', biz_window => 'day',
+                              recheck_interval => '1 second',
+                              ready_check => $c$SELECT nextval('woken_checks') >= 2$c$);
+         SELECT tide.rerun('woken_recheck', biz_date => DATE '2026-01-01' - 1);",
+    )
+    .map_err(db_err)?;
+    pg_tide_pg_test::wait_for("the re-checked run", within, || {
+        state(&mut c, "woken_recheck", "succeeded")
+    })?;
+    let checks: i64 = one(&mut c, "SELECT last_value FROM woken_checks")?;
+    assert!(
+        checks >= 2,
+        "the run succeeded after {checks} readiness checks"
+    );
     Ok(())
 }
 
