@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Benchmarks, each printed beside a baseline measured in the same run on the same cluster:
+#   0. fire precision: SQL jobs every minute, pg_tide beside pg_cron (Debian's postgresql-15-cron);
 #   1. claim+complete throughput, 4 clients, batches of 1 and 50: pg_tide vs a minimal
 #      hand-made FOR UPDATE SKIP LOCKED queue table;
 #   2. event tasks: tide.emit throughput (in one transaction and from 4 clients) and event
@@ -26,7 +27,11 @@ TX_BATCH50=${PG_TIDE_BENCH_TX50:-300}   # transactions per client at batch 50
 
 bash scripts/setup.sh >/dev/null
 install_release
-start_cluster "$DATA" "$PORT" "$DB" "max_connections = 50"
+# pg_cron beside pg_tide on the same cluster, for the fire precision row.
+start_cluster "$DATA" "$PORT" "$DB" "max_connections = 80
+shared_preload_libraries = 'pg_tide,pg_cron'
+cron.database_name = '$DB'
+cron.host = '127.0.0.1'"
 trap 'as_pg "$BIN/pg_ctl" -D "$DATA" stop -m fast -w >/dev/null 2>&1; rm -rf "$DATA"' EXIT
 
 PSQL=("$BIN/psql" -X -q -h 127.0.0.1 -p "$PORT" -U postgres)
@@ -50,6 +55,33 @@ SELECT tide.schedule('bench_ev', NULL, queue => 'bench_ev', topics => ARRAY['ben
 -- The baseline's emit: one row per event.
 CREATE FUNCTION baseline_emit(p jsonb) RETURNS void LANGUAGE sql AS $$ INSERT INTO baseline_q (payload) VALUES (p) $$;
 SQL
+
+# Fire precision, first (on a quiet cluster): 10 SQL jobs of pg_cron firing every minute at
+# second 0 and 10 SQL tasks of pg_tide firing every minute at second 30 (so they never compete),
+# for 3 minutes each; every job records now() (its transaction's start) when it runs. Lateness:
+# that instant after the fire instant.
+"${PSQL[@]}" -d "$DB" -v ON_ERROR_STOP=1 <<'SQL' >/dev/null
+CREATE EXTENSION pg_cron;
+CREATE TABLE fire_log (who text NOT NULL, at timestamptz NOT NULL);
+SELECT cron.schedule('fire_' || g, '* * * * *', $$INSERT INTO fire_log VALUES ('pg_cron', now())$$) FROM generate_series(1, 10) g;
+SELECT tide.schedule('fire_' || g, '30 * * * * *', $$INSERT INTO fire_log VALUES ('pg_tide', now())$$) FROM generate_series(1, 10) g;
+SQL
+echo "==> fire precision: waiting for 30 fires each of pg_cron and pg_tide (about 3 minutes)"
+"${PSQL[@]}" -d "$DB" -v ON_ERROR_STOP=1 -c "DO \$\$ BEGIN
+    WHILE (SELECT count(*) FILTER (WHERE who = 'pg_cron') < 30 OR count(*) FILTER (WHERE who = 'pg_tide') < 30 FROM fire_log)
+          AND clock_timestamp() < now() + interval '6 minutes' LOOP
+        PERFORM pg_sleep(1); END LOOP; END \$\$" >/dev/null
+fire=$("${PSQL[@]}" -d "$DB" -At -F ' ' -v ON_ERROR_STOP=1 <<'SQL'
+SELECT cron.unschedule(jobid) FROM cron.job WHERE jobname LIKE 'fire\_%';
+SELECT tide.unschedule('fire_' || g) FROM generate_series(1, 10) g;
+SELECT who, count(*), round(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms)::numeric, 1),
+       round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)::numeric, 1)
+  FROM (SELECT who, extract(epoch FROM at - date_trunc('minute', at)) * 1000
+                    - CASE who WHEN 'pg_tide' THEN 30000 ELSE 0 END AS ms
+          FROM fire_log) x
+ GROUP BY who ORDER BY who;
+SQL
+)
 
 fill() { # $1 = number of runs / rows
     "${PSQL[@]}" -d "$DB" -v ON_ERROR_STOP=1 -v n="$1" <<'SQL'
@@ -352,6 +384,13 @@ rm -rf "$tmp"
 
 rate() { awk -v t="$1" -v b="$2" 'BEGIN { printf "%.0f", t * b }'; }
 pct() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f%%", 100 * a / b }'; }
+echo
+echo "==> fire precision: an SQL job every minute, start after its fire time (ms, 10 jobs x 3 minutes each)"
+printf '%-46s %10s %10s %7s\n' "" fires p50 p99
+echo "$fire" | grep -E '^pg_(cron|tide) ' | while read -r who n p50 p99; do
+    printf '%-46s %10s %10s %7s\n' "$who" "$n" "$p50" "$p99"
+done
+echo "(target for pg_tide: p50 10 ms, p99 50 ms)"
 echo
 echo "==> claim + complete, $CLIENTS clients (runs per second, best of 3 rounds)"
 printf '%-46s %10s %10s %7s\n' "batch, completion" pg_tide baseline ratio

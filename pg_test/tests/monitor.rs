@@ -185,7 +185,7 @@ fn derived_max_silence_and_monitor_settings(cluster: &Cluster) -> Result<(), Fai
     // weekdays Friday to Monday 72 h + 30 min; London daily 25 h (the autumn day) + 1 h.
     let derived: String = one(
         &mut c,
-        "SELECT string_agg(name || '=' || tide._max_silence(t), ' ' ORDER BY name) FROM tide.task t",
+        "SELECT string_agg(name || '=' || tide._max_silence(t.max_silence, t.fire_gap, t.timeout), ' ' ORDER BY name) FROM tide.task t",
     )?;
     assert_eq!(derived, "hourly=02:00:00 london=26:00:00 weekdays=72:30:00");
 
@@ -222,7 +222,7 @@ fn derived_max_silence_and_monitor_settings(cluster: &Cluster) -> Result<(), Fai
     )?;
     let after: String = one(
         &mut c,
-        "SELECT tide._max_silence(t)::text FROM tide.task t WHERE name = 'hourly'",
+        "SELECT tide._max_silence(t.max_silence, t.fire_gap, t.timeout)::text FROM tide.task t WHERE name = 'hourly'",
     )?;
     assert_eq!(after, "00:30:00");
 
@@ -493,6 +493,132 @@ fn failures_skips_need_check_and_dead_letters_alert(cluster: &Cluster) -> Result
         "every skipped window is in the streak"
     );
     assert_eq!(open_alerts(&mut c)?, "task:s:repeated_skipsx1");
+    Ok(())
+}
+
+/// What health reads from history, as the tick keeps it (tide.task_stat), is what the runs say:
+/// right after a fold, after runs changed with no fold since, and a day later.
+fn kept_health_figures_match_history(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("m_kept")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('w', '0 0 1 1 *', max_attempts => 1);
+         SELECT tide.schedule('e', NULL, topics => '{e}', max_attempts => 5, backoff_base => '1 hour', jitter => 'none');
+         SELECT tide.schedule('idle', '0 0 1 1 *');",
+    )?;
+    // A window task: a success, then a dead window; an event task: a success, then a failure
+    // waiting for its retry.
+    let ok = past_run(&mut c, "w", 3)?;
+    succeed(&mut c, ok)?;
+    let bad = past_run(&mut c, "w", 2)?;
+    let token = claim_run(&mut c, bad)?;
+    exec(
+        &mut c,
+        &format!("SELECT tide.fail_run({bad}, {token}, 'no such row', 'business')"),
+    )?;
+    let first: i64 = one(&mut c, "SELECT tide.emit('e')::bigint")?;
+    let emitted: i64 = one(
+        &mut c,
+        "SELECT max(run_id) FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'e'",
+    )?;
+    assert_eq!(first, 1);
+    succeed(&mut c, emitted)?;
+    exec(&mut c, "SELECT tide.emit('e')")?;
+    let failing: i64 = one(
+        &mut c,
+        "SELECT max(run_id) FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'e'",
+    )?;
+    let token = claim_run(&mut c, failing)?;
+    exec(
+        &mut c,
+        &format!("SELECT tide.fail_run({failing}, {token}, 'timeout')"),
+    )?;
+
+    // The figures health shows at an instant, and the same computed from the runs alone (the
+    // kept ones deleted, in a transaction rolled back).
+    let shown = |c: &mut Client, at: &str| -> Result<String, Failed> {
+        one(
+            c,
+            &format!(
+                "SELECT string_agg(format('%s %s %s %s %s %s %s %s', task, status, last_state, last_success,
+                                          consecutive_failures, consecutive_skips, retries_24h, p50_duration), ' | ' ORDER BY task)
+                   FROM tide._health({at})"
+            ),
+        )
+    };
+    let from_runs = |c: &mut Client, at: &str| -> Result<String, Failed> {
+        let mut tx = c.transaction().map_err(db_err)?;
+        tx.batch_execute("DELETE FROM tide.task_stat; DELETE FROM tide.task_touch")
+            .map_err(db_err)?;
+        let text: String = tx
+            .query_one(
+                &format!(
+                    "SELECT string_agg(format('%s %s %s %s %s %s %s %s', task, status, last_state, last_success,
+                                              consecutive_failures, consecutive_skips, retries_24h, p50_duration), ' | ' ORDER BY task)
+                       FROM tide._health({at})"
+                ),
+                &[],
+            )
+            .map_err(db_err)?
+            .get(0);
+        tx.rollback().map_err(db_err)?;
+        Ok(text)
+    };
+    let kept = |c: &mut Client| -> Result<(i64, i64), Failed> {
+        let row = c
+            .query_one(
+                "SELECT (SELECT count(*) FROM tide.task_stat), (SELECT count(*) FROM tide.task_touch)",
+                &[],
+            )
+            .map_err(db_err)?;
+        Ok((row.get(0), row.get(1)))
+    };
+
+    // The tick folds: every task's figures are kept, nothing is left to recompute, and health
+    // shows what the runs say. The instant is fixed (a statement's now() is its
+    // transaction's start: ask for one a little ahead of every run above).
+    let at = "(SELECT now() + interval '1 second')";
+    let at_fixed: String = one(&mut c, &format!("SELECT {at}::text"))?;
+    let at = format!("'{at_fixed}'::timestamptz");
+    tick(&mut c, &at)?;
+    assert_eq!(
+        kept(&mut c)?,
+        (3, 0),
+        "kept figures of 3 tasks, nothing touched"
+    );
+    let after_fold = shown(&mut c, &at)?;
+    assert_eq!(after_fold, from_runs(&mut c, &at)?);
+    assert!(
+        after_fold.contains("w failing dead"),
+        "the dead window shows: {after_fold}"
+    );
+    assert!(
+        after_fold.contains("e failing retry"),
+        "the failed event run shows: {after_fold}"
+    );
+
+    // A success of the window task with no fold since: health shows it at once.
+    let fixed = past_run(&mut c, "w", 1)?;
+    succeed(&mut c, fixed)?;
+    let (_, touched) = kept(&mut c)?;
+    assert!(touched > 0, "the changed task is noted for the next fold");
+    let later: String = one(&mut c, "SELECT (now() + interval '2 seconds')::text")?;
+    let later = format!("'{later}'::timestamptz");
+    let before_fold = shown(&mut c, &later)?;
+    assert_ne!(before_fold, after_fold);
+    assert_eq!(before_fold, from_runs(&mut c, &later)?);
+    // Folded again: the same.
+    tick(&mut c, &later)?;
+    assert_eq!(kept(&mut c)?, (3, 0));
+    assert_eq!(shown(&mut c, &later)?, before_fold);
+
+    // A day later the runs counted in the last 24 hours have left it: the kept 24-hour figures
+    // no longer hold, and health computes them again.
+    let day: String = one(&mut c, "SELECT (now() + interval '25 hours')::text")?;
+    let day = format!("'{day}'::timestamptz");
+    let next_day = shown(&mut c, &day)?;
+    assert_eq!(next_day, from_runs(&mut c, &day)?);
+    assert_ne!(next_day, before_fold, "the 24-hour figures moved on");
     Ok(())
 }
 
@@ -1026,6 +1152,10 @@ fn main() {
         (
             "alerts_are_delivered_once_per_opening",
             alerts_are_delivered_once_per_opening,
+        ),
+        (
+            "kept_health_figures_match_history",
+            kept_health_figures_match_history,
         ),
     ];
     run_tests("monitor", tests)
