@@ -232,12 +232,16 @@ RETURNS TABLE (task_id bigint, owner name, valid_until timestamptz, success_wind
                last_success timestamptz, last_state tide.run_state, skips integer, failures integer,
                retries integer, catch_up_limited integer, not_ready integer, p50 interval, p95 interval,
                wait95 interval)
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 -- Its cost estimate is high (a lateral join per task), but each part is a short index scan:
 -- compiling it with JIT would cost far more than running it.
 SET jit = off
+-- (PL/pgSQL: its plan, long to make, is kept for the session: the scheduler folds every tick.)
 AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
     SELECT t.task_id, t.owner, day.valid_until, ls.window_start, ls.finished_at,
            CASE WHEN ev.last_run_id > coalesce(recent.last_run_id, 0) THEN ev.last_state ELSE recent.last_state END,
            (coalesce(recent.skips, 0) + coalesce(ev.skips, 0))::integer,
@@ -316,7 +320,8 @@ AS $$
                   (SELECT * FROM tide.run r WHERE r.task_id = t.task_id AND r.window_start IS NULL
                     ORDER BY r.run_id DESC LIMIT 1000)) r
            WHERE coalesce(r.finished_at, r.updated_at) > p_now - interval '1 day') day ON true
-     WHERE t.task_id = ANY (p_task_ids)
+     WHERE t.task_id = ANY (p_task_ids);
+END
 $$;
 COMMENT ON FUNCTION tide._task_history(timestamptz, bigint[]) IS
     'Internal: what task health reads from the history of some tasks at an instant, computed from their runs (tide.task_stat keeps it between changes).';
@@ -332,33 +337,40 @@ SET jit = off
 AS $$
 DECLARE
     n integer;
+    todo bigint[];
 BEGIN
     IF NOT pg_try_advisory_xact_lock(hashtext('pg_tide fold')) THEN
         RETURN 0;
     END IF;
     -- Each statement below reads with a snapshot taken after the lock: it sees what an earlier
-    -- fold wrote. The touch rows it deletes and the runs it reads are of the same snapshot.
+    -- fold wrote.
     WITH d AS (DELETE FROM tide.count_delta RETURNING task_id, metric, label, value, owner)
     INSERT INTO tide.run_count AS c (task_id, metric, label, value, owner)
     SELECT d.task_id, d.metric, d.label, sum(d.value), min(d.owner) FROM d
      WHERE EXISTS (SELECT 1 FROM tide.task t WHERE t.task_id = d.task_id)
      GROUP BY 1, 2, 3
     ON CONFLICT (task_id, metric, label) DO UPDATE SET value = c.value + EXCLUDED.value;
+    -- The tasks to recompute: those touched (their touch rows deleted now) and those whose
+    -- 24-hour figures expired. They are computed with a later snapshot than the deletion's:
+    -- every change whose touch row goes is in it (one committed later keeps its row).
     WITH picked AS (
         SELECT DISTINCT x.task_id FROM (SELECT y.task_id FROM tide.task_touch y LIMIT p_limit * 10) x
          LIMIT p_limit
     ), gone AS (
         DELETE FROM tide.task_touch x WHERE x.task_id IN (SELECT p.task_id FROM picked p) RETURNING x.task_id
-    ), todo AS (
-        SELECT g.task_id FROM gone g
-        UNION
-        SELECT s.task_id FROM tide.task_stat s WHERE s.valid_until <= p_now
     )
+    SELECT array_agg(DISTINCT y.task_id) INTO todo
+      FROM (SELECT g.task_id FROM gone g
+            UNION ALL
+            (SELECT s.task_id FROM tide.task_stat s WHERE s.valid_until <= p_now LIMIT p_limit)) y;
+    IF todo IS NULL THEN
+        RETURN 0;  -- (the computation is not even planned)
+    END IF;
     INSERT INTO tide.task_stat AS s (task_id, owner, computed_at, valid_until, success_window, last_success,
                                      last_state, skips, failures, retries, catch_up_limited, not_ready, p50, p95, wait95)
     SELECT h.task_id, h.owner, p_now, h.valid_until, h.success_window, h.last_success, h.last_state, h.skips,
            h.failures, h.retries, h.catch_up_limited, h.not_ready, h.p50, h.p95, h.wait95
-      FROM tide._task_history(p_now, ARRAY(SELECT DISTINCT t.task_id FROM todo t)) h
+      FROM tide._task_history(p_now, todo) h
     ON CONFLICT (task_id) DO UPDATE
        SET owner = EXCLUDED.owner, computed_at = EXCLUDED.computed_at, valid_until = EXCLUDED.valid_until,
            success_window = EXCLUDED.success_window, last_success = EXCLUDED.last_success,
