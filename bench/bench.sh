@@ -4,7 +4,8 @@
 #   1. claim+complete throughput, 4 clients, batches of 1 and 50: pg_tide vs a minimal
 #      hand-made FOR UPDATE SKIP LOCKED queue table;
 #   2. event tasks: tide.emit throughput (in one transaction and from 4 clients) and event
-#      claim+complete at batch 50, vs inserting into and working the same baseline queue;
+#      claim+complete at batch 50, vs inserting into and working the same baseline queue; bulk
+#      tide.enqueue and tide.emit_many beside graphile-worker (from npm) and the bare table;
 #   3. the cost of one tide.tick() with 10,000 idle tasks vs with none; monitoring (health,
 #      dashboard, the tick's fold and alert evaluation, metrics) with 1 task, 10,000 tasks and
 #      1,000,000 finished runs;
@@ -175,21 +176,6 @@ fill $((CLIENTS * TX_BATCH50 * 50))
 result[logged_50]=$(tps "$tmp/tide_many.sql" 50 "$TX_BATCH50")
 left=$("${PSQL[@]}" -d "$DB" -Atc "SELECT count(*) FROM tide.run WHERE state <> 'succeeded'")
 
-# Tick cost: with no tasks due, a tick must not grow with the number of idle tasks.
-cat > "$tmp/tick.sql" <<'SQL'
-SELECT tide.tick();
-SQL
-tick_ms() {
-    "$BIN/pgbench" -n -h 127.0.0.1 -p "$PORT" -U postgres -c 1 -t 500 -f "$tmp/tick.sql" "$DB" 2>/dev/null \
-        | sed -nE 's/^latency average = ([0-9.]+) ms/\1/p'
-}
-tick_1=$(tick_ms)
-mon_1=$(monitor_costs)
-"${PSQL[@]}" -d "$DB" -v ON_ERROR_STOP=1 -c \
-    "SELECT count(tide.schedule('idle_' || g, '0 0 1 1 *', tz => 'Europe/London')) FROM generate_series(1, 10000) g" >/dev/null
-"${PSQL[@]}" -d "$DB" -c "VACUUM ANALYZE tide.task" >/dev/null
-tick_10k=$(tick_ms)
-mon_10k=$(monitor_costs)
 # Monitoring: tide.health and tide.dashboard (every row made, none sent: sending 10,000 rows to
 # psql takes longer than making them), the tick's monitor step (the
 # fold of what changed, every tick; the evaluation of alerts, every pg_tide.monitor_interval) and
@@ -219,6 +205,22 @@ monitor_costs() { # the five figures, ms, after the scheduler's tick has folded 
             | sed -nE 's/^latency average = ([0-9.]+) ms/\1/p'
     done | paste -sd ' '
 }
+
+# Tick cost: with no tasks due, a tick must not grow with the number of idle tasks.
+cat > "$tmp/tick.sql" <<'SQL'
+SELECT tide.tick();
+SQL
+tick_ms() {
+    "$BIN/pgbench" -n -h 127.0.0.1 -p "$PORT" -U postgres -c 1 -t 500 -f "$tmp/tick.sql" "$DB" 2>/dev/null \
+        | sed -nE 's/^latency average = ([0-9.]+) ms/\1/p'
+}
+tick_1=$(tick_ms)
+mon_1=$(monitor_costs)
+"${PSQL[@]}" -d "$DB" -v ON_ERROR_STOP=1 -c \
+    "SELECT count(tide.schedule('idle_' || g, '0 0 1 1 *', tz => 'Europe/London')) FROM generate_series(1, 10000) g" >/dev/null
+"${PSQL[@]}" -d "$DB" -c "VACUUM ANALYZE tide.task" >/dev/null
+tick_10k=$(tick_ms)
+mon_10k=$(monitor_costs)
 
 # Event tasks. Emit: 10,000 events in one transaction (one call per event), and one event per
 # transaction from 4 clients; the baseline inserts its rows the same ways.
@@ -258,6 +260,69 @@ VACUUM ANALYZE baseline_q;
 SQL
 event_50=$(tps "$tmp/event_many.sql" 50 "$TX_BATCH50")
 base_ev_50=$(tps "$tmp/baseline.sql" 50 "$TX_BATCH50")
+
+# Bulk enqueue: 20,000 jobs in one call (average of 3 calls), and one job per transaction from 4
+# clients: tide.enqueue and tide.emit_many beside the bare table's INSERT and graphile-worker's
+# add_jobs / add_job (installed from npm into ~/.cache/pg_tide/graphile, its schema in this
+# database); then claim + complete by graphile-worker itself (4 concurrent no-op jobs, one at a
+# time and with a local queue of 50) beside pg_tide's rows above.
+"${PSQL[@]}" -d "$DB" -v ON_ERROR_STOP=1 -c "SELECT tide.schedule('bench_job', NULL, queue => 'bench_job', topics => ARRAY['bench.unused_job'])" >/dev/null
+cat > "$tmp/bulk_enqueue.sql" <<'SQL'
+SELECT count(*) FROM tide.enqueue('bench_job', (SELECT jsonb_agg(jsonb_build_object('i', g)) FROM generate_series(1, 20000) g));
+SQL
+cat > "$tmp/bulk_emit.sql" <<'SQL'
+SELECT tide.emit_many('bench.ev', ARRAY(SELECT jsonb_build_object('i', g) FROM generate_series(1, 20000) g));
+SQL
+cat > "$tmp/bulk_base.sql" <<'SQL'
+INSERT INTO baseline_q (payload) SELECT jsonb_build_object('i', g) FROM generate_series(1, 20000) g;
+SQL
+cat > "$tmp/one_enqueue.sql" <<'SQL'
+SELECT tide.enqueue('bench_job', '{"i": 1}');
+SQL
+bulk_enqueue_ms=$(one_tx_ms "$tmp/bulk_enqueue.sql")
+bulk_emit_ms=$(one_tx_ms "$tmp/bulk_emit.sql")
+bulk_base_ms=$(one_tx_ms "$tmp/bulk_base.sql")
+one_enqueue_tps=$(tps "$tmp/one_enqueue.sql" 1 2000)
+GW_DIR=${PG_TIDE_GRAPHILE_DIR:-$HOME/.cache/pg_tide/graphile}
+GW_VERSION=0.17.3
+gw=""
+gw_why=""
+if ! command -v npm >/dev/null 2>&1; then
+    apt-get install -y -qq npm >/dev/null 2>&1 || true
+fi
+if ! command -v npm >/dev/null 2>&1; then
+    gw_why="npm is not installed and apt-get could not install it"
+elif ! (mkdir -p "$GW_DIR" && cd "$GW_DIR" \
+         && { [ -f package.json ] || echo '{"name": "pg_tide-bench-peer", "private": true}' > package.json; } \
+         && { grep -q "\"version\": \"$GW_VERSION\"" node_modules/graphile-worker/package.json 2>/dev/null \
+              || npm install --no-audit --no-fund --silent "graphile-worker@$GW_VERSION" >/dev/null 2>&1; }); then
+    gw_why="npm install graphile-worker@$GW_VERSION failed"
+elif ! node "$GW_DIR/node_modules/graphile-worker/dist/cli.js" --connection "postgres://postgres@127.0.0.1:$PORT/$DB" \
+        --schema-only >/dev/null 2>&1; then
+    gw_why="graphile-worker could not install its schema"
+else
+    gw=1
+fi
+if [ -n "$gw" ]; then
+    cat > "$tmp/gw_bulk.sql" <<'SQL'
+SELECT count(*) FROM graphile_worker.add_jobs(ARRAY(
+    SELECT ROW('noop', json_build_object('i', g), NULL, NULL, NULL, NULL, NULL, NULL)::graphile_worker.job_spec
+      FROM generate_series(1, 20000) g));
+SQL
+    cat > "$tmp/gw_one.sql" <<'SQL'
+SELECT graphile_worker.add_job('noop', '{"i": 1}'::json);
+SQL
+    gw_bulk_ms=$(one_tx_ms "$tmp/gw_bulk.sql")
+    gw_one_tps=$(tps "$tmp/gw_one.sql" 1 2000)
+    gw_drain() { # $1 = batch: jobs per second working off what is queued
+        local n
+        n=$("${PSQL[@]}" -d "$DB" -At -c "SELECT count(*) FROM graphile_worker.jobs")
+        node bench/graphile_drain.js "postgres://postgres@127.0.0.1:$PORT/$DB" "$n" "$1" 2>/dev/null || echo 0
+    }
+    gw_1=$(gw_drain 1)
+    "${PSQL[@]}" -d "$DB" -At -f "$tmp/gw_bulk.sql" -f "$tmp/gw_bulk.sql" -f "$tmp/gw_bulk.sql" >/dev/null
+    gw_50=$(gw_drain 50)
+fi
 
 # Backfills (last: they use the SQL executors). Online pickup latency (claimed_at - created_at of
 # 100 one-off SQL jobs enqueued 50 ms apart, each in a transaction of its own that starts when
@@ -465,6 +530,28 @@ e4=$(rate "$emit_tps" 1); b4=$(rate "$base_emit_tps" 1)
 printf '%-46s %10s %10s %7s\n' "emit, 1 per transaction, $CLIENTS clients (events/s)" "$e4" "$b4" "$(pct "$e4" "$b4")"
 t=$(rate "$event_50" 50); b=$(rate "$base_ev_50" 50)
 printf '%-46s %10s %10s %7s\n' "event claim + complete_runs, batch 50 (runs/s)" "$t" "$b" "$(pct "$t" "$b")"
+echo
+echo "==> bulk enqueue and graphile-worker $GW_VERSION (jobs per second)"
+per_s() { awk -v ms="$1" 'BEGIN { printf "%.0f", 20000 * 1000 / ms }'; }
+q1=$(per_s "$bulk_enqueue_ms"); q2=$(per_s "$bulk_emit_ms"); qb=$(per_s "$bulk_base_ms")
+q4=$(rate "$one_enqueue_tps" 1)
+if [ -n "$gw" ]; then
+    qg=$(per_s "$gw_bulk_ms"); g4=$(rate "$gw_one_tps" 1)
+    printf '%-46s %10s %10s %10s %7s\n' "" pg_tide graphile bare "vs graphile"
+    printf '%-46s %10s %10s %10s %7s\n' "tide.enqueue, 20,000 in one call" "$q1" "$qg" "$qb" "$(pct "$q1" "$qg")"
+    printf '%-46s %10s %10s %10s %7s\n' "tide.emit_many, 20,000 in one call" "$q2" "$qg" "$qb" "$(pct "$q2" "$qg")"
+    printf '%-46s %10s %10s %10s %7s\n' "tide.enqueue, 1 per transaction, $CLIENTS clients" "$q4" "$g4" "$b4" "$(pct "$q4" "$g4")"
+    printf '%-46s %10s %10s %10s %7s\n' "tide.emit, 1 per transaction, $CLIENTS clients" "$e4" "$g4" "$b4" "$(pct "$e4" "$g4")"
+    t1=$(rate "${result[tide_1]}" 1); t50=$(rate "${result[many_50]}" 50)
+    printf '%-46s %10s %10s %10s %7s\n' "claim + complete, batch 1 (graphile: 4 jobs at once)" "$t1" "$gw_1" "$(rate "${result[base_1]}" 1)" "$(pct "$t1" "$gw_1")"
+    printf '%-46s %10s %10s %10s %7s\n' "claim + complete, batch 50 (graphile: local queue 50)" "$t50" "$gw_50" "$(rate "${result[base_50]}" 50)" "$(pct "$t50" "$gw_50")"
+    echo "(targets: bulk enqueue at least 50% of graphile's add_jobs; one emit per transaction at least 70% of the bare INSERT ($b4); claim + complete at batch 50 at least 150% of graphile and 65% of bare, at batch 1 80% of bare)"
+else
+    echo "graphile-worker rows skipped: $gw_why"
+    printf '%-46s %10s %10s\n' "" pg_tide bare
+    printf '%-46s %10s %10s\n' "tide.enqueue, 20,000 in one call" "$q1" "$qb" "tide.emit_many, 20,000 in one call" "$q2" "$qb"
+    printf '%-46s %10s %10s\n' "tide.enqueue, 1 per transaction, $CLIENTS clients" "$q4" "$b4"
+fi
 echo
 echo "==> backfills"
 set -- $bf_wps; bfn=$1; bfw=$2

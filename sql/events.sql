@@ -21,61 +21,99 @@ END
 $$;
 COMMENT ON FUNCTION tide._check_topic(text, text) IS 'Internal: refuses a malformed topic.';
 
+-- Emits events, one or many, in the caller's transaction: the work of tide.emit and
+-- tide.emit_many. Element i is payloads[i] with event_keys[i] and dedupe_keys[i] (NULL arrays:
+-- no keys). Each creates one run of every task subscribed to the topic that the caller may
+-- reach.
 -- A generic plan always: the custom plan the planner otherwise keeps choosing (its estimate for
 -- the topic lookup is better with the value) costs more to make than to run (measured: 3x).
-CREATE FUNCTION tide.emit(topic text, payload jsonb DEFAULT '{}', event_key text DEFAULT NULL, dedupe_key text DEFAULT NULL)
+CREATE FUNCTION tide._emit(p_topic text, p_payloads jsonb[], p_event_keys text[], p_dedupe_keys text[], p_function text)
 RETURNS integer
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 AS $$
-#variable_conflict use_column
 DECLARE
-    ids bigint[];
+    n integer := coalesce(cardinality(p_payloads), 0);
+    bad record;
+    what text;
+    made integer;
     queues text[];
     sql_ready boolean;
-    ev bigint;
     -- A role's emit reaches the tasks of the roles it acts for (its own, its teams') and those
     -- whose owners granted it the topic (tide.grant('emit', ...)); a superuser's or
     -- tide_admin's, every role's.
     owners_ok name[] := tide._acts_for();
     g_owners name[];
 BEGIN
-    PERFORM tide._check_topic(emit.topic, 'tide.emit');
-    IF length(emit.event_key) > 1000 OR length(emit.dedupe_key) > 1000 THEN
-        RAISE EXCEPTION 'tide.emit: % is too long (% characters, at most 1000)',
-            CASE WHEN length(emit.event_key) > 1000 THEN 'event_key' ELSE 'dedupe_key' END,
-            greatest(length(emit.event_key), length(emit.dedupe_key))
-            USING ERRCODE = 'invalid_parameter_value', HINT = 'derive keys from ids, such as ''customer:'' || id';
+    PERFORM tide._check_topic(p_topic, p_function);
+    IF n > 100000 THEN
+        RAISE EXCEPTION '%: % events in one call, at most 100000', p_function, n USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'emit in several calls of up to 100000 events';
     END IF;
-    IF emit.event_key = '' OR emit.dedupe_key = '' OR emit.dedupe_key LIKE '#%' THEN
-        RAISE EXCEPTION 'tide.emit: % % is not valid', CASE WHEN emit.event_key = '' THEN 'event_key' ELSE 'dedupe_key' END,
-            quote_literal(left(CASE WHEN emit.event_key = '' THEN emit.event_key ELSE emit.dedupe_key END, 100))
+    IF cardinality(p_event_keys) <> n OR cardinality(p_dedupe_keys) <> n THEN
+        RAISE EXCEPTION '%: % has % elements and payloads %', p_function,
+            CASE WHEN cardinality(p_event_keys) <> n THEN 'event_keys' ELSE 'dedupe_keys' END,
+            CASE WHEN cardinality(p_event_keys) <> n THEN cardinality(p_event_keys) ELSE cardinality(p_dedupe_keys) END, n
             USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'pass NULL or a non-empty text; dedupe keys starting with # are pg_tide''s own';
+                  HINT = 'give one key per payload (NULL for none), or leave the keys out';
     END IF;
-    PERFORM tide._jsonb_arg('payload', emit.payload, 1048576);
+    IF n = 0 THEN
+        RETURN 0;
+    END IF;
+    -- The first bad element, if any, in one pass.
+    SELECT e.i, e.p, e.ek, e.dk INTO bad
+      FROM unnest(p_payloads, p_event_keys, p_dedupe_keys) WITH ORDINALITY AS e(p, ek, dk, i)
+     WHERE length(e.ek) > 1000 OR length(e.dk) > 1000 OR e.ek = '' OR e.dk = '' OR e.dk LIKE '#%'
+        OR pg_column_size(e.p) > 1048576
+     ORDER BY e.i LIMIT 1;
+    IF FOUND THEN
+        -- tide.emit_many names the element; tide.emit has one.
+        what := p_function || ': ' || CASE WHEN n > 1 THEN format('element %s: ', bad.i) ELSE '' END;
+        IF length(bad.ek) > 1000 OR length(bad.dk) > 1000 THEN
+            RAISE EXCEPTION '%', format('%s%s is too long (%s characters, at most 1000)', what,
+                CASE WHEN length(bad.ek) > 1000 THEN 'event_key' ELSE 'dedupe_key' END,
+                greatest(length(bad.ek), length(bad.dk)))
+                USING ERRCODE = 'invalid_parameter_value', HINT = 'derive keys from ids, such as ''customer:'' || id';
+        ELSIF pg_column_size(bad.p) > 1048576 THEN
+            RAISE EXCEPTION '%', format('%spayload is too large (%s bytes, at most 1048576)', what, pg_column_size(bad.p))
+                USING ERRCODE = 'invalid_parameter_value', HINT = 'keep large data in your own tables and pass its key';
+        ELSE
+            RAISE EXCEPTION '%', format('%s%s %s is not valid', what,
+                CASE WHEN bad.ek = '' THEN 'event_key' ELSE 'dedupe_key' END,
+                quote_literal(left(CASE WHEN bad.ek = '' THEN bad.ek ELSE bad.dk END, 100)))
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'pass NULL or a non-empty text; dedupe keys starting with # are pg_tide''s own';
+        END IF;
+    END IF;
     IF owners_ok IS NOT NULL THEN
-        SELECT array_agg(g.owner) INTO g_owners FROM tide._granted('emit') g WHERE g.object = emit.topic;
+        SELECT array_agg(g.owner) INTO g_owners FROM tide._granted('emit') g WHERE g.object = p_topic;
     END IF;
-    ev := nextval('tide.event_seq');
     -- One statement: the runs (with their gating, so the insert trigger has nothing to look up),
     -- their first history rows and their tide.pending rows, as tide._record_created would
-    -- write them (measured: about half the cost of creating and then re-reading them).
-    WITH created AS (
+    -- write them (measured: about half the cost of creating and then re-reading them). Each
+    -- event gets its id (its dedupe key when none is given: #id).
+    WITH events AS (
+        SELECT e.i, coalesce(e.p, '{}') AS payload, e.ek AS event_key, e.dk AS dedupe_key,
+               nextval('tide.event_seq') AS ev
+          FROM unnest(p_payloads, p_event_keys, p_dedupe_keys) WITH ORDINALITY AS e(p, ek, dk, i)
+    ), tasks AS MATERIALIZED (
+        SELECT t.task_id, t.version, t.owner, t.queue, t.priority, t.args, t.command,
+               tide._open_state(jsonb_build_object('ready_dataset', t.ready_dataset, 'ready_check', t.ready_check,
+                                                 'ready_watermark', t.ready_watermark)) AS state
+          FROM tide.task t
+         WHERE t.topics @> ARRAY[p_topic] AND (owners_ok IS NULL OR t.owner = ANY (owners_ok) OR t.owner = ANY (g_owners))
+    ), created AS (
         INSERT INTO tide.run (task_id, trigger, dedupe_key, version, state, reason, executor, queue, priority,
                               args, owner, topic, event_key, payload, gate, lock_key, gated)
-        SELECT t.task_id, 'event', coalesce(emit.dedupe_key, '#' || ev), t.version,
-               tide._open_state(jsonb_build_object('ready_dataset', t.ready_dataset, 'ready_check', t.ready_check,
-                                                 'ready_watermark', t.ready_watermark)),
-               format('event %s on %s%s', ev, emit.topic, coalesce(' (key ' || emit.event_key || ')', '')),
+        SELECT t.task_id, 'event', coalesce(e.dedupe_key, '#' || e.ev), t.version, t.state,
+               format('event %s on %s%s', e.ev, p_topic, coalesce(' (key ' || e.event_key || ')', '')),
                tide._executor_of(t.command), t.queue, t.priority, t.args, t.owner,
-               emit.topic, emit.event_key, coalesce(emit.payload, '{}'), g.gate, g.lock_key, g.gated
-          FROM tide.task t
-         CROSS JOIN LATERAL tide._gating_of(t.task_id, t.version, t.args, coalesce(emit.payload, '{}'), emit.event_key,
-                                            NULL, NULL) g
-         WHERE t.topics @> ARRAY[emit.topic] AND (owners_ok IS NULL OR t.owner = ANY (owners_ok) OR t.owner = ANY (g_owners))
-        ORDER BY t.task_id
+               p_topic, e.event_key, e.payload, g.gate, g.lock_key, g.gated
+          FROM events e
+         CROSS JOIN tasks t
+         CROSS JOIN LATERAL tide._gating_of(t.task_id, t.version, t.args, e.payload, e.event_key, NULL, NULL) g
+        ORDER BY e.i, t.task_id
         ON CONFLICT (task_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
         RETURNING run_id, task_id, state, reason, owner, executor, queue, priority, gate, lock_key, gated
     ), history AS (
@@ -86,16 +124,16 @@ BEGIN
         SELECT c.run_id, c.task_id, c.state, c.executor, c.queue, c.priority, c.owner, c.gate, c.lock_key, c.gated
           FROM created c
     )
-    SELECT array_agg(c.run_id), array_agg(DISTINCT c.queue) FILTER (WHERE c.state = 'ready'),
+    SELECT count(*), array_agg(DISTINCT c.queue) FILTER (WHERE c.state = 'ready'),
            bool_or(c.state = 'ready' AND c.executor = 'sql')
-      INTO ids, queues, sql_ready FROM created c;
-    IF ids IS NULL THEN
+      INTO made, queues, sql_ready FROM created c;
+    IF made = 0 THEN
         -- Never a silent 0: say so when no task this role may reach subscribes to the topic (a
         -- dedupe key seen before is a quiet 0).
         IF NOT EXISTS (SELECT 1 FROM tide.task t
-                        WHERE t.topics @> ARRAY[emit.topic]
+                        WHERE t.topics @> ARRAY[p_topic]
                           AND (owners_ok IS NULL OR t.owner = ANY (owners_ok) OR t.owner = ANY (g_owners))) THEN
-            RAISE WARNING 'tide.emit: no task you may reach subscribes to topic %: nothing was created', quote_literal(left(emit.topic, 200))
+            RAISE WARNING '%: no task you may reach subscribes to topic %: nothing was created', p_function, quote_literal(left(p_topic, 200))
                 USING HINT = 'subscribe a task with tide.schedule(..., topics => ARRAY[...]), or have the owner of the task run tide.grant(''emit'', topic, your role)';
         END IF;
         RETURN 0;
@@ -104,11 +142,27 @@ BEGIN
     IF sql_ready THEN
         PERFORM tide._wake(false);  -- an idle executor claims at this commit (src/wake.rs)
     END IF;
-    RETURN cardinality(ids);
+    RETURN made;
 END
 $$;
+COMMENT ON FUNCTION tide._emit(text, jsonb[], text[], text[], text) IS
+    'Internal: the work of tide.emit and tide.emit_many: checks, creates a run of every reachable subscribed task per event, wakes claimers.';
+
+CREATE FUNCTION tide.emit(topic text, payload jsonb DEFAULT '{}', event_key text DEFAULT NULL, dedupe_key text DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$ BEGIN RETURN tide._emit(topic, ARRAY[payload], ARRAY[event_key], ARRAY[dedupe_key], 'tide.emit'); END $$;
 COMMENT ON FUNCTION tide.emit(text, jsonb, text, text) IS
     'emit(topic, payload => ''{}'', event_key => NULL, dedupe_key => NULL): in the caller''s transaction, creates one run of every task subscribed to the topic that the caller may reach (its own, its teams'', those whose owner granted it the topic with tide.grant(''emit'', ...); a superuser''s or tide_admin''s emit: every role''s), owned by the task''s owner. A WARNING when no such task subscribes (never a silent 0). Runs of one task and key go one at a time, in the order of their runs. A dedupe key already used by a task''s run makes the emit a no-op for that task. Returns how many runs it created.';
+
+CREATE FUNCTION tide.emit_many(topic text, payloads jsonb[], event_keys text[] DEFAULT NULL, dedupe_keys text[] DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$ BEGIN RETURN tide._emit(topic, payloads, event_keys, dedupe_keys, 'tide.emit_many'); END $$;
+COMMENT ON FUNCTION tide.emit_many(text, jsonb[], text[], text[]) IS
+    'emit_many(topic, payloads, event_keys => NULL, dedupe_keys => NULL): tide.emit of many events (up to 100000) in one call, in the caller''s transaction: event i is payloads[i] with event_keys[i] and dedupe_keys[i] (arrays of the same length; NULL elements or arrays for none). Checked whole before anything is written. Events of one key go in their order in the arrays. Returns how many runs it created.';
 
 CREATE FUNCTION tide._emit_row() RETURNS trigger
 LANGUAGE plpgsql

@@ -20,7 +20,11 @@ DECLARE
     t tide.task;
     items jsonb;
     n integer;
-    keys text[];
+    key_of text;
+    open_state tide.run_state;
+    why text;
+    exec_kind tide.executor;
+    ids bigint[];
     prio integer;
     due timestamptz;
     queues text[];
@@ -82,27 +86,32 @@ BEGIN
         END IF;
         -- One run: the key itself. Several: the key and the element's position, so the same
         -- batch enqueued again creates nothing.
-        keys := CASE WHEN jsonb_typeof(enqueue.args) = 'object' THEN ARRAY[enqueue.dedupe_key]
-                     ELSE ARRAY(SELECT enqueue.dedupe_key || ':' || g FROM generate_series(1, n) g) END;
+        -- One run: the key itself. Several: the key and the element's position, so the same
+        -- batch enqueued again creates nothing.
+        key_of := CASE WHEN jsonb_typeof(enqueue.args) = 'object' THEN enqueue.dedupe_key ELSE enqueue.dedupe_key || ':' END;
     ELSE
-        keys := ARRAY(SELECT '#q' || s.id || ':' || g
-                        FROM (SELECT nextval('tide.job_seq') AS id) s, generate_series(1, n) g);
+        -- Keys of pg_tide's own, new to this call: no conflict is possible.
+        key_of := '#q' || nextval('tide.job_seq') || ':';
     END IF;
+    -- The same for every run of the call: worked out once.
+    open_state := tide._open_state(jsonb_build_object('ready_dataset', t.ready_dataset, 'ready_check', t.ready_check,
+                                                      'ready_watermark', t.ready_watermark));
+    exec_kind := tide._executor_of(t.command);
+    why := format('enqueued by %s%s', tide._caller(),
+                  CASE WHEN due IS NOT NULL
+                       THEN ' to run at ' || to_char(due AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS" UTC"') ELSE '' END);
     -- One statement: the runs with their gating, their first history rows and their
     -- tide.pending rows, as tide.emit writes them.
     WITH input AS (
-        SELECT e.i, t.args || e.v AS args, keys[e.i] AS dedupe_key
+        SELECT e.i, t.args || e.v AS args,
+               CASE WHEN jsonb_typeof(enqueue.args) = 'object' AND enqueue.dedupe_key IS NOT NULL THEN key_of
+                    ELSE key_of || e.i END AS dedupe_key
           FROM jsonb_array_elements(items) WITH ORDINALITY AS e(v, i)
     ), created AS (
         INSERT INTO tide.run (task_id, trigger, dedupe_key, version, state, reason, executor, queue, priority,
                               args, run_after, owner, gate, lock_key, gated)
-        SELECT t.task_id, 'enqueued', i.dedupe_key, t.version,
-               tide._open_state(jsonb_build_object('ready_dataset', t.ready_dataset, 'ready_check', t.ready_check,
-                                                 'ready_watermark', t.ready_watermark)),
-               format('enqueued by %s%s', tide._caller(),
-                      CASE WHEN due IS NOT NULL
-                           THEN ' to run at ' || to_char(due AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS" UTC"') ELSE '' END),
-               tide._executor_of(t.command), t.queue, prio, i.args, due, t.owner, g.gate, g.lock_key, g.gated
+        SELECT t.task_id, 'enqueued', i.dedupe_key, t.version, open_state, why, exec_kind, t.queue, prio, i.args, due,
+               t.owner, g.gate, g.lock_key, g.gated
           FROM input i
          CROSS JOIN LATERAL tide._gating_of(t.task_id, t.version, i.args, NULL, NULL, NULL, NULL) g
          ORDER BY i.i
@@ -118,19 +127,26 @@ BEGIN
           FROM created c
     )
     SELECT array_agg(DISTINCT c.queue) FILTER (WHERE c.state = 'ready' AND c.run_after IS NULL),
-           bool_or(c.state = 'ready' AND c.executor = 'sql')
-      INTO queues, sql_ready FROM created c;
+           bool_or(c.state = 'ready' AND c.executor = 'sql'), array_agg(c.run_id ORDER BY c.run_id)
+      INTO queues, sql_ready, ids FROM created c;
     PERFORM pg_notify('pg_tide_ready', q) FROM unnest(queues) q;
     IF sql_ready THEN
         -- An idle executor claims at this commit, or (run_at ahead) sleeps until the run is due
         -- rather than until its next poll (src/wake.rs, tide._executor_wake).
         PERFORM tide._wake(false);
     END IF;
-    -- The run of each element, created now or earlier with the same dedupe key.
-    RETURN QUERY
-        SELECT r.run_id FROM unnest(keys) WITH ORDINALITY AS k(key, i)
-          JOIN tide.run r ON r.task_id = t.task_id AND r.dedupe_key = k.key
-         ORDER BY k.i;
+    -- The run of each element: with keys of pg_tide's own, all of them new, in the order of the
+    -- elements (run ids are given in insertion order); with the caller's, created now or
+    -- earlier with the same key.
+    IF enqueue.dedupe_key IS NULL THEN
+        RETURN QUERY SELECT unnest(ids);
+    ELSE
+        RETURN QUERY
+            SELECT r.run_id FROM generate_series(1, n) k(i)
+              JOIN tide.run r ON r.task_id = t.task_id
+                             AND r.dedupe_key = CASE WHEN jsonb_typeof(enqueue.args) = 'object' THEN key_of ELSE key_of || k.i END
+             ORDER BY k.i;
+    END IF;
 END
 $$;
 COMMENT ON FUNCTION tide.enqueue(text, jsonb, timestamptz, integer, text) IS

@@ -148,8 +148,10 @@ END
 $$;
 COMMENT ON FUNCTION tide._run_gating() IS
     'Trigger: computes a new run''s serial group (gate), lock key and gated flag from its rule version, args and event.';
+-- (The WHEN clause is evaluated without calling the function: a bulk emit or enqueue, which
+-- sets the gating itself, pays nothing per run.)
 CREATE TRIGGER run_gating_insert BEFORE INSERT ON tide.run
-    FOR EACH ROW EXECUTE FUNCTION tide._run_gating();
+    FOR EACH ROW WHEN (NEW.gated IS NULL) EXECUTE FUNCTION tide._run_gating();
 
 -- Runs whose rule version or args changed (reopened, adopted, confirmed) take the gating of
 -- their new rules.

@@ -1344,9 +1344,20 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    -- A restore (pg_dump's COPY of tide.run_event) brings the counters with it
+    -- (tide.run_count and tide.count_delta are dumped too): the restored history is not new.
+    IF pg_catalog.current_query() ~* '^\s*COPY\s' THEN
+        RETURN NULL;
+    END IF;
+    -- Most statements add only creations (an emit, an enqueue): nothing to count, and no run to
+    -- look up.
+    IF NOT EXISTS (SELECT 1 FROM added e WHERE e.to_state IN ('succeeded', 'need_check', 'dead', 'skipped', 'cancelled', 'running')) THEN
+        RETURN NULL;
+    END IF;
     INSERT INTO tide.count_delta (task_id, metric, label, value, owner)
     SELECT r.task_id, m.metric, m.label, sum(m.value), min(r.owner)
-      FROM added e
+      FROM (SELECT a.run_id, a.to_state FROM added a
+             WHERE a.to_state IN ('succeeded', 'need_check', 'dead', 'skipped', 'cancelled', 'running')) e
       JOIN tide.run r ON r.run_id = e.run_id
      CROSS JOIN LATERAL (VALUES
           ('runs', e.to_state::text, 1::double precision,
@@ -1644,3 +1655,4 @@ SELECT pg_catalog.pg_extension_config_dump('tide.check_check_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('tide.alert', '');
 SELECT pg_catalog.pg_extension_config_dump('tide.alert_alert_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('tide.run_count', '');
+SELECT pg_catalog.pg_extension_config_dump('tide.count_delta', '');

@@ -146,9 +146,28 @@ fn pg_dump_keeps_tasks_versions_and_runs(cluster: &Cluster) -> Result<(), Failed
     .map_err(db_err)?;
     let runs = "SELECT concat_ws('|', (SELECT string_agg(state::text, ',' ORDER BY run_id) FROM tide.run),
                                  (SELECT count(*) FROM tide.attempt), (SELECT count(*) FROM tide.run_event))";
+    // The counters of tide.metrics(): those above folded by a tick, the event run's success
+    // not yet.
+    c.batch_execute("SELECT tide.tick()").map_err(db_err)?;
+    c.batch_execute("SELECT tide.complete_run(run_id, lease_token) FROM tide.claim_runs(n => 1)")
+        .map_err(db_err)?;
+    // Three runs: two succeeded (three history rows each: created, claimed, ended), one waiting
+    // for its retry (the same three); three attempts.
     let runs_before: String = one(&mut c, runs)?;
-    assert_eq!(runs_before, "succeeded,retry,ready|2|7");
+    assert_eq!(runs_before, "succeeded,retry,succeeded|3|9");
     let before: String = one(&mut c, summary)?;
+    let counters = "SELECT string_agg(l, ' ' ORDER BY l) FROM regexp_split_to_table(tide.metrics(), E'\n') l
+                     WHERE l ~ '^pg_tide_(runs_total|run_duration_seconds_count|queue_wait_seconds_count)'";
+    let counters_before: String = one(&mut c, counters)?;
+    for task in ["ny_sync", "on_signup"] {
+        assert!(
+            counters_before.contains(&format!("task=\"{task}\",outcome=\"succeeded\"}} 1")),
+            "{task}'s success counted: {counters_before}"
+        );
+    }
+    let health = "SELECT string_agg(concat_ws(' ', task, status, last_state, consecutive_failures, last_success), ', ' ORDER BY task)
+                    FROM tide.health WHERE task <> 'pg_tide'";
+    let health_before: String = one(&mut c, health)?;
 
     let dump_file = format!("/tmp/pg_tide-pg_test-dump-{}.sql", std::process::id());
     cluster.tool("pg_dump", &["-d", "t_dump_src", "-f", &dump_file])?;
@@ -183,6 +202,13 @@ fn pg_dump_keeps_tasks_versions_and_runs(cluster: &Cluster) -> Result<(), Failed
         runs_after, runs_before,
         "runs, attempts and history restored, none recorded twice"
     );
+    let counters_after: String = one(&mut dst, counters)?;
+    assert_eq!(
+        counters_after, counters_before,
+        "counters restored, the restored history not counted again"
+    );
+    let health_after: String = one(&mut dst, health)?;
+    assert_eq!(health_after, health_before);
     // Fencing tokens continue after the restore: a new claim gets a larger token.
     dst.batch_execute("SELECT tide.tick(now() + interval '1 hour')")
         .map_err(db_err)?;

@@ -261,6 +261,79 @@ fn runs_of_one_key_go_in_emit_order(cluster: &Cluster) -> Result<(), Failed> {
     Ok(())
 }
 
+/// tide.emit_many: many events in one call, each as tide.emit would make it: one run per event
+/// and subscribed task, keys in array order, dedupe keys honoured, bad input refused whole.
+fn emit_many_emits_each_event_once(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("v_many")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('ship', NULL, topics => ARRAY['order']);
+         SELECT tide.schedule('bill', NULL, topics => ARRAY['order']);",
+    )?;
+    let made: i32 = one(
+        &mut c,
+        r#"SELECT tide.emit_many('order',
+               ARRAY['{"n": 1}', '{"n": 2}', '{"n": 3}', '{"n": 4}']::jsonb[],
+               event_keys => ARRAY['cust:1', 'cust:1', NULL, 'cust:2'],
+               dedupe_keys => ARRAY['o1', 'o2', 'o3', NULL])"#,
+    )?;
+    assert_eq!(made, 8, "4 events, 2 subscribed tasks");
+    // Each task's runs, in run order: the events in array order, with their keys.
+    let ship: String = one(
+        &mut c,
+        "SELECT string_agg(concat_ws('/', payload->>'n', event_key, dedupe_key LIKE '#%'), ' ' ORDER BY run_id)
+           FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'ship'",
+    )?;
+    // (t: a dedupe key of pg_tide's own, #id, for the event given none.)
+    assert_eq!(ship, "1/cust:1/f 2/cust:1/f 3/f 4/cust:2/t");
+    // Emitting the same dedupe keys again creates nothing for them; the keyless event is new.
+    let again: i32 = one(
+        &mut c,
+        r#"SELECT tide.emit_many('order', ARRAY['{"n": 1}', '{"n": 5}']::jsonb[], dedupe_keys => ARRAY['o1', NULL])"#,
+    )?;
+    assert_eq!(again, 2, "only the keyless event, for both tasks");
+    // Runs of one key go one at a time, in array order: cust:1's first run is claimed, its
+    // second waits.
+    let claimed = claim(&mut c, 20)?;
+    let keys: Vec<Option<String>> = claimed.iter().map(|r| r.2.clone()).collect();
+    assert_eq!(
+        keys.iter()
+            .filter(|k| k.as_deref() == Some("cust:1"))
+            .count(),
+        2,
+        "one cust:1 run per task: {keys:?}"
+    );
+    // Bad input: nothing is written.
+    let before: i64 = one(&mut c, "SELECT count(*) FROM tide.run")?;
+    let (code, message, hint) = refused(
+        &mut c,
+        r#"SELECT tide.emit_many('order', ARRAY['{"n": 1}', '{"n": 2}']::jsonb[], dedupe_keys => ARRAY['ok', '#mine'])"#,
+    )?;
+    assert_eq!(code, "22023");
+    assert!(
+        message.contains("element 2") && message.contains("'#mine'"),
+        "{message}"
+    );
+    assert!(hint.contains("pg_tide's own"), "{hint}");
+    let (code, message, _) = refused(
+        &mut c,
+        r#"SELECT tide.emit_many('order', ARRAY['{"n": 1}', '{"n": 2}']::jsonb[], event_keys => ARRAY['k'])"#,
+    )?;
+    assert_eq!(code, "22023");
+    assert!(message.contains("event_keys has 1 elements"), "{message}");
+    let (code, _, _) = refused(
+        &mut c,
+        "SELECT tide.emit_many('bad topic!', ARRAY['{}']::jsonb[])",
+    )?;
+    assert_eq!(code, "22023");
+    let after: i64 = one(&mut c, "SELECT count(*) FROM tide.run")?;
+    assert_eq!(after, before, "refused calls write nothing");
+    // An empty array is no events.
+    let none: i32 = one(&mut c, "SELECT tide.emit_many('order', ARRAY[]::jsonb[])")?;
+    assert_eq!(none, 0);
+    Ok(())
+}
+
 /// SQL event runs of two keys, run by the two real executors: each run's end wakes the next
 /// of its key at once. (A lost wake-up would leave the next run parked for pg_tide's park
 /// time, a minute: longer than this test waits.)
@@ -1022,6 +1095,10 @@ fn a_fallback_scan_finds_lost_events(cluster: &Cluster) -> Result<(), Failed> {
 
 fn main() {
     let tests: &[(&str, TestFn)] = &[
+        (
+            "emit_many_emits_each_event_once",
+            emit_many_emits_each_event_once,
+        ),
         (
             "running_sql_runs_are_cancelled_and_paused_at_once",
             running_sql_runs_are_cancelled_and_paused_at_once,
