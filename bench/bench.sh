@@ -41,6 +41,13 @@ PSQL=("$BIN/psql" -X -q -h 127.0.0.1 -p "$PORT" -U postgres)
 "${PSQL[@]}" -d postgres -c "CREATE DATABASE $DB"
 "${PSQL[@]}" -d "$DB" -v ON_ERROR_STOP=1 <<'SQL'
 CREATE EXTENSION pg_tide;
+-- The scheduler connects once the database exists (it retries every second): wait for it.
+DO $$ BEGIN
+    WHILE NOT coalesce((SELECT scheduler_alive FROM tide.self_health), false)
+          AND clock_timestamp() < now() + interval '30 seconds' LOOP
+        PERFORM pg_sleep(0.2);
+    END LOOP;
+END $$;
 -- The baseline: the smallest queue that is still correct under concurrency.
 CREATE TABLE baseline_q (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
