@@ -324,7 +324,7 @@ SQL
     gw_drain() { # $1 = batch: jobs per second working off what is queued
         local n
         n=$("${PSQL[@]}" -d "$DB" -At -c "SELECT count(*) FROM graphile_worker.jobs")
-        node bench/graphile_drain.js "postgres://postgres@127.0.0.1:$PORT/$DB" "$n" "$1" 2>/dev/null || echo 0
+        NODE_PATH="$GW_DIR/node_modules" node bench/graphile_drain.js "postgres://postgres@127.0.0.1:$PORT/$DB" "$n" "$1" 2>/dev/null || echo 0
     }
     gw_1=$(gw_drain 1)
     "${PSQL[@]}" -d "$DB" -At -f "$tmp/gw_bulk.sql" -f "$tmp/gw_bulk.sql" -f "$tmp/gw_bulk.sql" >/dev/null
@@ -498,7 +498,7 @@ SQL
 rm -rf "$tmp"
 
 rate() { awk -v t="$1" -v b="$2" 'BEGIN { printf "%.0f", t * b }'; }
-pct() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f%%", 100 * a / b }'; }
+pct() { awk -v a="$1" -v b="$2" 'BEGIN { if (b + 0 == 0) print "n/a"; else printf "%.0f%%", 100 * a / b }'; }
 echo
 echo "==> fire precision: an SQL job every minute, start after its fire time (ms, 10 jobs x 3 minutes each)"
 printf '%-46s %10s %10s %7s\n' "" fires p50 p99

@@ -22,7 +22,11 @@ COMMENT ON FUNCTION tide.pause(text) IS
 COMMENT ON FUNCTION tide.resume(text) IS
     'resume(task): lets a paused task fire again from the next fire after now, without catching up the paused time; false if it was not paused.';
 COMMENT ON FUNCTION tide.tick(timestamptz) IS
-    'tick(now => now()): the scheduler''s whole job at instant now, in one transaction: creates due runs (applying misfire policies to missed windows), moves due retries, takes back expired leases, releases ready runs. Returns counts. The scheduler worker calls it every pg_tide.tick_interval.';
+    'tick(now => now()): the scheduler''s whole job at instant now, in one transaction: creates due runs (applying misfire policies to missed windows), moves due retries, takes back expired leases, releases ready runs, evaluates health and alerts. Returns counts. The scheduler worker does the same in several transactions (tide._fire for each due task, then tide._tick_steps).';
+COMMENT ON FUNCTION tide._fire(timestamptz, integer) IS
+    'Internal: the firing part of tide.tick for at most max_tasks due tasks (the scheduler: one per transaction, so each task''s runs are committed at once). Returns the counts of firing.';
+COMMENT ON FUNCTION tide._tick_steps(timestamptz) IS
+    'Internal: the part of tide.tick after firing: retries, leases, lost runs, readiness, health, alerts, retention.';
 COMMENT ON FUNCTION tide.rerun(text, date, timestamptz, text, boolean) IS
     'rerun(task, biz_date => NULL, window_start => NULL, version => NULL, force => false): creates or reopens the run of one business window, named by its business date or start. A succeeded window needs force => true; when the rules changed since, version => ''original'' or ''current'' must be chosen. Returns the run id.';
 COMMENT ON FUNCTION tide.run_now(text, date, text, boolean) IS

@@ -237,7 +237,10 @@ SET search_path = pg_catalog, pg_temp
 -- Its cost estimate is high (a lateral join per task), but each part is a short index scan:
 -- compiling it with JIT would cost far more than running it.
 SET jit = off
--- (PL/pgSQL: its plan, long to make, is kept for the session: the scheduler folds every tick.)
+-- A custom plan each time, with the statistics of the moment: a generic one kept by a
+-- long-lived session (a pool's connection) from when tide.run was small would walk it whole
+-- once it has grown. (It is only planned when some task's figures are to be computed.)
+SET plan_cache_mode = force_custom_plan
 AS $$
 #variable_conflict use_column
 BEGIN

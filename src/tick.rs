@@ -20,7 +20,7 @@ use crate::sqlerr::{required, OrRaise};
 
 const F: &str = "tide.tick";
 /// Tasks handled per tick; more due tasks wait for the next tick (a second later).
-const TASKS_PER_TICK: i64 = 500;
+pub(crate) const TASKS_PER_TICK: i64 = 500;
 /// Windows of one task planned per tick: a long outage is worked off in bounded batches.
 const BATCH: usize = 1000;
 /// The most fires looked at for one task in one tick.
@@ -49,10 +49,36 @@ struct DueTask {
 /// the rest of the tick goes on. The steps after firing are isolated from each other in the
 /// same way, and no row lock held by a user's open transaction stalls the tick for more than
 /// `lock_timeout` (one second here): rows such a transaction holds are skipped until it ends.
+///
+/// The scheduler itself does the same in several transactions (`tide._fire`, one due task
+/// each, then `tide._tick_steps`), so that each task's runs are committed, and the executors
+/// woken, as soon as they are made.
 #[pg_extern(volatile, schema = "tide")]
 #[search_path(pg_catalog, pg_temp)]
 fn tick(now: default!(Option<TimestampWithTimeZone>, "now()")) -> JsonB {
     let now_pg = required(now, "now", F);
+    let mut out = fire_due(now_pg, TASKS_PER_TICK);
+    out.extend(steps(now_pg));
+    JsonB(Value::Object(out))
+}
+
+/// Fires at most `max_tasks` due tasks (the scheduler: one per transaction); returns the counts
+/// of `tide.tick`'s firing (tasks, runs, caught_up, skipped, task_errors).
+#[pg_extern(volatile, schema = "tide", name = "_fire")]
+#[search_path(pg_catalog, pg_temp)]
+fn fire(now: TimestampWithTimeZone, max_tasks: i32) -> JsonB {
+    JsonB(Value::Object(fire_due(now, i64::from(max_tasks.max(0)))))
+}
+
+/// The steps of `tide.tick` after firing: retries, leases, lost runs, readiness
+/// (sql/execution.sql); health, alerts and retention (sql/monitor.sql).
+#[pg_extern(volatile, schema = "tide", name = "_tick_steps")]
+#[search_path(pg_catalog, pg_temp)]
+fn tick_steps(now: TimestampWithTimeZone) -> JsonB {
+    JsonB(Value::Object(steps(now)))
+}
+
+fn fire_due(now_pg: TimestampWithTimeZone, max_tasks: i64) -> Map<String, Value> {
     let now = from_pg(now_pg, "now").or_raise(F);
     let mut counts: Map<String, Value> = Map::new();
     let mut add = |key: &str, n: usize| {
@@ -64,7 +90,7 @@ fn tick(now: default!(Option<TimestampWithTimeZone>, "now()")) -> JsonB {
     }
     Spi::run("SELECT pg_catalog.set_config('lock_timeout', '1s', true)").or_raise(F);
     Spi::connect_mut(|client| {
-        for task in due_tasks(client, now_pg) {
+        for task in due_tasks(client, now_pg, max_tasks) {
             add("tasks", 1);
             match isolated(|| fire_task(client, &task, now)) {
                 Ok(Ok(done)) => {
@@ -79,9 +105,12 @@ fn tick(now: default!(Option<TimestampWithTimeZone>, "now()")) -> JsonB {
             }
         }
     });
-    let mut out = Value::Object(counts);
-    // Retries, leases, lost runs, readiness (sql/execution.sql); health, alerts and retention
-    // (sql/monitor.sql).
+    counts
+}
+
+fn steps(now_pg: TimestampWithTimeZone) -> Map<String, Value> {
+    Spi::run("SELECT pg_catalog.set_config('lock_timeout', '1s', true)").or_raise(F);
+    let mut out = Map::new();
     for step in ["_tick_runs", "_monitor"] {
         let result = isolated(|| {
             Spi::get_one_with_args::<JsonB>(&format!("SELECT tide.{step}($1)"), &[now_pg.into()])
@@ -89,16 +118,12 @@ fn tick(now: default!(Option<TimestampWithTimeZone>, "now()")) -> JsonB {
                 .map(|j| j.0)
         });
         match result {
-            Ok(Some(Value::Object(more))) => {
-                if let Value::Object(out) = &mut out {
-                    out.extend(more);
-                }
-            }
+            Ok(Some(Value::Object(more))) => out.extend(more),
             Ok(_) => {}
             Err(e) => pgrx::warning!("pg_tide: tick step {step} failed: {e}"),
         }
     }
-    JsonB(out)
+    out
 }
 
 /// Runs `body` in a subtransaction: an error in it (a PostgreSQL error or a Rust panic) rolls
@@ -161,7 +186,7 @@ fn record_error(client: &mut SpiClient, task: &DueTask, now: TimestampWithTimeZo
     );
 }
 
-fn due_tasks(client: &mut SpiClient, now: TimestampWithTimeZone) -> Vec<DueTask> {
+fn due_tasks(client: &mut SpiClient, now: TimestampWithTimeZone, limit: i64) -> Vec<DueTask> {
     let query = format!(
         "SELECT task_id, name, {RULE_COLUMNS}, misfire::text, misfire_threshold,
                 catch_up_max, source_retention, next_fire_at, skip_until, rescan_previous
@@ -173,7 +198,7 @@ fn due_tasks(client: &mut SpiClient, now: TimestampWithTimeZone) -> Vec<DueTask>
             FOR NO KEY UPDATE SKIP LOCKED"
     );
     let rows = client
-        .update(&query, None, &[now.into(), TASKS_PER_TICK.into()])
+        .update(&query, None, &[now.into(), limit.into()])
         .or_raise(F);
     let mut out = Vec::new();
     for row in rows {

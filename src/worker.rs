@@ -99,6 +99,16 @@ pub(crate) fn start(name: &str) {
         pg_sys::pqsignal(pg_sys::SIGINT as c_int, Some(StatementCancelHandler));
     }
     BackgroundWorker::connect_worker_to_spi(Some(&settings::database()), None);
+    // A worker's session lives as long as the server: a generic plan it kept from when the
+    // tables were small (a fresh install) would outlive every ANALYZE (which does not
+    // invalidate cached plans). One kept for an UPDATE of the tick, a nested loop over every
+    // run made for a small tide.pending, ran for minutes once both had grown. Plans are made
+    // for each execution instead, with the statistics of the day. (The claim paths keep
+    // generic plans by their own SET clauses; the owners' code runs with the defaults, under
+    // a RESET ALL of its own.)
+    let _ = in_transaction("settings", || {
+        Spi::run("SET plan_cache_mode = force_custom_plan").or_raise("pg_tide worker");
+    });
     log!("{name} started in database \"{}\"", settings::database());
 }
 
@@ -169,11 +179,31 @@ pub extern "C-unwind" fn pg_tide_scheduler_main(_arg: pg_sys::Datum) {
         // A failed tick is logged by in_transaction; the next one tries again. Its start and
         // outcome are noted in shared memory (src/delivery.rs watches them).
         crate::delivery::tick_started();
+        // The tick, in several transactions: each due task fired in its own (its runs committed
+        // and the executors woken at once, while the next task is fired), then the steps on
+        // existing runs and monitoring. (tide.tick does all of it in one.)
+        let mut failed = None;
+        for _ in 0..crate::tick::TASKS_PER_TICK {
+            let fired = in_transaction("tick", || {
+                Spi::get_one::<pgrx::JsonB>("SELECT tide._fire(now(), 1)")
+                    .or_raise(F)
+                    .and_then(|j| j.0.get("tasks").and_then(serde_json::Value::as_u64))
+                    .unwrap_or(0)
+            });
+            match fired {
+                Ok(1) => {}
+                Ok(_) => break,
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
         let outcome = in_transaction("tick", || {
-            let counts = Spi::get_one::<pgrx::JsonB>("SELECT tide.tick()").or_raise(F);
+            let counts = Spi::get_one::<pgrx::JsonB>("SELECT tide._tick_steps(now())").or_raise(F);
             debug1!("pg_tide tick: {:?}", counts.map(|j| j.0));
         });
-        crate::delivery::tick_ended(outcome.err().as_deref());
+        crate::delivery::tick_ended(failed.or(outcome.err()).as_deref());
         // When to tick next, in a transaction of its own: whatever goes wrong there leaves the
         // poll interval, never a tick undone.
         let cap = i32::try_from(next.as_millis()).unwrap_or(i32::MAX);
