@@ -411,6 +411,11 @@ VACUUM ANALYZE tide.run_event;
 SQL
 runs_full=$("${PSQL[@]}" -d "$DB" -At -c "SELECT count(*) FROM tide.run WHERE finished_at IS NOT NULL")
 mon_full=$(monitor_costs)
+# Storage: the run ledger and its history with their indexes (and TOAST), per run kept.
+storage=$("${PSQL[@]}" -d "$DB" -At -F ' ' -c "SELECT count(*), round((pg_total_relation_size('tide.run') + pg_total_relation_size('tide.run_event'))::numeric / count(*)),
+    round(pg_total_relation_size('tide.run')::numeric / count(*)), round(pg_total_relation_size('tide.run_event')::numeric / count(*)),
+    pg_size_pretty(pg_total_relation_size('tide.pending')), (SELECT count(*) FROM tide.pending)
+    FROM tide.run")
 # R4.6: the record of pruned succeeded windows, per million hourly windows: all succeeded (one
 # range), and the worst case, every other window (a million ranges).
 record=$("${PSQL[@]}" -d "$DB" -At -F ' ' -c "SELECT
@@ -527,6 +532,8 @@ printf '%-34s %9s %9s %9s %9s %9s\n' "1 task, no history (baseline)" $mon_1
 printf '%-34s %9s %9s %9s %9s %9s\n' "10,000 idle tasks" $mon_10k
 printf '%-34s %9s %9s %9s %9s %9s\n' "and $runs_full finished runs" $mon_full
 echo "(target: each under 20 ms with 10,000 tasks and with 1,000,000 finished runs)"
+set -- $storage
+echo "storage: $2 bytes per run kept ($1 runs; tide.run $3, tide.run_event $4, each with its indexes); tide.pending $5 for $6 rows (target: at most 600 bytes per finished run)"
 echo
 echo "==> event tasks"
 printf '%-46s %10s %10s %7s\n' "" pg_tide baseline ratio

@@ -1245,7 +1245,7 @@ BEGIN
            coalesce(p_why, format('%s by %s', CASE WHEN p_trigger = 'manual' THEN 'manual rerun' ELSE p_trigger::text END, tide._caller())),
            tide._run_executor(tide._task_rules(t), true),
            coalesce(p_queue, t.queue), t.priority - CASE WHEN p_trigger = 'backfill' THEN 10000 ELSE 0 END, t.args, t.owner
-    ON CONFLICT (task_id, window_start) DO NOTHING
+    ON CONFLICT (task_id, window_start) WHERE window_start IS NOT NULL DO NOTHING
     RETURNING run_id INTO id;
     IF id IS NOT NULL THEN
         PERFORM tide._record_created(ARRAY[id]);
@@ -1523,12 +1523,16 @@ BEGIN
                              ELSE 'ready: next window reached' END
           FROM tide.task_version v
          WHERE r.run_id IN (SELECT x.run_id FROM tide.run x
+                              JOIN tide.task_version w ON w.task_id = x.task_id AND w.version = x.version
                              WHERE x.run_id IN (SELECT p.run_id FROM tide.pending p WHERE p.state = 'waiting')
                                AND x.state = 'waiting'
                                -- A run a worker reported not ready waits for its next window
                                -- even if its marker is set.
                                AND (x.run_after IS NULL OR x.run_after <= p_now)
-                               FOR UPDATE SKIP LOCKED)
+                               -- Only these are locked: a run with a check locked here was
+                               -- skipped by an executor woken to check it, which then slept.
+                               AND w.rules->>'ready_check' IS NULL AND w.rules->>'ready_watermark' IS NULL
+                               FOR UPDATE OF x SKIP LOCKED)
            AND v.task_id = r.task_id AND v.version = r.version
            AND v.rules->>'ready_check' IS NULL AND v.rules->>'ready_watermark' IS NULL
            AND (v.rules->>'ready_dataset' IS NULL

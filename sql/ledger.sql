@@ -110,8 +110,8 @@ CREATE TABLE tide.run (
     control          text CHECK (control IN ('pause', 'cancel')),
     -- A task with ready_watermark: the value seen, since when, and the latest evaluations.
     watermark        jsonb,
-    -- The idempotency key: a scheduled window, or (for event runs) a dedupe key. Exactly one.
-    CONSTRAINT run_window_key UNIQUE (task_id, window_start),
+    -- The idempotency key: a scheduled window (run_window_key below), or (for event runs) a
+    -- dedupe key (run_dedupe_key). Exactly one.
     CONSTRAINT run_one_key CHECK ((window_start IS NULL) <> (dedupe_key IS NULL)),
     CONSTRAINT run_window_order CHECK (window_end > window_start),
     CONSTRAINT run_skip_reason CHECK ((state = 'skipped') = (skip_reason IS NOT NULL)),
@@ -142,7 +142,11 @@ COMMENT ON COLUMN tide.run.lease_token IS 'Fencing token of the current claim; h
 COMMENT ON COLUMN tide.run.executor_pid IS 'SQL runs: the pid of the pg_tide executor running the attempt; with executor_start, how the scheduler sees at once that it is gone.';
 COMMENT ON COLUMN tide.run.executor_start IS 'SQL runs: when the executor process running the attempt started (pids are reused).';
 
--- Event runs' idempotency key; partial, so window runs carry no entry for it.
+-- The two idempotency keys, each partial so that a run carries an entry in one only: a window
+-- run's window (it was a plain unique constraint, with an entry for every event and enqueued
+-- run too: one more index entry written per run of a bulk emit or enqueue), an event run's
+-- dedupe key.
+CREATE UNIQUE INDEX run_window_key ON tide.run (task_id, window_start) WHERE window_start IS NOT NULL;
 CREATE UNIQUE INDEX run_dedupe_key ON tide.run (task_id, dedupe_key) WHERE dedupe_key IS NOT NULL;
 CREATE INDEX run_covered_by_idx ON tide.run (covered_by) WHERE covered_by IS NOT NULL;
 -- Event runs of a task, newest first (task health of event tasks). Neither column changes.

@@ -475,7 +475,7 @@ fn insert_runs(
                            $6::text[], $7::text[], $8::text[], $9::timestamptz[])
                       AS u(fire_at, window_start, window_end, biz_date, trigger, skip, reason, following)
               WHERE t.task_id = $1
-             ON CONFLICT (task_id, window_start) DO NOTHING
+             ON CONFLICT (task_id, window_start) WHERE window_start IS NOT NULL DO NOTHING
              RETURNING run_id",
             None,
             &[
