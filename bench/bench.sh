@@ -414,7 +414,7 @@ mon_full=$(monitor_costs)
 # Storage: the run ledger and its history with their indexes (and TOAST), per run kept.
 storage=$("${PSQL[@]}" -d "$DB" -At -F ' ' -c "SELECT count(*), round((pg_total_relation_size('tide.run') + pg_total_relation_size('tide.run_event'))::numeric / count(*)),
     round(pg_total_relation_size('tide.run')::numeric / count(*)), round(pg_total_relation_size('tide.run_event')::numeric / count(*)),
-    pg_size_pretty(pg_total_relation_size('tide.pending')), (SELECT count(*) FROM tide.pending)
+    round(pg_total_relation_size('tide.pending') / 1048576.0, 1), (SELECT count(*) FROM tide.pending)
     FROM tide.run")
 # R4.6: the record of pruned succeeded windows, per million hourly windows: all succeeded (one
 # range), and the worst case, every other window (a million ranges).
@@ -533,7 +533,7 @@ printf '%-34s %9s %9s %9s %9s %9s\n' "10,000 idle tasks" $mon_10k
 printf '%-34s %9s %9s %9s %9s %9s\n' "and $runs_full finished runs" $mon_full
 echo "(target: each under 20 ms with 10,000 tasks and with 1,000,000 finished runs)"
 set -- $storage
-echo "storage: $2 bytes per run kept ($1 runs; tide.run $3, tide.run_event $4, each with its indexes); tide.pending $5 for $6 rows (target: at most 600 bytes per finished run)"
+echo "storage: $2 bytes per run kept ($1 runs; tide.run $3, tide.run_event $4, each with its indexes); tide.pending $5 MB for $6 rows (target: at most 600 bytes per finished run)"
 echo
 echo "==> event tasks"
 printf '%-46s %10s %10s %7s\n' "" pg_tide baseline ratio
