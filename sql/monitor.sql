@@ -153,11 +153,13 @@ COMMENT ON FUNCTION tide._silence_level(interval, interval) IS
 -- skips in a row, the last 24 hours) is kept per task in tide.task_stat, so that health, the
 -- dashboard, the tick's alert evaluation and tide.metrics() do not grow with history or with the
 -- number of tasks. It stays exact:
---   - every statement that changes runs adds a row per task it changed to tide.task_touch (a
---     statement trigger on tide.run), in the same transaction as the change;
---   - every tick folds: in one statement (one snapshot) it deletes the touch rows it sees and
---     recomputes those tasks' figures from their runs; a change committed after that snapshot
---     keeps its touch row for the next fold;
+--   - every statement that changes runs adds a row per task it changed to tide.task_touch
+--     (statement triggers on tide.run, and on tide.run_event for the hot paths, whose run
+--     updates skip the first), in the same transaction as the change;
+--   - every tick folds (tide._fold): it deletes the touch rows it sees, then, with a later
+--     snapshot, recomputes those tasks' figures from their runs; every change whose touch row
+--     it deleted is in that snapshot, and one committed after the deletion keeps its row for the
+--     next fold;
 --   - health takes a task's kept figures only when no touch row of the task is visible and the
 --     figures are still true at the instant asked (the 24-hour ones change when a counted run
 --     leaves the day: valid_until); otherwise it computes them from the runs, as the fold does.
@@ -192,7 +194,7 @@ CREATE TABLE tide.task_touch (
     owner   name NOT NULL
 );
 COMMENT ON TABLE tide.task_touch IS
-    'Tasks whose runs changed since the last fold, one row per changing statement (appended by a trigger on tide.run, deleted by the fold). Maintained by pg_tide.';
+    'Tasks whose runs changed since the last fold, one row per changing statement (appended by triggers on tide.run and tide.run_event, deleted by the fold). Maintained by pg_tide.';
 CREATE INDEX task_touch_task_idx ON tide.task_touch (task_id);
 
 CREATE FUNCTION tide._runs_touched() RETURNS trigger
