@@ -369,6 +369,21 @@ pickup_delayed=$("${PSQL[@]}" -d "$DB" -At -F ' ' -c "SELECT round(percentile_co
     round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)::numeric, 1)
     FROM (SELECT extract(epoch FROM r.claimed_at - (r.args->>'due')::timestamptz) * 1000 AS ms FROM tide.run r
            WHERE r.args->>'probe' = 'delayed') x")
+# SQL executor throughput: 5,000 no-op jobs enqueued in one call, run by the executors (both:
+# no backfill runs), from the enqueue's commit to the last one's end (runs/s), beside an external
+# worker's claim + complete at batch 1 above.
+exec_rate=$("${PSQL[@]}" -d "$DB" -At -v ON_ERROR_STOP=1 <<'SQL'
+SELECT clock_timestamp() AS t0 \gset
+SELECT count(*) FROM tide.enqueue('online_noop', (SELECT jsonb_agg(jsonb_build_object('probe', 'throughput', 'i', g)) FROM generate_series(1, 5000) g));
+DO $$ BEGIN
+    WHILE EXISTS (SELECT 1 FROM tide.run r WHERE r.args->>'probe' = 'throughput' AND r.state <> 'succeeded')
+          AND clock_timestamp() < now() + interval '5 minutes' LOOP
+        PERFORM pg_sleep(0.05); END LOOP; END $$;
+SELECT round(count(*) / extract(epoch FROM max(r.finished_at) - :'t0'::timestamptz)::numeric)
+  FROM tide.run r WHERE r.args->>'probe' = 'throughput' AND r.state = 'succeeded';
+SQL
+)
+exec_rate=$(echo "$exec_rate" | tail -1)
 slow_bf=$("${PSQL[@]}" -d "$DB" -At -c "SELECT tide.backfill('bf_slow', current_date - 60, current_date - 2, concurrency => 4, batch => 500, canary => 0, sample => 0)")
 pickup_busy=$(pickup busy)
 busy_state=$("${PSQL[@]}" -d "$DB" -At -c "SELECT state || ', ' || windows_done || ' of ' || windows_total || ' windows done' FROM tide.backfill_status WHERE backfill_id = $slow_bf")
@@ -579,6 +594,8 @@ printf '%-46s %10s %10s\n' "online pickup by the SQL executors (ms)" p50 p99
 set -- $pickup_delayed; d50=$1; d99=$2
 printf '%-46s %10s %10s\n' "idle" "$i50" "$i99" "enqueued with run_at, after run_at" "$d50" "$d99" "while a backfill runs ($busy_state)" "$b50" "$b99"
 echo "(target: p50 5 ms, p99 20 ms, idle and with run_at)"
+printf '%-46s %10s %10s %7s\n' "SQL executors, no-op command (runs/s)" "$exec_rate" "$(rate "${result[tide_1]}" 1)" "$(pct "$exec_rate" "$(rate "${result[tide_1]}" 1)")"
+echo "(beside: an external worker's claim + complete at batch 1; target: at least as many)"
 echo "(target: p99 with a backfill at most 1.5x the idle p99: $(pct "$b99" "$i99") of it)"
 set -- $record
 echo "succeeded-window record (R4.6), bytes per million hourly windows: $1 when all succeeded, $2 when every other one did"
