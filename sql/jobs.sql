@@ -21,6 +21,7 @@ DECLARE
     items jsonb;
     n integer;
     key_of text;
+    one_key boolean;
     open_state tide.run_state;
     why text;
     exec_kind tide.executor;
@@ -86,11 +87,11 @@ BEGIN
         END IF;
         -- One run: the key itself. Several: the key and the element's position, so the same
         -- batch enqueued again creates nothing.
-        -- One run: the key itself. Several: the key and the element's position, so the same
-        -- batch enqueued again creates nothing.
-        key_of := CASE WHEN jsonb_typeof(enqueue.args) = 'object' THEN enqueue.dedupe_key ELSE enqueue.dedupe_key || ':' END;
+        one_key := jsonb_typeof(enqueue.args) = 'object';
+        key_of := enqueue.dedupe_key || CASE WHEN one_key THEN '' ELSE ':' END;
     ELSE
         -- Keys of pg_tide's own, new to this call: no conflict is possible.
+        one_key := false;
         key_of := '#q' || nextval('tide.job_seq') || ':';
     END IF;
     -- The same for every run of the call: worked out once.
@@ -104,8 +105,7 @@ BEGIN
     -- tide.pending rows, as tide.emit writes them.
     WITH input AS (
         SELECT e.i, t.args || e.v AS args,
-               CASE WHEN jsonb_typeof(enqueue.args) = 'object' AND enqueue.dedupe_key IS NOT NULL THEN key_of
-                    ELSE key_of || e.i END AS dedupe_key
+               CASE WHEN one_key THEN key_of ELSE key_of || e.i END AS dedupe_key
           FROM jsonb_array_elements(items) WITH ORDINALITY AS e(v, i)
     ), created AS (
         INSERT INTO tide.run (task_id, trigger, dedupe_key, version, state, reason, executor, queue, priority,
@@ -144,7 +144,7 @@ BEGIN
         RETURN QUERY
             SELECT r.run_id FROM generate_series(1, n) k(i)
               JOIN tide.run r ON r.task_id = t.task_id
-                             AND r.dedupe_key = CASE WHEN jsonb_typeof(enqueue.args) = 'object' THEN key_of ELSE key_of || k.i END
+                             AND r.dedupe_key = CASE WHEN one_key THEN key_of ELSE key_of || k.i END
              ORDER BY k.i;
     END IF;
 END

@@ -173,7 +173,6 @@ CREATE TABLE tide.task_stat (
     owner            name NOT NULL,
     computed_at      timestamptz NOT NULL,
     valid_until      timestamptz,
-    success_window   timestamptz,
     last_success     timestamptz,
     last_state       tide.run_state,
     skips            integer,
@@ -238,10 +237,9 @@ CREATE TRIGGER task_touched AFTER INSERT OR UPDATE OF schedule ON tide.task
 
 -- What health reads from the history of some tasks, at an instant: computed from their runs.
 CREATE FUNCTION tide._task_history(p_now timestamptz, p_task_ids bigint[])
-RETURNS TABLE (task_id bigint, owner name, valid_until timestamptz, success_window timestamptz,
-               last_success timestamptz, last_state tide.run_state, skips integer, failures integer,
-               retries integer, catch_up_limited integer, not_ready integer, p50 interval, p95 interval,
-               wait95 interval)
+RETURNS TABLE (task_id bigint, owner name, valid_until timestamptz, last_success timestamptz,
+               last_state tide.run_state, skips integer, failures integer, retries integer,
+               catch_up_limited integer, not_ready integer, p50 interval, p95 interval, wait95 interval)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 -- Its cost estimate is high (a lateral join per task), but each part is a short index scan:
@@ -255,7 +253,7 @@ AS $$
 #variable_conflict use_column
 BEGIN
     RETURN QUERY
-    SELECT t.task_id, t.owner, day.valid_until, ls.window_start, ls.finished_at,
+    SELECT t.task_id, t.owner, day.valid_until, ls.finished_at,
            CASE WHEN ev.last_run_id > coalesce(recent.last_run_id, 0) THEN ev.last_state ELSE recent.last_state END,
            (coalesce(recent.skips, 0) + coalesce(ev.skips, 0))::integer,
            (fails.failures + coalesce(ev.failures, 0))::integer,
@@ -379,14 +377,14 @@ BEGIN
     IF todo IS NULL THEN
         RETURN 0;  -- (the computation is not even planned)
     END IF;
-    INSERT INTO tide.task_stat AS s (task_id, owner, computed_at, valid_until, success_window, last_success,
+    INSERT INTO tide.task_stat AS s (task_id, owner, computed_at, valid_until, last_success,
                                      last_state, skips, failures, retries, catch_up_limited, not_ready, p50, p95, wait95)
-    SELECT h.task_id, h.owner, p_now, h.valid_until, h.success_window, h.last_success, h.last_state, h.skips,
+    SELECT h.task_id, h.owner, p_now, h.valid_until, h.last_success, h.last_state, h.skips,
            h.failures, h.retries, h.catch_up_limited, h.not_ready, h.p50, h.p95, h.wait95
       FROM tide._task_history(p_now, todo) h
     ON CONFLICT (task_id) DO UPDATE
        SET owner = EXCLUDED.owner, computed_at = EXCLUDED.computed_at, valid_until = EXCLUDED.valid_until,
-           success_window = EXCLUDED.success_window, last_success = EXCLUDED.last_success,
+           last_success = EXCLUDED.last_success,
            last_state = EXCLUDED.last_state, skips = EXCLUDED.skips, failures = EXCLUDED.failures,
            retries = EXCLUDED.retries, catch_up_limited = EXCLUDED.catch_up_limited,
            not_ready = EXCLUDED.not_ready, p50 = EXCLUDED.p50, p95 = EXCLUDED.p95, wait95 = EXCLUDED.wait95;
@@ -1364,8 +1362,9 @@ AS $$
 BEGIN
     -- A restore (pg_dump's COPY of tide.run_event) brings the counters with it
     -- (tide.run_count and tide.count_delta are dumped too), and its runs' COPY notes their
-    -- tasks: the restored history is not new.
-    IF pg_catalog.current_query() ~* '^\s*COPY\s' THEN
+    -- tasks: the restored history is not new. Only a COPY into tide.run_event itself, which
+    -- roles cannot run: a COPY (SELECT tide.complete_run(...)) TO ... counts like any call.
+    IF pg_catalog.current_query() ~* '^\s*COPY\s+(tide|"tide")\.("?)run_event\2[\s(]' THEN
         RETURN NULL;
     END IF;
     WITH e AS MATERIALIZED (

@@ -204,17 +204,25 @@ pub extern "C-unwind" fn pg_tide_scheduler_main(_arg: pg_sys::Datum) {
             debug1!("pg_tide tick: {:?}", counts.map(|j| j.0));
         });
         crate::delivery::tick_ended(failed.or(outcome.err()).as_deref());
-        // When to tick next, in a transaction of its own: whatever goes wrong there leaves the
-        // poll interval, never a tick undone.
-        let cap = i32::try_from(next.as_millis()).unwrap_or(i32::MAX);
-        let wake = in_transaction("next tick", || {
-            Spi::get_one_with_args::<i32>("SELECT tide._next_wake($1)", &[cap.into()]).or_raise(F)
-        });
-        if let Ok(Some(ms)) = wake {
-            next = Duration::from_millis(u64::try_from(ms.max(1)).unwrap_or(1));
-        }
+        // When to tick next: the next fire or due retry.
+        next = sleep_until_due("tide._next_wake", next);
     }
     exit_for_restart();
+}
+
+/// How long a worker may sleep, at most `cap`: what `function` (ms, given the cap) says, asked
+/// in a transaction of its own; whatever goes wrong there leaves the cap (the poll interval),
+/// never work undone.
+fn sleep_until_due(function: &str, cap: Duration) -> Duration {
+    let cap_ms = i32::try_from(cap.as_millis()).unwrap_or(i32::MAX);
+    let wake = in_transaction("next wake", || {
+        Spi::get_one_with_args::<i32>(&format!("SELECT {function}($1)"), &[cap_ms.into()])
+            .or_raise(F)
+    });
+    match wake {
+        Ok(Some(ms)) => Duration::from_millis(u64::try_from(ms.max(1)).unwrap_or(1)),
+        _ => cap,
+    }
 }
 
 /// One claimed SQL run.
@@ -254,16 +262,8 @@ pub extern "C-unwind" fn pg_tide_executor_main(arg: pg_sys::Datum) {
                 break;
             }
         }
-        // Idle: sleep until the next delayed run or readiness re-check comes due (at most the
-        // poll interval), in a transaction of its own; a failure there leaves the poll interval.
-        let cap = i32::try_from(next.as_millis()).unwrap_or(i32::MAX);
-        let wake = in_transaction("next wake", || {
-            Spi::get_one_with_args::<i32>("SELECT tide._executor_wake($1)", &[cap.into()])
-                .or_raise(F)
-        });
-        if let Ok(Some(ms)) = wake {
-            next = Duration::from_millis(u64::try_from(ms.max(1)).unwrap_or(1));
-        }
+        // Idle: sleep until the next delayed run or readiness re-check comes due.
+        next = sleep_until_due("tide._executor_wake", next);
     }
     exit_for_restart();
 }
