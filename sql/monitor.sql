@@ -349,6 +349,7 @@ AS $$
 DECLARE
     n integer;
     todo bigint[];
+    touched bigint[];
 BEGIN
     IF NOT pg_try_advisory_xact_lock(hashtext('pg_tide fold')) THEN
         RETURN 0;
@@ -370,10 +371,18 @@ BEGIN
     ), gone AS (
         DELETE FROM tide.task_touch x WHERE x.task_id IN (SELECT p.task_id FROM picked p) RETURNING x.task_id
     )
+    SELECT array_agg(DISTINCT g.task_id) INTO touched FROM gone g;
     SELECT array_agg(DISTINCT y.task_id) INTO todo
-      FROM (SELECT g.task_id FROM gone g
+      FROM (SELECT t.task_id FROM unnest(touched) t(task_id)
             UNION ALL
             (SELECT s.task_id FROM tide.task_stat s WHERE s.valid_until <= p_now LIMIT p_limit)) y;
+    -- Live pages (the console) LISTEN on pg_tide_changed: one NOTIFY per fold that saw changes,
+    -- never one per run (a NOTIFY takes a global lock at commit). The payload lists the tasks
+    -- whose runs changed, or is empty when they would not fit (then anything may have changed).
+    IF touched IS NOT NULL THEN
+        PERFORM pg_notify('pg_tide_changed',
+                          CASE WHEN cardinality(touched) <= 500 THEN array_to_string(touched, ',') ELSE '' END);
+    END IF;
     IF todo IS NULL THEN
         RETURN 0;  -- (the computation is not even planned)
     END IF;
@@ -393,7 +402,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide._fold(timestamptz, integer) IS
-    'Internal: recomputes the kept health figures (tide.task_stat) of tasks whose runs changed or whose 24-hour figures expired, and adds new counts to the counters of tide.metrics() (every tick).';
+    'Internal: recomputes the kept health figures (tide.task_stat) of tasks whose runs changed or whose 24-hour figures expired, and adds new counts to the counters of tide.metrics() (every tick); notifies pg_tide_changed with the ids of the tasks whose runs changed.';
 
 CREATE FUNCTION tide._health(p_now timestamptz)
 RETURNS TABLE (task text, status text, severity tide.severity, last_success timestamptz, silence interval,

@@ -1,0 +1,863 @@
+//! The console in a real browser: Debian's headless Chromium, driven through chromedriver
+//! (WebDriver), against the console binary and a real cluster with pg_tide's workers. Two roles
+//! with passwords (SCRAM) share the database. Screenshots of every page at desktop and phone
+//! width are written to target/console-screenshots/.
+
+use std::io::Read;
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use pg_tide_pg_test::{db_err, one, run_tests_with, Client, Cluster, Failed, NoTls, WORKERS_DB};
+use serde_json::{json, Value};
+
+const CONSOLE: &str = env!("CARGO_BIN_EXE_pg_tide-console");
+
+fn main() {
+    run_tests_with(
+        "console",
+        "pg_tide.monitor_interval = '1s'",
+        &[
+            ("a_failing_task_is_replayed_from_the_browser", browser_story),
+            ("the_read_only_console_changes_nothing", read_only),
+            ("forged_and_foreign_posts_are_refused", forged_posts),
+            ("upcoming_fires_mark_dst_days", dst_days),
+        ],
+    )
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// Polls `probe` every 100 ms until it returns Some, or fails after `within`.
+fn wait<T>(
+    what: &str,
+    within: Duration,
+    mut probe: impl FnMut() -> Result<Option<T>, Failed>,
+) -> Result<T, Failed> {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = probe()? {
+            return Ok(v);
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("timed out after {within:?} waiting for {what}").into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A child process killed when dropped.
+struct Proc(Child, &'static str);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_port(port: u16, proc: &mut Proc) -> Result<(), Failed> {
+    wait(
+        &format!("{} on port {port}", proc.1),
+        Duration::from_secs(30),
+        || {
+            if let Ok(Some(status)) = proc.0.try_wait() {
+                let mut err = String::new();
+                if let Some(e) = proc.0.stderr.as_mut() {
+                    let _ = e.read_to_string(&mut err);
+                }
+                return Err(format!("{} exited ({status}): {err}", proc.1).into());
+            }
+            Ok(TcpStream::connect(("127.0.0.1", port)).ok().map(|_| ()))
+        },
+    )
+}
+
+/// The roles of the story: alice and bob sign in with passwords (SCRAM over TCP), the
+/// superuser keeps trust. Idempotent.
+fn roles(cluster: &Cluster) -> Result<Client, Failed> {
+    let hba = cluster.data_dir.join("pg_hba.conf");
+    let text = std::fs::read_to_string(&hba).map_err(|e| e.to_string())?;
+    if !text.contains("alice,bob") {
+        std::fs::write(
+            &hba,
+            format!("host all alice,bob 127.0.0.1/32 scram-sha-256\n{text}"),
+        )
+        .map_err(|e| e.to_string())?;
+    }
+    let mut c = cluster.workers_db()?;
+    c.batch_execute(
+        "DO $$ BEGIN
+             IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'alice') THEN CREATE ROLE alice LOGIN; END IF;
+             IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'bob') THEN CREATE ROLE bob LOGIN; END IF;
+         END $$;
+         SET password_encryption = 'scram-sha-256';
+         ALTER ROLE alice PASSWORD 'alice-secret';
+         ALTER ROLE bob PASSWORD 'bob-secret';
+         SELECT pg_reload_conf();",
+    )
+    .map_err(db_err)?;
+    Ok(c)
+}
+
+fn connect_as(cluster: &Cluster, user: &str, password: &str) -> Result<Client, Failed> {
+    Client::connect(
+        &format!(
+            "host=127.0.0.1 port={} user={user} password={password} dbname={WORKERS_DB}",
+            cluster.port
+        ),
+        NoTls,
+    )
+    .map_err(|e| format!("connect as {user}: {}", pg_tide_pg_test::describe(&e)).into())
+}
+
+fn console(cluster: &Cluster, extra: &[&str]) -> Result<(Proc, String), Failed> {
+    let port = free_port();
+    let child = Command::new(CONSOLE)
+        .arg("--database")
+        .arg(format!(
+            "postgres://127.0.0.1:{}/{WORKERS_DB}",
+            cluster.port
+        ))
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("start {CONSOLE}: {e}"))?;
+    let mut p = Proc(child, "pg_tide-console");
+    wait_port(port, &mut p)?;
+    Ok((p, format!("http://127.0.0.1:{port}")))
+}
+
+// ---- A small WebDriver client (W3C protocol over HTTP, through ureq) ----------------------
+
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+
+struct Browser {
+    _driver: Proc,
+    base: String,
+    session: String,
+    agent: ureq::Agent,
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .timeout_global(Some(Duration::from_secs(60)))
+        .build()
+        .into()
+}
+
+impl Browser {
+    /// Starts chromedriver and a headless Chromium; `phone` emulates a 375-pixel-wide phone.
+    fn start(phone: bool) -> Result<Browser, Failed> {
+        let port = free_port();
+        let child = Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("start chromedriver (Debian's chromium-driver): {e}"))?;
+        let mut driver = Proc(child, "chromedriver");
+        wait_port(port, &mut driver)?;
+        let mut options = json!({
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--window-size=1280,900", "--lang=en-US"],
+        });
+        if phone {
+            options["mobileEmulation"] = json!({
+                "deviceMetrics": {"width": 375, "height": 812, "pixelRatio": 2.0, "touch": true},
+                "userAgent": "Mozilla/5.0 (Linux; Android 14) Mobile"
+            });
+        }
+        let mut b = Browser {
+            _driver: driver,
+            base: format!("http://127.0.0.1:{port}"),
+            session: String::new(),
+            agent: agent(),
+        };
+        let v = b.call(
+            "POST",
+            "/session",
+            Some(json!({"capabilities": {"alwaysMatch": {"browserName": "chrome", "goog:chromeOptions": options}}})),
+        )?;
+        b.session = v["sessionId"]
+            .as_str()
+            .ok_or_else(|| format!("no session id in {v}"))?
+            .to_string();
+        Ok(b)
+    }
+
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value, Failed> {
+        let url = format!("{}{path}", self.base);
+        let resp = match (method, body) {
+            ("GET", _) => self.agent.get(&url).call(),
+            ("DELETE", _) => self.agent.delete(&url).call(),
+            (_, b) => self
+                .agent
+                .post(&url)
+                .header("content-type", "application/json")
+                .send(b.unwrap_or(json!({})).to_string()),
+        };
+        let mut resp = resp.map_err(|e| format!("WebDriver {method} {path}: {e}"))?;
+        let status = resp.status();
+        let text = resp
+            .body_mut()
+            .read_to_string()
+            .map_err(|e| format!("WebDriver {method} {path}: {e}"))?;
+        let v: Value =
+            serde_json::from_str(&text).map_err(|e| format!("WebDriver {path}: {e}: {text}"))?;
+        if !status.is_success() {
+            return Err(format!("WebDriver {method} {path}: {status}: {}", v["value"]).into());
+        }
+        Ok(v.get("value").cloned().unwrap_or(Value::Null))
+    }
+
+    fn s(&self, path: &str) -> String {
+        format!("/session/{}{path}", self.session)
+    }
+
+    fn go(&self, url: &str) -> Result<(), Failed> {
+        self.call("POST", &self.s("/url"), Some(json!({ "url": url })))?;
+        Ok(())
+    }
+
+    fn js(&self, script: &str, args: Value) -> Result<Value, Failed> {
+        self.call(
+            "POST",
+            &self.s("/execute/sync"),
+            Some(json!({"script": script, "args": args})),
+        )
+    }
+
+    fn find(&self, css: &str) -> Result<String, Failed> {
+        let v = self.call(
+            "POST",
+            &self.s("/element"),
+            Some(json!({"using": "css selector", "value": css})),
+        )?;
+        v[ELEMENT]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| format!("no element {css}").into())
+    }
+
+    fn exists(&self, css: &str) -> Result<bool, Failed> {
+        Ok(self.js(
+            "return document.querySelector(arguments[0]) !== null",
+            json!([css]),
+        )? == json!(true))
+    }
+
+    fn text(&self, css: &str) -> Result<Option<String>, Failed> {
+        let v = self.js(
+            "var e = document.querySelector(arguments[0]); return e ? e.textContent.trim() : null",
+            json!([css]),
+        )?;
+        Ok(v.as_str().map(str::to_string))
+    }
+
+    fn type_in(&self, css: &str, text: &str) -> Result<(), Failed> {
+        let e = self.find(css)?;
+        self.call(
+            "POST",
+            &self.s(&format!("/element/{e}/value")),
+            Some(json!({ "text": text })),
+        )?;
+        Ok(())
+    }
+
+    fn click(&self, css: &str) -> Result<(), Failed> {
+        let e = self.find(css)?;
+        self.call(
+            "POST",
+            &self.s(&format!("/element/{e}/click")),
+            Some(json!({})),
+        )?;
+        Ok(())
+    }
+
+    fn url(&self) -> Result<String, Failed> {
+        Ok(self
+            .call("GET", &self.s("/url"), None)?
+            .as_str()
+            .unwrap_or("")
+            .to_string())
+    }
+
+    /// Waits for an element (the page it is on has loaded).
+    fn wait_for(&self, css: &str) -> Result<(), Failed> {
+        wait(css, Duration::from_secs(20), || {
+            Ok(self.exists(css)?.then_some(()))
+        })
+    }
+
+    fn screenshot(&self, name: &str) -> Result<(), Failed> {
+        let v = self.call("GET", &self.s("/screenshot"), None)?;
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(v.as_str().unwrap_or(""))
+            .map_err(|e| e.to_string())?;
+        let dir = screenshots();
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        std::fs::write(dir.join(format!("{name}.png")), png).map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    /// The page fits the viewport's width: nothing to scroll sideways.
+    fn fits(&self) -> Result<(), Failed> {
+        let v = self.js(
+            "return [document.documentElement.scrollWidth, window.innerWidth]",
+            json!([]),
+        )?;
+        let (w, inner) = (v[0].as_i64().unwrap_or(0), v[1].as_i64().unwrap_or(0));
+        if w > inner {
+            return Err(format!(
+                "page {} is {w} px wide in a {inner} px viewport",
+                self.url()?
+            )
+            .into());
+        }
+        Ok(())
+    }
+
+    fn sign_in(&self, console: &str, user: &str, password: &str) -> Result<(), Failed> {
+        self.go(&format!("{console}/login"))?;
+        self.wait_for("#user-field")?;
+        self.type_in("#user-field", user)?;
+        self.type_in("#password-field", password)?;
+        self.click("#sign-in")?;
+        self.wait_for("#user")?;
+        let who = self.text("#user")?;
+        if who.as_deref() != Some(user) {
+            return Err(format!("signed in as {who:?}, not {user}").into());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        if !self.session.is_empty() {
+            let _ = self.call("DELETE", &self.s(""), None);
+        }
+    }
+}
+
+fn screenshots() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/console-screenshots")
+}
+
+/// alice's tasks: one that fails for good (its run is dead), one that succeeds, a daily task
+/// with a slow backfill, a heartbeat check, a reconciliation with a difference. Returns the
+/// dead run's id.
+fn alice_world(cluster: &Cluster) -> Result<i64, Failed> {
+    let mut a = connect_as(cluster, "alice", "alice-secret")?;
+    a.batch_execute(
+        "SELECT tide.schedule('c_failing', NULL, topics => '{c_failing}', queue => 'c_alice');
+         SELECT tide.schedule('c_fine', '*/5 * * * *', command => 'SELECT 1', tz => 'Europe/Paris');
+         SELECT tide.schedule('c_daily', '0 1 * * *', biz_window => 'day', tz => 'America/New_York',
+                              command => 'SELECT 1');
+         SELECT tide.alter('c_daily', command => 'SELECT 2');
+         SELECT tide.create_check('c_backup', '1 day');
+         SELECT tide.reconcile('c_recon', '0 6 * * *', biz_window => 'day',
+             left_sql => $$SELECT k AS key FROM (VALUES ('a'), ('b')) v(k)$$,
+             right_sql => $$SELECT 'a' AS key$$);
+         SELECT tide.rerun('c_recon', biz_date => current_date - 1);",
+    )
+    .map_err(db_err)?;
+    // The failing task's run: claimed by an external worker and failed for good.
+    let n: i32 = one(
+        &mut a,
+        "SELECT tide.emit('c_failing', '{\"order\": 7}', event_key => 'order-7')",
+    )?;
+    assert_eq!(n, 1);
+    let row = a
+        .query_one(
+            "SELECT run_id, lease_token FROM tide.claim_runs(queue => 'c_alice', worker => 'w1')",
+            &[],
+        )
+        .map_err(db_err)?;
+    let (run, token): (i64, i64) = (row.get(0), row.get(1));
+    let state: String = a
+        .query_one(
+            "SELECT tide.fail_run($1, $2, 'the payment API said 402', kind => 'business')::text",
+            &[&run, &token],
+        )
+        .map_err(db_err)?
+        .get(0);
+    assert_eq!(state, "dead");
+    // A slow backfill: one window per batch, 30 s between batches.
+    a.batch_execute(
+        "SELECT tide.backfill('c_daily', current_date - 20, current_date - 2, canary => 0, batch => 1, pause => '30 seconds')",
+    )
+    .map_err(db_err)?;
+    Ok(run)
+}
+
+fn browser_story(cluster: &Cluster) -> Result<(), Failed> {
+    let mut admin = roles(cluster)?;
+    let dead_run = alice_world(cluster)?;
+    // bob has a task of his own.
+    let mut bob_db = connect_as(cluster, "bob", "bob-secret")?;
+    bob_db
+        .batch_execute("SELECT tide.schedule('c_bobs', '0 3 * * *', command => 'SELECT 1')")
+        .map_err(db_err)?;
+    // The dead letter's alert is opened by the workers' tick.
+    wait("the dead_letter alert", Duration::from_secs(30), || {
+        let n: i64 = one(
+            &mut admin,
+            "SELECT count(*) FROM tide.alert WHERE subject = 'c_failing' AND kind = 'dead_letter' AND resolved_at IS NULL",
+        )?;
+        Ok((n > 0).then_some(()))
+    })?;
+    let (_console, url) = console(cluster, &[])?;
+    let b = Browser::start(false)?;
+
+    // A wrong password is refused on the sign-in page.
+    b.go(&format!("{url}/"))?;
+    b.wait_for("#user-field")?;
+    b.type_in("#user-field", "alice")?;
+    b.type_in("#password-field", "wrong")?;
+    b.click("#sign-in")?;
+    b.wait_for("#login-error")?;
+    let err = b.text("#login-error")?.unwrap_or_default();
+    assert!(err.contains("password authentication failed"), "{err}");
+    b.screenshot("login-desktop")?;
+
+    // alice signs in: the failing task comes first, with the open alert on top.
+    b.sign_in(&url, "alice", "alice-secret")?;
+    b.wait_for("a.task")?;
+    let first = b.text("tbody tr:first-child a.task")?;
+    assert!(
+        b.exists("tbody tr:first-child .strip a.cell.s-dead")?,
+        "its strip shows the dead run"
+    );
+    assert_eq!(
+        first.as_deref(),
+        Some("c_failing"),
+        "the failing task first"
+    );
+    let alerts = b.text("#open-alerts")?.unwrap_or_default();
+    assert!(
+        alerts.contains("c_failing") && alerts.contains("dead_letter"),
+        "{alerts}"
+    );
+    assert!(
+        !b.text("main")?.unwrap_or_default().contains("c_bobs"),
+        "alice does not see bob's task"
+    );
+    b.screenshot("overview-desktop")?;
+
+    // Its task page, then its dead run through the strip.
+    b.click("tbody tr:first-child a.task")?;
+    b.wait_for("table.versions")?;
+    b.screenshot("task-desktop")?;
+    b.click("a.run.s-dead")?;
+    b.wait_for("#state")?;
+    assert_eq!(b.text("#state")?.as_deref(), Some("dead"));
+    assert!(
+        b.url()?.ends_with(&format!("/run/{dead_run}")),
+        "{}",
+        b.url()?
+    );
+    let story = b.text("pre.explain")?.unwrap_or_default();
+    assert!(
+        story.contains("402"),
+        "the explain story has the error: {story}"
+    );
+    b.screenshot("run-desktop")?;
+
+    // Replay: the run goes back in line; the page stays (no reload) while a worker finishes
+    // it, and shows it succeeded.
+    b.click("#actions form[action$='/replay'] button")?;
+    wait("the replayed run's page", Duration::from_secs(20), || {
+        Ok((b.text("#state")?.as_deref() == Some("ready")).then_some(()))
+    })?;
+    b.wait_for("body[data-listening]")?;
+    b.js("window.tideMarker = 'no reload'", json!([]))?;
+    let mut a = connect_as(cluster, "alice", "alice-secret")?;
+    let row = a
+        .query_one(
+            "SELECT run_id, lease_token FROM tide.claim_runs(queue => 'c_alice', worker => 'w2')",
+            &[],
+        )
+        .map_err(db_err)?;
+    let (run, token): (i64, i64) = (row.get(0), row.get(1));
+    assert_eq!(run, dead_run, "the replayed run is claimed");
+    a.execute("SELECT tide.complete_run($1, $2)", &[&run, &token])
+        .map_err(db_err)?;
+    wait(
+        "the page to show the run succeeded",
+        Duration::from_secs(30),
+        || Ok((b.text("#state")?.as_deref() == Some("succeeded")).then_some(())),
+    )?;
+    assert_eq!(
+        b.js("return window.tideMarker", json!([]))?,
+        json!("no reload"),
+        "the page was not reloaded"
+    );
+    assert!(
+        !b.exists("#actions form[action$='/replay']")?,
+        "no Replay for a succeeded run"
+    );
+
+    // The other pages, and their actions.
+    b.go(&format!("{url}/dead"))?;
+    b.wait_for("main h1")?;
+    b.screenshot("dead-desktop")?;
+    b.go(&format!("{url}/alerts"))?;
+    b.wait_for("main h1")?;
+    let ack_form = "form[action^='/alert/']";
+    b.wait_for(ack_form)?;
+    b.type_in(&format!("{ack_form} input[name=note]"), "looking at it")?;
+    b.click(&format!("{ack_form} button"))?;
+    wait("the acknowledgement", Duration::from_secs(20), || {
+        let n: i64 = one(
+            &mut admin,
+            "SELECT count(*) FROM tide.alert WHERE acked_by = 'alice' AND ack_note = 'looking at it'",
+        )?;
+        Ok((n == 1).then_some(()))
+    })?;
+    b.wait_for("main h1")?;
+    b.screenshot("alerts-desktop")?;
+    b.go(&format!("{url}/checks"))?;
+    b.wait_for("main h1")?;
+    assert!(b.text("main")?.unwrap_or_default().contains("c_backup"));
+    b.screenshot("checks-desktop")?;
+    b.go(&format!("{url}/backfills"))?;
+    b.wait_for("progress")?;
+    b.click("form[action$='/pause'] button")?;
+    wait("the paused backfill", Duration::from_secs(20), || {
+        let s: String = one(
+            &mut admin,
+            "SELECT state FROM tide.backfill_status WHERE task = 'c_daily'",
+        )?;
+        Ok((s == "paused").then_some(()))
+    })?;
+    b.wait_for("form[action$='/resume']")?;
+    b.screenshot("backfills-desktop")?;
+    wait(
+        "the reconciliation's difference",
+        Duration::from_secs(30),
+        || {
+            let n: i64 = one(
+                &mut admin,
+                "SELECT count(*) FROM tide.recon_open WHERE recon = 'c_recon'",
+            )?;
+            Ok((n > 0).then_some(()))
+        },
+    )?;
+    b.go(&format!("{url}/recon"))?;
+    b.wait_for("form[action^='/diff/']")?;
+    b.screenshot("recon-desktop")?;
+    b.click("form[action^='/diff/'] button")?;
+    wait("the accepted difference", Duration::from_secs(20), || {
+        let n: i64 = one(
+            &mut admin,
+            "SELECT count(*) FROM tide.recon_diff WHERE reconciliation = 'c_recon' AND status = 'accepted' AND resolved_by = 'alice'",
+        )?;
+        Ok((n > 0).then_some(()))
+    })?;
+
+    // bob: sees neither alice's tasks nor a Replay button on her run; a forged POST is refused.
+    b.go(&format!("{url}/"))?;
+    b.wait_for("nav form[action='/logout'] button")?;
+    b.click("nav form[action='/logout'] button")?;
+    b.wait_for("#user-field")?;
+    b.sign_in(&url, "bob", "bob-secret")?;
+    b.wait_for("a.task")?;
+    let main = b.text("main")?.unwrap_or_default();
+    assert!(main.contains("c_bobs"), "{main}");
+    assert!(
+        !main.contains("c_failing") && !main.contains("c_fine"),
+        "bob sees alice's tasks: {main}"
+    );
+    b.go(&format!("{url}/dead"))?;
+    b.wait_for("main h1")?;
+    assert!(
+        !b.exists("form[action$='/replay']")?,
+        "bob has nothing to replay"
+    );
+    let bobs_token = b.js(
+        "return document.querySelector('input[name=csrf]').value",
+        json!([]),
+    )?;
+    b.go(&format!("{url}/run/{dead_run}"))?;
+    b.wait_for("#refusal")?;
+    assert!(!b.exists("#actions")?, "no actions on a run bob cannot see");
+    let refusal = b.text("#refusal")?.unwrap_or_default();
+    assert!(refusal.contains(&format!("no run {dead_run}")), "{refusal}");
+    let events_before: i64 = one(
+        &mut admin,
+        &format!("SELECT count(*) FROM tide.run_event WHERE run_id = {dead_run}"),
+    )?;
+    // A form posted from bob's page without the session's token, and one with it.
+    let forged = b.js(
+        "return fetch('/run/' + arguments[0] + '/cancel', {method: 'POST', body: new URLSearchParams({csrf: 'forged'})})
+             .then(function (r) { return r.text().then(function (t) { return [r.status, t]; }); })",
+        json!([dead_run]),
+    )?;
+    assert_eq!(forged[0], json!(403), "{forged}");
+    assert!(
+        forged[1].as_str().unwrap_or("").contains("CSRF"),
+        "{forged}"
+    );
+    let with_token = b.js(
+        "return fetch('/run/' + arguments[0] + '/replay', {method: 'POST', body: new URLSearchParams({csrf: arguments[1]})})
+             .then(function (r) { return r.text().then(function (x) { return [r.status, x]; }); })",
+        json!([dead_run, bobs_token]),
+    )?;
+    assert_eq!(
+        with_token[0],
+        json!(404),
+        "PostgreSQL refuses bob's replay of alice's run: {with_token}"
+    );
+    let events_after: i64 = one(
+        &mut admin,
+        &format!("SELECT count(*) FROM tide.run_event WHERE run_id = {dead_run}"),
+    )?;
+    assert_eq!(
+        events_before, events_after,
+        "nothing happened to alice's run"
+    );
+    b.screenshot("refusal-desktop")?;
+    drop(b);
+
+    // A phone: every page fits 375 pixels.
+    let p = Browser::start(true)?;
+    p.sign_in(&url, "alice", "alice-secret")?;
+    let width = p.js("return window.innerWidth", json!([]))?;
+    assert_eq!(width, json!(375), "the phone's viewport");
+    let task_id: i64 = one(
+        &mut admin,
+        "SELECT task_id FROM tide.task WHERE name = 'c_daily'",
+    )?;
+    for (name, path) in [
+        ("overview", "/".to_string()),
+        ("task", format!("/task/{task_id}")),
+        ("run", format!("/run/{dead_run}")),
+        ("dead", "/dead".into()),
+        ("alerts", "/alerts".into()),
+        ("checks", "/checks".into()),
+        ("backfills", "/backfills".into()),
+        ("recon", "/recon".into()),
+    ] {
+        p.go(&format!("{url}{path}"))?;
+        p.wait_for("main h1")?;
+        p.fits()?;
+        p.screenshot(&format!("{name}-phone"))?;
+    }
+    Ok(())
+}
+
+// ---- Plain HTTP: the read-only console and posts from elsewhere --------------------------
+
+/// Signs in over HTTP; returns the session cookie.
+fn http_sign_in(url: &str, user: &str, password: &str) -> Result<String, Failed> {
+    let resp = agent()
+        .post(&format!("{url}/login"))
+        .send_form([("user", user), ("password", password)])
+        .map_err(|e| e.to_string())?;
+    let cookie = resp
+        .headers()
+        .get("set-cookie")
+        .and_then(|v| v.to_str().ok())
+        .ok_or("no session cookie")?;
+    for attr in ["HttpOnly", "SameSite=Strict"] {
+        assert!(cookie.contains(attr), "{cookie}");
+    }
+    Ok(cookie.split(';').next().unwrap_or("").to_string())
+}
+
+fn http_get(url: &str, cookie: &str) -> Result<(u16, String), Failed> {
+    let mut r = agent()
+        .get(url)
+        .header("cookie", cookie)
+        .call()
+        .map_err(|e| e.to_string())?;
+    let status = r.status().as_u16();
+    Ok((
+        status,
+        r.body_mut().read_to_string().map_err(|e| e.to_string())?,
+    ))
+}
+
+fn http_post(
+    url: &str,
+    cookie: Option<&str>,
+    form: &[(&str, &str)],
+) -> Result<(u16, String), Failed> {
+    let mut req = agent().post(url);
+    if let Some(c) = cookie {
+        req = req.header("cookie", c);
+    }
+    let mut r = req
+        .send_form(form.iter().copied())
+        .map_err(|e| e.to_string())?;
+    let status = r.status().as_u16();
+    Ok((
+        status,
+        r.body_mut().read_to_string().map_err(|e| e.to_string())?,
+    ))
+}
+
+fn csrf_of(page: &str) -> Result<String, Failed> {
+    let at = page
+        .find("name=\"csrf\" value=\"")
+        .ok_or("no CSRF field on the page")?;
+    let rest = &page[at + 19..];
+    Ok(rest[..rest.find('"').ok_or("unterminated CSRF value")?].to_string())
+}
+
+/// A dead run of alice's for the HTTP tests.
+fn a_dead_run(cluster: &Cluster, task: &str) -> Result<i64, Failed> {
+    let mut a = connect_as(cluster, "alice", "alice-secret")?;
+    a.batch_execute(&format!(
+        "SELECT tide.schedule('{task}', NULL, topics => '{{{task}}}', queue => '{task}');
+         SELECT tide.emit('{task}');"
+    ))
+    .map_err(db_err)?;
+    let row = a
+        .query_one(
+            "SELECT run_id, lease_token FROM tide.claim_runs(queue => $1)",
+            &[&task],
+        )
+        .map_err(db_err)?;
+    let (run, token): (i64, i64) = (row.get(0), row.get(1));
+    a.execute(
+        "SELECT tide.fail_run($1, $2, 'no', kind => 'business')",
+        &[&run, &token],
+    )
+    .map_err(db_err)?;
+    Ok(run)
+}
+
+fn read_only(cluster: &Cluster) -> Result<(), Failed> {
+    let mut admin = roles(cluster)?;
+    let run = a_dead_run(cluster, "c_ro")?;
+    let (_console, url) = console(cluster, &["--read-only"])?;
+    let cookie = http_sign_in(&url, "alice", "alice-secret")?;
+    let (status, page) = http_get(&format!("{url}/run/{run}"), &cookie)?;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("read-only"), "the page says so");
+    assert!(!page.contains("/replay\""), "no Replay button: {page}");
+    let csrf = csrf_of(&page)?;
+    let (status, page) = http_post(
+        &format!("{url}/run/{run}/replay"),
+        Some(&cookie),
+        &[("csrf", &csrf)],
+    )?;
+    assert_eq!(status, 403, "{page}");
+    assert!(page.contains("read-only"), "{page}");
+    let state: String = one(
+        &mut admin,
+        &format!("SELECT state::text FROM tide.run WHERE run_id = {run}"),
+    )?;
+    assert_eq!(state, "dead", "nothing was replayed");
+    Ok(())
+}
+
+fn forged_posts(cluster: &Cluster) -> Result<(), Failed> {
+    let mut admin = roles(cluster)?;
+    let run = a_dead_run(cluster, "c_forged")?;
+    let (_console, url) = console(cluster, &[])?;
+    // Not signed in: refused, and a page is sent to the sign-in form.
+    let (status, page) = http_post(&format!("{url}/run/{run}/replay"), None, &[("csrf", "x")])?;
+    assert_eq!(status, 403, "{page}");
+    assert!(page.contains("not signed in"), "{page}");
+    let (status, _) = http_get(&format!("{url}/"), "")?;
+    assert_eq!(status, 303, "to the sign-in page");
+    // Signed in, without the token or with another session's: refused.
+    let cookie = http_sign_in(&url, "alice", "alice-secret")?;
+    let other = http_sign_in(&url, "alice", "alice-secret")?;
+    let (_, other_page) = http_get(&format!("{url}/"), &other)?;
+    let other_csrf = csrf_of(&other_page)?;
+    for form in [vec![], vec![("csrf", other_csrf.as_str())]] {
+        let (status, page) = http_post(&format!("{url}/run/{run}/replay"), Some(&cookie), &form)?;
+        assert_eq!(status, 403, "{page}");
+        assert!(page.contains("CSRF"), "{page}");
+    }
+    let state: String = one(
+        &mut admin,
+        &format!("SELECT state::text FROM tide.run WHERE run_id = {run}"),
+    )?;
+    assert_eq!(state, "dead", "nothing was replayed");
+    // With its own token the same POST works: the refusals were the token's.
+    let (_, page) = http_get(&format!("{url}/run/{run}"), &cookie)?;
+    let csrf = csrf_of(&page)?;
+    let (status, page) = http_post(
+        &format!("{url}/run/{run}/replay"),
+        Some(&cookie),
+        &[("csrf", &csrf)],
+    )?;
+    assert_eq!(status, 303, "{page}");
+    let state: String = one(
+        &mut admin,
+        &format!("SELECT state::text FROM tide.run WHERE run_id = {run}"),
+    )?;
+    assert_eq!(state, "ready", "replayed");
+    // Bad input in a filter is PostgreSQL's error, shown as a page.
+    let task: i64 = one(
+        &mut admin,
+        "SELECT task_id FROM tide.task WHERE name = 'c_forged'",
+    )?;
+    let (status, page) = http_get(
+        &format!("{url}/task/{task}?biz_date=yesterday-ish"),
+        &cookie,
+    )?;
+    assert_eq!(status, 400, "{page}");
+    assert!(
+        page.contains("22007") && page.contains("yesterday-ish"),
+        "{page}"
+    );
+    Ok(())
+}
+
+fn dst_days(cluster: &Cluster) -> Result<(), Failed> {
+    let mut admin = roles(cluster)?;
+    let mut a = connect_as(cluster, "alice", "alice-secret")?;
+    a.batch_execute(
+        "SELECT tide.schedule('c_ny', '30 6 * * *', biz_window => 'day', tz => 'America/New_York', command => 'SELECT 1')",
+    )
+    .map_err(db_err)?;
+    let task: i64 = one(
+        &mut admin,
+        "SELECT task_id FROM tide.task WHERE name = 'c_ny'",
+    )?;
+    let (_console, url) = console(cluster, &[])?;
+    let cookie = http_sign_in(&url, "alice", "alice-secret")?;
+    // The fires from 2027-03-12 on: the window of 2027-03-14 is 23 hours (spring forward).
+    let (status, page) = http_get(&format!("{url}/task/{task}?from=2027-03-12"), &cookie)?;
+    assert_eq!(status, 200, "{page}");
+    let rows: Vec<&str> = page
+        .split("<tr>")
+        .filter(|r| r.contains("2027-03-1"))
+        .collect();
+    let marked: Vec<&str> = rows
+        .iter()
+        .filter(|r| r.contains("b-dst"))
+        .copied()
+        .collect();
+    assert_eq!(marked.len(), 1, "one DST day among {rows:?}");
+    assert!(
+        marked[0].contains("2027-03-14") && marked[0].contains("23:00:00"),
+        "{}",
+        marked[0]
+    );
+    // Local and UTC side by side: 06:30 in New York is 10:30 UTC after the change.
+    assert!(
+        page.contains("2027-03-15 06:30:00") && page.contains("2027-03-15 10:30:00 UTC"),
+        "{page}"
+    );
+    Ok(())
+}
