@@ -8,7 +8,7 @@
 #      tide.enqueue and tide.emit_many beside graphile-worker (from npm) and the bare table;
 #   3. the cost of one tide.tick() with 10,000 idle tasks vs with none; monitoring (health,
 #      dashboard, the tick's fold and alert evaluation, metrics) with 1 task, 10,000 tasks and
-#      1,000,000 finished runs;
+#      1,000,000 finished runs; there, the console's overview over HTTP beside its query in psql;
 #   4. the cost of a queue's max_concurrency at batch 50, beside the same path without one;
 #   5. backfills: a 10,000-window backfill beside the same windows by tide.rerun one by one;
 #      online pickup latency idle and while a backfill runs; the size of the R4.6 record;
@@ -426,6 +426,28 @@ VACUUM ANALYZE tide.run_event;
 SQL
 runs_full=$("${PSQL[@]}" -d "$DB" -At -c "SELECT count(*) FROM tide.run WHERE finished_at IS NOT NULL")
 mon_full=$(monitor_costs)
+# The console's overview over the same 10,000 tasks and 1,000,000 runs: the page (first 100
+# tasks, each with its last 30 windows) fetched over HTTP by a signed-in superuser, beside the
+# same query (console/sql/overview.sql) from psql; average of 20 each (ms).
+cargo build -q --release -p pg_tide_console
+command -v curl >/dev/null 2>&1 || apt-get install -y -qq curl >/dev/null
+CONSOLE_PORT=$((PORT + 100))
+target/release/pg_tide-console --database "postgres://127.0.0.1:$PORT/$DB" --listen "127.0.0.1:$CONSOLE_PORT" >/dev/null 2>&1 &
+console_pid=$!
+trap 'kill $console_pid 2>/dev/null; as_pg "$BIN/pg_ctl" -D "$DATA" stop -m fast -w >/dev/null 2>&1; rm -rf "$DATA"' EXIT
+for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$CONSOLE_PORT/login" && break; sleep 0.1; done
+curl -s -o /dev/null -c "$tmp/console.cookies" -d 'user=postgres&password=bench' "http://127.0.0.1:$CONSOLE_PORT/login"
+console_http=$(for _ in $(seq 20); do
+    curl -s -o "$tmp/overview.html" -w '%{time_total}\n' -b "$tmp/console.cookies" "http://127.0.0.1:$CONSOLE_PORT/"
+done | awk '{ s += $1 } END { printf "%.1f", s / NR * 1000 }')
+console_rows=$(grep -o 'class="task"' "$tmp/overview.html" | wc -l)
+{ echo '\timing on'; for _ in $(seq 20); do
+      echo "PREPARE o(bigint, bigint) AS $(grep -v '^--' console/sql/overview.sql | tr '\n' ' ' | sed 's/; *$//');"
+      echo 'EXECUTE o(100, 0);'; echo 'DEALLOCATE o;'
+  done; } > "$tmp/overview_psql.sql"
+console_sql=$("${PSQL[@]}" -d "$DB" -f "$tmp/overview_psql.sql" | sed -nE 's/^Time: ([0-9.]+) ms.*/\1/p' \
+    | awk 'NR % 3 == 2 { s += $1; n++ } END { printf "%.1f", s / n }')
+kill $console_pid 2>/dev/null || true
 # Storage: the run ledger and its history with their indexes (and TOAST), per run kept.
 storage=$("${PSQL[@]}" -d "$DB" -At -F ' ' -c "SELECT count(*), round((pg_total_relation_size('tide.run') + pg_total_relation_size('tide.run_event'))::numeric / count(*)),
     round(pg_total_relation_size('tide.run')::numeric / count(*)), round(pg_total_relation_size('tide.run_event')::numeric / count(*)),
@@ -547,6 +569,9 @@ printf '%-34s %9s %9s %9s %9s %9s\n' "1 task, no history (baseline)" $mon_1
 printf '%-34s %9s %9s %9s %9s %9s\n' "10,000 idle tasks" $mon_10k
 printf '%-34s %9s %9s %9s %9s %9s\n' "and $runs_full finished runs" $mon_full
 echo "(target: each under 20 ms with 10,000 tasks and with 1,000,000 finished runs)"
+printf '%-46s %10s %10s\n' "console overview, first 100 tasks (ms)" HTTP psql
+printf '%-46s %10s %10s\n' "10,000 tasks and $runs_full finished runs" "$console_http" "$console_sql"
+echo "(HTTP: the whole page, signed in, $console_rows task rows; psql: the same query, console/sql/overview.sql, average of 20 each)"
 set -- $storage
 echo "storage: $2 bytes per run kept ($1 runs; tide.run $3, tide.run_event $4, each with its indexes); tide.pending $5 MB for $6 rows (target: at most 600 bytes per finished run)"
 echo

@@ -42,11 +42,31 @@ echo
 echo "==> what the webhook receiver got ($HOOK_LOG):"
 cat "$HOOK_LOG"
 
+# The web console against the demo database, kept running beside the cluster (make demo-stop
+# stops it).
+CONSOLE_PORT=${PG_TIDE_DEMO_CONSOLE_PORT:-8790}
+CONSOLE_LOG="$DATA/console.log"
+echo "==> building the console (release)"
+cargo build -q --release -p pg_tide_console
+if [ -f "$DATA.console.pid" ]; then kill "$(cat "$DATA.console.pid")" 2>/dev/null || true; fi
+nohup target/release/pg_tide-console --database "postgres://127.0.0.1:$PORT/$DB" \
+    --listen "127.0.0.1:$CONSOLE_PORT" > "$CONSOLE_LOG" 2>&1 &
+echo $! > "$DATA.console.pid"
+for _ in $(seq 100); do
+    grep -q serving "$CONSOLE_LOG" && break
+    sleep 0.1
+done
+grep -q serving "$CONSOLE_LOG" || { echo "the console did not start:"; cat "$CONSOLE_LOG"; exit 1; }
+
 cat <<EOT
 
 ==> the demo cluster is running. Connect with:
 
     psql -h 127.0.0.1 -p $PORT -U postgres $DB
 
-    stop it with: make demo-stop
+==> the console: http://127.0.0.1:$CONSOLE_PORT
+    sign in as postgres (this demo cluster trusts connections from 127.0.0.1, so the password
+    is not checked; on a real server every role signs in with its own password)
+
+    stop them with: make demo-stop
 EOT

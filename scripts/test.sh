@@ -47,6 +47,10 @@ run_tier recon cargo test -p pg_tide_pg_test --test recon
 # Alert delivery (webhook, e-mail over STARTTLS) by the delivery worker, escalation and
 # reminders, the watchdog and the ping, CREATE EXTENSION refusals, alert kinds of every task.
 run_tier alerts cargo test -p pg_tide_pg_test --test alerts
+# The web console (pg_tide-console): its unit tests, then headless Chromium through
+# chromedriver against the console and a cluster with the workers; screenshots of every page at
+# desktop and phone width land in target/console-screenshots/.
+run_tier console cargo test -p pg_tide_console
 # tide.import_pg_cron against the real pg_cron, preloaded beside pg_tide.
 run_tier pg_cron cargo test -p pg_tide_pg_test --test pg_cron
 # Three hostile roles and the superuser on one cluster; generated hostile calls of every function.

@@ -17,6 +17,14 @@ use crate::{Ctx, Fail};
 
 type Row = Vec<Option<String>>;
 
+/// An id from the path, or a page saying it is not one.
+fn id_of(what: &str, raw: &str) -> Result<i64, Fail> {
+    raw.parse::<i64>().map_err(|_| {
+        let shown: String = raw.chars().take(100).collect();
+        Fail::BadRequest(format!("{what} id \"{shown}\" is not a number: the address names a {what} by its id, such as /{what}/42"))
+    })
+}
+
 /// Runs a query whose columns are all text.
 async fn rows(ctx: &Ctx, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>, Fail> {
     let rs = ctx.db.query(sql, params).await?;
@@ -488,7 +496,8 @@ fn versions_table(versions: &[Row]) -> String {
     out
 }
 
-pub async fn run(ctx: Ctx, Path(id): Path<i64>) -> Result<Response, Fail> {
+pub async fn run(ctx: Ctx, Path(id): Path<String>) -> Result<Response, Fail> {
+    let id = id_of("run", &id)?;
     let r = rows(
         &ctx,
         &format!(
@@ -730,10 +739,11 @@ fn back_to(f: &ActionForm, default: String) -> Response {
 
 pub async fn run_action(
     ctx: Ctx,
-    Path((id, verb)): Path<(i64, String)>,
+    Path((id, verb)): Path<(String, String)>,
     Form(f): Form<ActionForm>,
 ) -> Result<Response, Fail> {
     ctx.check_action(&f.csrf)?;
+    let id = id_of("run", &id)?;
     let sql = match verb.as_str() {
         "replay" => "SELECT tide.replay_run($1)::text",
         "cancel" => "SELECT tide.cancel_run($1, reason => 'cancelled in the console')::text",
@@ -1031,10 +1041,11 @@ pub async fn backfills(ctx: Ctx) -> Result<Response, Fail> {
 
 pub async fn backfill_action(
     ctx: Ctx,
-    Path((id, verb)): Path<(i64, String)>,
+    Path((id, verb)): Path<(String, String)>,
     Form(f): Form<ActionForm>,
 ) -> Result<Response, Fail> {
     ctx.check_action(&f.csrf)?;
+    let id = id_of("backfill", &id)?;
     let sql = match verb.as_str() {
         "pause" => "SELECT tide.pause_backfill($1)",
         "resume" => "SELECT tide.resume_backfill($1)",
@@ -1232,6 +1243,17 @@ mod tests {
             "{st}"
         );
         assert!(strip("[]").contains("no runs yet"));
+    }
+
+    #[test]
+    fn ids_in_addresses_are_numbers() {
+        assert_eq!(id_of("run", "42").ok(), Some(42));
+        match id_of("run", "4<2") {
+            Err(Fail::BadRequest(m)) => {
+                assert!(m.contains("run id \"4<2\" is not a number"), "{m}")
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

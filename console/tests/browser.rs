@@ -635,6 +635,10 @@ fn browser_story(cluster: &Cluster) -> Result<(), Failed> {
 
     // A phone: every page fits 375 pixels.
     let p = Browser::start(true)?;
+    p.go(&format!("{url}/login"))?;
+    p.wait_for("#user-field")?;
+    p.fits()?;
+    p.screenshot("login-phone")?;
     p.sign_in(&url, "alice", "alice-secret")?;
     let width = p.js("return window.innerWidth", json!([]))?;
     assert_eq!(width, json!(375), "the phone's viewport");
@@ -818,6 +822,12 @@ fn forged_posts(cluster: &Cluster) -> Result<(), Failed> {
     assert_eq!(status, 400, "{page}");
     assert!(
         page.contains("22007") && page.contains("yesterday-ish"),
+        "{page}"
+    );
+    let (status, page) = http_get(&format!("{url}/run/abc"), &cookie)?;
+    assert_eq!(status, 400, "{page}");
+    assert!(
+        page.contains("run id &quot;abc&quot; is not a number"),
         "{page}"
     );
     Ok(())
