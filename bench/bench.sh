@@ -434,7 +434,7 @@ command -v curl >/dev/null 2>&1 || apt-get install -y -qq curl >/dev/null
 CONSOLE_PORT=$((PORT + 100))
 target/release/pg_tide-console --database "postgres://127.0.0.1:$PORT/$DB" --listen "127.0.0.1:$CONSOLE_PORT" >/dev/null 2>&1 &
 console_pid=$!
-trap 'kill $console_pid 2>/dev/null; as_pg "$BIN/pg_ctl" -D "$DATA" stop -m fast -w >/dev/null 2>&1; rm -rf "$DATA"' EXIT
+trap 'kill $console_pid 2>/dev/null || true; as_pg "$BIN/pg_ctl" -D "$DATA" stop -m fast -w >/dev/null 2>&1; rm -rf "$DATA"' EXIT
 for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$CONSOLE_PORT/login" && break; sleep 0.1; done
 curl -s -o /dev/null -c "$tmp/console.cookies" -d 'user=postgres&password=bench' "http://127.0.0.1:$CONSOLE_PORT/login"
 console_http=$(for _ in $(seq 20); do

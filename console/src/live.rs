@@ -6,9 +6,12 @@
 //! may be stale.
 
 use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::Query;
+use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, Stream};
@@ -16,6 +19,7 @@ use serde::Deserialize;
 use tokio::sync::mpsc;
 use tokio_postgres::AsyncMessage;
 
+use crate::session::Session;
 use crate::{Fail, Signed};
 
 #[derive(Deserialize)]
@@ -38,7 +42,29 @@ pub fn concerns(payload: &str, task: Option<i64>) -> bool {
     }
 }
 
+/// The most live pages one session keeps open at once (each holds a PostgreSQL connection).
+pub const MAX_STREAMS: usize = 16;
+
+/// Counts a session's open stream; dropped with it.
+struct StreamSlot(Arc<Session>);
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.0.streams.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 pub async fn events(s: Signed, Query(q): Query<LiveQuery>) -> Response {
+    if s.session.streams.fetch_add(1, Ordering::SeqCst) >= MAX_STREAMS {
+        s.session.streams.fetch_sub(1, Ordering::SeqCst);
+        let mut r = Fail::Forbidden(format!(
+            "this session already has {MAX_STREAMS} live pages open: close some (a page still works, it just does not update by itself)"
+        ))
+        .into_response();
+        *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        return r;
+    }
+    let slot = StreamSlot(s.session.clone());
     let (client, mut conn) = match s.app.sessions.listener(&s.session).await {
         Ok(x) => x,
         Err(e) => return Fail::Db(e).into_response(),
@@ -48,6 +74,7 @@ pub async fn events(s: Signed, Query(q): Query<LiveQuery>) -> Response {
     // The connection is driven here; notifications that concern the page are passed on. The
     // task ends when the browser goes (the receiver is dropped) or the server closes.
     tokio::spawn(async move {
+        let _slot = slot;
         let mut messages = stream::poll_fn(move |cx| conn.poll_message(cx));
         loop {
             tokio::select! {

@@ -14,9 +14,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::{FromRequestParts, State};
-use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, COOKIE, SET_COOKIE};
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, COOKIE, HOST, ORIGIN, SET_COOKIE};
 use axum::http::request::Parts;
-use axum::http::{HeaderValue, Method, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{Form, Router};
@@ -270,6 +270,8 @@ pub struct Ctx {
     pub session: Arc<Session>,
     pub db: Arc<Client>,
     pub app: Arc<App>,
+    /// The browser said the request came from another site (its `Origin`).
+    cross_origin: bool,
 }
 
 impl Ctx {
@@ -286,6 +288,9 @@ impl Ctx {
     /// Every action checks its form came from this session (the CSRF token) and that the
     /// console may change things at all.
     pub fn check_action(&self, csrf: &Option<String>) -> Result<(), Fail> {
+        if self.cross_origin {
+            return Err(Fail::Forbidden(CROSS_ORIGIN.into()));
+        }
         match csrf {
             Some(t) if session::same_token(t, &self.session.csrf) => {}
             _ => {
@@ -301,6 +306,26 @@ impl Ctx {
             ));
         }
         Ok(())
+    }
+}
+
+const CROSS_ORIGIN: &str =
+    "this form was sent from another site (its Origin is not this console's): nothing was done";
+
+/// Whether a browser's `Origin` names another site than the `Host` asked for. Requests without
+/// an `Origin` (not from a browser's form or script) are judged by their session and CSRF token
+/// alone; behind a proxy, the proxy must pass the `Host` on.
+fn cross_origin(headers: &HeaderMap) -> bool {
+    let Some(origin) = headers.get(ORIGIN) else {
+        return false;
+    };
+    let host = headers
+        .get(HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("");
+    match origin.to_str().ok().and_then(|o| o.split_once("://")) {
+        Some((_, rest)) => !rest.trim_end_matches('/').eq_ignore_ascii_case(host),
+        None => true, // "null" or garbage
     }
 }
 
@@ -336,6 +361,7 @@ impl FromRequestParts<Arc<App>> for Ctx {
             session,
             db,
             app: app.clone(),
+            cross_origin: cross_origin(&parts.headers),
         })
     }
 }
@@ -399,7 +425,10 @@ struct LoginForm {
     password: String,
 }
 
-async fn login(State(app): AppState, Form(f): Form<LoginForm>) -> Response {
+async fn login(State(app): AppState, headers: HeaderMap, Form(f): Form<LoginForm>) -> Response {
+    if cross_origin(&headers) {
+        return Fail::Forbidden(CROSS_ORIGIN.into()).into_response();
+    }
     let user = f.user.trim();
     if user.is_empty() {
         return login_form(Some("a role name is needed"), "");
@@ -424,12 +453,54 @@ async fn login(State(app): AppState, Form(f): Form<LoginForm>) -> Response {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(origin: Option<&str>, host: &str) -> HeaderMap {
+        let mut m = HeaderMap::new();
+        m.insert(HOST, HeaderValue::from_str(host).unwrap());
+        if let Some(o) = origin {
+            m.insert(ORIGIN, HeaderValue::from_str(o).unwrap());
+        }
+        m
+    }
+
+    #[test]
+    fn posts_from_other_sites_are_told_apart() {
+        assert!(
+            !cross_origin(&h(None, "127.0.0.1:8790")),
+            "no Origin: not a browser's cross-site post"
+        );
+        assert!(!cross_origin(&h(
+            Some("http://127.0.0.1:8790"),
+            "127.0.0.1:8790"
+        )));
+        assert!(!cross_origin(&h(
+            Some("https://Tide.example.com"),
+            "tide.example.com"
+        )));
+        assert!(cross_origin(&h(
+            Some("https://evil.example"),
+            "tide.example.com"
+        )));
+        assert!(cross_origin(&h(
+            Some("http://127.0.0.1:9999"),
+            "127.0.0.1:8790"
+        )));
+        assert!(cross_origin(&h(Some("null"), "127.0.0.1:8790")));
+    }
+}
+
 #[derive(Deserialize)]
 pub struct CsrfForm {
     pub csrf: Option<String>,
 }
 
-async fn logout(s: Signed, Form(f): Form<CsrfForm>) -> Response {
+async fn logout(s: Signed, headers: HeaderMap, Form(f): Form<CsrfForm>) -> Response {
+    if cross_origin(&headers) {
+        return Fail::Forbidden(CROSS_ORIGIN.into()).into_response();
+    }
     match &f.csrf {
         Some(t) if session::same_token(t, &s.session.csrf) => {}
         _ => {
@@ -440,7 +511,6 @@ async fn logout(s: Signed, Form(f): Form<CsrfForm>) -> Response {
             .into_response()
         }
     }
-    let _ = &s.app;
     s.app.sessions.sign_out(&s.id);
     let mut r = Redirect::to("/login").into_response();
     r.headers_mut().insert(

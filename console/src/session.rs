@@ -23,6 +23,8 @@ pub struct Session {
     pub csrf: String,
     client: tokio::sync::Mutex<Option<Arc<Client>>>,
     last_seen: Mutex<Instant>,
+    /// Live pages of this session open now (each holds a PostgreSQL connection).
+    pub streams: std::sync::atomic::AtomicUsize,
 }
 
 pub struct Sessions {
@@ -99,6 +101,7 @@ impl Sessions {
             csrf: token(),
             client: tokio::sync::Mutex::new(Some(Arc::new(client))),
             last_seen: Mutex::new(Instant::now()),
+            streams: std::sync::atomic::AtomicUsize::new(0),
         });
         let mut map = self.map.lock().unwrap();
         map.retain(|_, s| s.idle() < IDLE);

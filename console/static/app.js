@@ -22,6 +22,7 @@
       .then(function (r) { return r.ok ? r.text() : null; })
       .then(function (text) {
         if (text === null) { return; }
+        if (typing()) { again = true; return; }  // the person started typing meanwhile
         var doc = new DOMParser().parseFromString(text, "text/html");
         var fresh = doc.querySelector("main");
         if (fresh) {

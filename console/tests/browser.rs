@@ -267,24 +267,30 @@ impl Browser {
         Ok(v.as_str().map(str::to_string))
     }
 
+    /// Finds an element and acts on it; a live page may swap its content between the two
+    /// (the element goes stale): then it is found again.
+    fn on_element(&self, css: &str, verb: &str, body: Value) -> Result<(), Failed> {
+        let mut tries = 0;
+        loop {
+            let e = self.find(css)?;
+            let path = self.s(&format!("/element/{e}/{verb}"));
+            match self.call("POST", &path, Some(body.clone())) {
+                Err(err)
+                    if tries < 5 && err.message().is_some_and(|m| m.contains("stale element")) =>
+                {
+                    tries += 1
+                }
+                other => return other.map(|_| ()),
+            }
+        }
+    }
+
     fn type_in(&self, css: &str, text: &str) -> Result<(), Failed> {
-        let e = self.find(css)?;
-        self.call(
-            "POST",
-            &self.s(&format!("/element/{e}/value")),
-            Some(json!({ "text": text })),
-        )?;
-        Ok(())
+        self.on_element(css, "value", json!({ "text": text }))
     }
 
     fn click(&self, css: &str) -> Result<(), Failed> {
-        let e = self.find(css)?;
-        self.call(
-            "POST",
-            &self.s(&format!("/element/{e}/click")),
-            Some(json!({})),
-        )?;
-        Ok(())
+        self.on_element(css, "click", json!({}))
     }
 
     fn url(&self) -> Result<String, Failed> {
@@ -796,9 +802,25 @@ fn forged_posts(cluster: &Cluster) -> Result<(), Failed> {
         &format!("SELECT state::text FROM tide.run WHERE run_id = {run}"),
     )?;
     assert_eq!(state, "dead", "nothing was replayed");
-    // With its own token the same POST works: the refusals were the token's.
+    // With the session's token, but sent by a page of another site: refused.
     let (_, page) = http_get(&format!("{url}/run/{run}"), &cookie)?;
     let csrf = csrf_of(&page)?;
+    let mut r = agent()
+        .post(&format!("{url}/run/{run}/replay"))
+        .header("cookie", &cookie)
+        .header("origin", "http://evil.example")
+        .send_form([("csrf", csrf.as_str())])
+        .map_err(|e| e.to_string())?;
+    let text = r.body_mut().read_to_string().map_err(|e| e.to_string())?;
+    assert_eq!(r.status().as_u16(), 403, "{text}");
+    assert!(text.contains("another site"), "{text}");
+    let state: String = one(
+        &mut admin,
+        &format!("SELECT state::text FROM tide.run WHERE run_id = {run}"),
+    )?;
+    assert_eq!(state, "dead", "nothing was replayed");
+    // With its own token, from the console's own page, the same POST works: the refusals were
+    // the token's and the origin's.
     let (status, page) = http_post(
         &format!("{url}/run/{run}/replay"),
         Some(&cookie),
@@ -824,6 +846,28 @@ fn forged_posts(cluster: &Cluster) -> Result<(), Failed> {
         page.contains("22007") && page.contains("yesterday-ish"),
         "{page}"
     );
+    // Live streams: at most 16 per session (each holds a PostgreSQL connection); a closed one
+    // frees its place.
+    let open_stream = || {
+        agent()
+            .get(&format!("{url}/events"))
+            .header("cookie", &cookie)
+            .call()
+            .map_err(|e| Failed::from(e.to_string()))
+    };
+    let mut streams = Vec::new();
+    for _ in 0..16 {
+        let r = open_stream()?;
+        assert_eq!(r.status().as_u16(), 200);
+        streams.push(r);
+    }
+    let (status, page) = http_get(&format!("{url}/events"), &cookie)?;
+    assert_eq!(status, 429, "{page}");
+    assert!(page.contains("16 live pages"), "{page}");
+    drop(streams);
+    wait("a stream's place freed", Duration::from_secs(60), || {
+        Ok((open_stream()?.status().as_u16() == 200).then_some(()))
+    })?;
     let (status, page) = http_get(&format!("{url}/run/abc"), &cookie)?;
     assert_eq!(status, 400, "{page}");
     assert!(
