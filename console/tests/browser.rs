@@ -7,10 +7,12 @@ use std::io::Read;
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::Engine;
-use pg_tide_pg_test::{db_err, one, run_tests_with, Client, Cluster, Failed, NoTls, WORKERS_DB};
+use pg_tide_pg_test::{
+    db_err, one, run_tests_with, wait_for, Client, Cluster, Failed, NoTls, WORKERS_DB,
+};
 use serde_json::{json, Value};
 
 const CONSOLE: &str = env!("CARGO_BIN_EXE_pg_tide-console");
@@ -35,22 +37,27 @@ fn free_port() -> u16 {
         .expect("a free port")
 }
 
-/// Polls `probe` every 100 ms until it returns Some, or fails after `within`.
+/// Polls `probe` until it returns Some, or fails after `within` (pg_test's `wait_for`).
 fn wait<T>(
     what: &str,
     within: Duration,
     mut probe: impl FnMut() -> Result<Option<T>, Failed>,
 ) -> Result<T, Failed> {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(v) = probe()? {
-            return Ok(v);
-        }
-        if Instant::now() >= deadline {
-            return Err(format!("timed out after {within:?} waiting for {what}").into());
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for(what, within, || {
+        probe().map_err(|e| e.message().unwrap_or("failed").to_string())
+    })
+    .map_err(Failed::from)
+}
+
+/// Claims the one ready run of a queue as `worker`: its id and lease token.
+fn claim_one(c: &mut Client, queue: &str, worker: &str) -> Result<(i64, i64), Failed> {
+    let row = c
+        .query_one(
+            "SELECT run_id, lease_token FROM tide.claim_runs(queue => $1, worker => $2)",
+            &[&queue, &worker],
+        )
+        .map_err(db_err)?;
+    Ok((row.get(0), row.get(1)))
 }
 
 /// A child process killed when dropped.
@@ -387,13 +394,7 @@ fn alice_world(cluster: &Cluster) -> Result<i64, Failed> {
         "SELECT tide.emit('c_failing', '{\"order\": 7}', event_key => 'order-7')",
     )?;
     assert_eq!(n, 1);
-    let row = a
-        .query_one(
-            "SELECT run_id, lease_token FROM tide.claim_runs(queue => 'c_alice', worker => 'w1')",
-            &[],
-        )
-        .map_err(db_err)?;
-    let (run, token): (i64, i64) = (row.get(0), row.get(1));
+    let (run, token) = claim_one(&mut a, "c_alice", "w1")?;
     let state: String = a
         .query_one(
             "SELECT tide.fail_run($1, $2, 'the payment API said 402', kind => 'business')::text",
@@ -492,13 +493,7 @@ fn browser_story(cluster: &Cluster) -> Result<(), Failed> {
     b.wait_for("body[data-listening]")?;
     b.js("window.tideMarker = 'no reload'", json!([]))?;
     let mut a = connect_as(cluster, "alice", "alice-secret")?;
-    let row = a
-        .query_one(
-            "SELECT run_id, lease_token FROM tide.claim_runs(queue => 'c_alice', worker => 'w2')",
-            &[],
-        )
-        .map_err(db_err)?;
-    let (run, token): (i64, i64) = (row.get(0), row.get(1));
+    let (run, token) = claim_one(&mut a, "c_alice", "w2")?;
     assert_eq!(run, dead_run, "the replayed run is claimed");
     a.execute("SELECT tide.complete_run($1, $2)", &[&run, &token])
         .map_err(db_err)?;
@@ -521,16 +516,33 @@ fn browser_story(cluster: &Cluster) -> Result<(), Failed> {
     b.go(&format!("{url}/dead"))?;
     b.wait_for("main h1")?;
     b.screenshot("dead-desktop")?;
+    // The reconciliation's alert stays open until its difference is accepted (below); the dead
+    // letter's resolves on its own now that the run succeeded.
+    let alert: i64 = wait(
+        "the reconciliation's alert",
+        Duration::from_secs(30),
+        || {
+            Ok(admin
+            .query_opt(
+                "SELECT alert_id FROM tide.alert WHERE subject = 'c_recon' AND resolved_at IS NULL",
+                &[],
+            )
+            .map_err(db_err)?
+            .map(|r| r.get(0)))
+        },
+    )?;
     b.go(&format!("{url}/alerts"))?;
     b.wait_for("main h1")?;
-    let ack_form = "form[action^='/alert/']";
-    b.wait_for(ack_form)?;
+    let ack_form = format!("form[action='/alert/{alert}/ack']");
+    b.wait_for(&ack_form)?;
     b.type_in(&format!("{ack_form} input[name=note]"), "looking at it")?;
     b.click(&format!("{ack_form} button"))?;
     wait("the acknowledgement", Duration::from_secs(20), || {
         let n: i64 = one(
             &mut admin,
-            "SELECT count(*) FROM tide.alert WHERE acked_by = 'alice' AND ack_note = 'looking at it'",
+            &format!(
+                "SELECT count(*) FROM tide.alert WHERE alert_id = {alert} AND acked_by = 'alice' AND ack_note = 'looking at it'"
+            ),
         )?;
         Ok((n == 1).then_some(()))
     })?;
@@ -737,13 +749,7 @@ fn a_dead_run(cluster: &Cluster, task: &str) -> Result<i64, Failed> {
          SELECT tide.emit('{task}');"
     ))
     .map_err(db_err)?;
-    let row = a
-        .query_one(
-            "SELECT run_id, lease_token FROM tide.claim_runs(queue => $1)",
-            &[&task],
-        )
-        .map_err(db_err)?;
-    let (run, token): (i64, i64) = (row.get(0), row.get(1));
+    let (run, token) = claim_one(&mut a, task, "w1")?;
     a.execute(
         "SELECT tide.fail_run($1, $2, 'no', kind => 'business')",
         &[&run, &token],
@@ -832,11 +838,26 @@ fn forged_posts(cluster: &Cluster) -> Result<(), Failed> {
         &format!("SELECT state::text FROM tide.run WHERE run_id = {run}"),
     )?;
     assert_eq!(state, "ready", "replayed");
-    // Bad input in a filter is PostgreSQL's error, shown as a page.
+    // The task's runs, filtered by state, trigger and business date.
     let task: i64 = one(
         &mut admin,
         "SELECT task_id FROM tide.task WHERE name = 'c_forged'",
     )?;
+    let link = format!("href=\"/run/{run}\"");
+    for (filter, shown) in [
+        ("state=ready", true),
+        ("state=dead", false),
+        ("state=ready&trigger=replay", true),
+        ("trigger=event", false),
+        ("trigger=scheduled", false),
+        ("biz_date=2001-01-01", false),
+        ("", true),
+    ] {
+        let (status, page) = http_get(&format!("{url}/task/{task}?{filter}"), &cookie)?;
+        assert_eq!(status, 200, "{filter}: {page}");
+        assert_eq!(page.contains(&link), shown, "{filter}: {page}");
+    }
+    // Bad input in a filter is PostgreSQL's error, shown as a page.
     let (status, page) = http_get(
         &format!("{url}/task/{task}?biz_date=yesterday-ish"),
         &cookie,
