@@ -349,14 +349,19 @@ impl FromRequestParts<Arc<App>> for Ctx {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, Response> {
-        let Some((_, session)) = session_of(parts, app) else {
+        let Some((id, session)) = session_of(parts, app) else {
             return Err(not_signed_in(parts));
         };
-        let db = app
-            .sessions
-            .client(&session)
-            .await
-            .map_err(|e| Fail::Db(e).into_response())?;
+        let db = match app.sessions.client(&session).await {
+            Ok(db) => db,
+            // The role may no longer sign in (its password changed, it lost LOGIN or was
+            // dropped): the session ends, as if signed out.
+            Err(e) if e.code().is_some_and(|c| c.code().starts_with("28")) => {
+                app.sessions.sign_out(&id);
+                return Err(not_signed_in(parts));
+            }
+            Err(e) => return Err(Fail::Db(e).into_response()),
+        };
         Ok(Ctx {
             session,
             db,

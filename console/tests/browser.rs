@@ -889,6 +889,26 @@ fn forged_posts(cluster: &Cluster) -> Result<(), Failed> {
     wait("a stream's place freed", Duration::from_secs(60), || {
         Ok((open_stream()?.status().as_u16() == 200).then_some(()))
     })?;
+    // A role that may no longer sign in (its password changed; the console's connection ends
+    // with a server restart or, here, pg_terminate_backend) is signed out.
+    let (status, _) = http_get(&format!("{url}/"), &cookie)?;
+    assert_eq!(status, 200);
+    admin
+        .batch_execute(
+            "ALTER ROLE alice PASSWORD 'changed';
+             SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+              WHERE usename = 'alice' AND application_name = 'pg_tide-console';",
+        )
+        .map_err(db_err)?;
+    let signed_out = wait("the session to end", Duration::from_secs(20), || {
+        let (status, page) = http_get(&format!("{url}/"), &cookie)?;
+        Ok((status == 303).then_some(page))
+    });
+    admin
+        .batch_execute("ALTER ROLE alice PASSWORD 'alice-secret'")
+        .map_err(db_err)?;
+    signed_out?;
+    let cookie = http_sign_in(&url, "alice", "alice-secret")?;
     let (status, page) = http_get(&format!("{url}/run/abc"), &cookie)?;
     assert_eq!(status, 400, "{page}");
     assert!(
