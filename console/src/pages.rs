@@ -554,7 +554,7 @@ pub async fn run(ctx: Ctx, Path(id): Path<String>) -> Result<Response, Fail> {
         acts.push_str(&action(
             &frame,
             &path("accept"),
-            "Accept the short count",
+            "Resolve: accept the short count",
             "",
             None,
         ));
