@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use pg_tide_pg_test::{
-    db_err, one, run_tests_with, wait_for, Client, Cluster, Failed, NoTls, WORKERS_DB,
+    db_err, one, run_state, run_tests_with, wait_for, Client, Cluster, Failed, NoTls, WORKERS_DB,
 };
 use serde_json::{json, Value};
 
@@ -775,10 +775,7 @@ fn read_only(cluster: &Cluster) -> Result<(), Failed> {
     )?;
     assert_eq!(status, 403, "{page}");
     assert!(page.contains("read-only"), "{page}");
-    let state: String = one(
-        &mut admin,
-        &format!("SELECT state::text FROM tide.run WHERE run_id = {run}"),
-    )?;
+    let state = run_state(&mut admin, run)?;
     assert_eq!(state, "dead", "nothing was replayed");
     Ok(())
 }
@@ -803,10 +800,7 @@ fn forged_posts(cluster: &Cluster) -> Result<(), Failed> {
         assert_eq!(status, 403, "{page}");
         assert!(page.contains("CSRF"), "{page}");
     }
-    let state: String = one(
-        &mut admin,
-        &format!("SELECT state::text FROM tide.run WHERE run_id = {run}"),
-    )?;
+    let state = run_state(&mut admin, run)?;
     assert_eq!(state, "dead", "nothing was replayed");
     // With the session's token, but sent by a page of another site: refused.
     let (_, page) = http_get(&format!("{url}/run/{run}"), &cookie)?;
@@ -820,10 +814,7 @@ fn forged_posts(cluster: &Cluster) -> Result<(), Failed> {
     let text = r.body_mut().read_to_string().map_err(|e| e.to_string())?;
     assert_eq!(r.status().as_u16(), 403, "{text}");
     assert!(text.contains("another site"), "{text}");
-    let state: String = one(
-        &mut admin,
-        &format!("SELECT state::text FROM tide.run WHERE run_id = {run}"),
-    )?;
+    let state = run_state(&mut admin, run)?;
     assert_eq!(state, "dead", "nothing was replayed");
     // With its own token, from the console's own page, the same POST works: the refusals were
     // the token's and the origin's.
@@ -833,10 +824,7 @@ fn forged_posts(cluster: &Cluster) -> Result<(), Failed> {
         &[("csrf", &csrf)],
     )?;
     assert_eq!(status, 303, "{page}");
-    let state: String = one(
-        &mut admin,
-        &format!("SELECT state::text FROM tide.run WHERE run_id = {run}"),
-    )?;
+    let state = run_state(&mut admin, run)?;
     assert_eq!(state, "ready", "replayed");
     // The task's runs, filtered by state, trigger and business date.
     let task: i64 = one(
