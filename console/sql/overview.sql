@@ -4,10 +4,12 @@
 -- Every column is text. bench/bench.sh runs this file from psql beside the console.
 WITH h AS (
     SELECT h.task, h.owner, h.status, h.severity, h.silence, h.consecutive_failures, h.backlog,
-           h.dead, h.next_fire_at, t.task_id, t.tz, t.paused
-      FROM tide.health h
+           h.dead, h.next_fire_at, t.task_id, t.tz, t.paused, h.rank
+      FROM (SELECT h.*, row_number() OVER (ORDER BY tide._status_rank(h.status), h.severity DESC,
+                                                    h.silence DESC NULLS LAST, h.task) AS rank
+              FROM tide.health h) h
       LEFT JOIN tide.task t ON t.name = h.task AND t.owner = h.owner
-     ORDER BY tide._status_rank(h.status), h.severity DESC, h.silence DESC NULLS LAST, h.task
+     ORDER BY h.rank
      LIMIT $1 OFFSET $2
 )
 SELECT h.task_id::text, h.task, h.owner::text, h.status, h.severity::text,
@@ -31,4 +33,4 @@ SELECT h.task_id::text, h.task, h.owner::text, h.status, h.severity::text,
            '[]'),
        h.paused::text
   FROM h
- ORDER BY tide._status_rank(h.status), h.severity DESC, h.silence DESC NULLS LAST, h.task;
+ ORDER BY h.rank;

@@ -288,24 +288,28 @@ impl Ctx {
     /// Every action checks its form came from this session (the CSRF token) and that the
     /// console may change things at all.
     pub fn check_action(&self, csrf: &Option<String>) -> Result<(), Fail> {
-        if self.cross_origin {
-            return Err(Fail::Forbidden(CROSS_ORIGIN.into()));
-        }
-        match csrf {
-            Some(t) if session::same_token(t, &self.session.csrf) => {}
-            _ => {
-                return Err(Fail::Forbidden(
-                    "this form did not come from your session (its CSRF token is missing or wrong): nothing was done"
-                        .into(),
-                ))
-            }
-        }
+        check_form(&self.session, self.cross_origin, csrf)?;
         if self.app.read_only {
             return Err(Fail::Forbidden(
                 "this console runs read-only (--read-only): nothing was done".into(),
             ));
         }
         Ok(())
+    }
+}
+
+/// A form posted by a signed-in person came from this console: from its own site (the
+/// `Origin`), with the session's CSRF token.
+fn check_form(session: &Session, cross: bool, csrf: &Option<String>) -> Result<(), Fail> {
+    if cross {
+        return Err(Fail::Forbidden(CROSS_ORIGIN.into()));
+    }
+    match csrf {
+        Some(t) if session::same_token(t, &session.csrf) => Ok(()),
+        _ => Err(Fail::Forbidden(
+            "this form did not come from your session (its CSRF token is missing or wrong): nothing was done"
+                .into(),
+        )),
     }
 }
 
@@ -503,18 +507,8 @@ pub struct CsrfForm {
 }
 
 async fn logout(s: Signed, headers: HeaderMap, Form(f): Form<CsrfForm>) -> Response {
-    if cross_origin(&headers) {
-        return Fail::Forbidden(CROSS_ORIGIN.into()).into_response();
-    }
-    match &f.csrf {
-        Some(t) if session::same_token(t, &s.session.csrf) => {}
-        _ => {
-            return Fail::Forbidden(
-                "this form did not come from your session (its CSRF token is missing or wrong)"
-                    .into(),
-            )
-            .into_response()
-        }
+    if let Err(refused) = check_form(&s.session, cross_origin(&headers), &f.csrf) {
+        return refused.into_response();
     }
     s.app.sessions.sign_out(&s.id);
     let mut r = Redirect::to("/login").into_response();

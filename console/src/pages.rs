@@ -770,10 +770,10 @@ pub async fn dead(ctx: Ctx) -> Result<Response, Fail> {
         &ctx,
         &format!(
             "SELECT d.run_id::text, d.task, d.biz_date::text, d.attempts::text, d.last_error_kind::text,
-                    left(d.last_error, 200),
-                    to_char(d.died_at AT TIME ZONE coalesce(d.rules->>'tz', 'UTC'), '{TS}'),
-                    to_char(d.died_at AT TIME ZONE 'UTC', '{TS}'), coalesce(d.rules->>'tz', 'UTC')
-               FROM tide.dead_letter d ORDER BY d.died_at DESC NULLS LAST LIMIT 200"
+                    left(d.last_error, 200), to_char(d.died_at AT TIME ZONE z.tz, '{TS}'),
+                    to_char(d.died_at AT TIME ZONE 'UTC', '{TS}'), z.tz
+               FROM tide.dead_letter d CROSS JOIN LATERAL (SELECT coalesce(d.rules->>'tz', 'UTC') AS tz) z
+              ORDER BY d.died_at DESC NULLS LAST LIMIT 200"
         ),
         &[],
     )
