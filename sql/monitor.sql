@@ -445,21 +445,22 @@ WITH open_runs AS (
      GROUP BY x.task_id
 ), touched AS MATERIALIZED (
     SELECT DISTINCT x.task_id FROM tide.task_touch x
-), f AS (
-    -- What health reads from history: kept figures where they still hold (see above), computed
-    -- for the other tasks (the computation is not even planned when there are none).
+), kept AS MATERIALIZED (
+    -- Kept figures that still hold at p_now, of tasks with no visible touch row (see above).
     SELECT s.task_id, s.last_success, s.last_state, s.skips, s.failures, s.retries, s.catch_up_limited,
            s.not_ready, s.p50, s.p95, s.wait95
       FROM tide.task_stat s
      WHERE s.computed_at <= p_now AND (s.valid_until IS NULL OR s.valid_until > p_now)
        AND s.task_id NOT IN (SELECT u.task_id FROM touched u)
+), f AS (
+    -- What health reads from history: the kept figures, and for every other task computed from
+    -- its runs (the computation is not even planned when there are none).
+    SELECT k.* FROM kept k
     UNION ALL
     SELECT c.task_id, c.last_success, c.last_state, c.skips, c.failures, c.retries, c.catch_up_limited,
            c.not_ready, c.p50, c.p95, c.wait95
       FROM (SELECT ARRAY(SELECT t.task_id FROM tide.task t
-                          WHERE t.task_id NOT IN (SELECT s.task_id FROM tide.task_stat s
-                                                   WHERE s.computed_at <= p_now AND (s.valid_until IS NULL OR s.valid_until > p_now))
-                             OR t.task_id IN (SELECT u.task_id FROM touched u)) AS ids) stale
+                          WHERE t.task_id NOT IN (SELECT k.task_id FROM kept k)) AS ids) stale
      CROSS JOIN LATERAL tide._task_history(p_now, stale.ids) c
      WHERE cardinality(stale.ids) > 0
 ), h AS (
