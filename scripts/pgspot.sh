@@ -37,6 +37,8 @@ inlined=(
     "tide._prom_label(v text)"
     "tide._prom_num(v double precision)"
     "tide._status_rank(status text)"
+    "tide._log_on()"
+    "tide._setting(name text,fallback text)"
 )
 args=()
 for f in "${inlined[@]}"; do args+=(--proc-without-search-path "$f"); done

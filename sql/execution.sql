@@ -275,7 +275,9 @@ BEGIN
     ignored := set_config('tide.history', '', true);
     INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
     SELECT u.id, 'ready', 'running', why, u.who FROM unnest(ids, owners) AS u(id, who) ORDER BY u.id;
-    PERFORM tide._log_runs('start', ids);
+    IF tide._log_on() THEN
+        PERFORM tide._log_runs('start', ids);
+    END IF;
 END
 $$;
 COMMENT ON FUNCTION tide._claim(tide.executor, text, text, integer, interval, boolean) IS
@@ -287,15 +289,19 @@ RETURNS TABLE (run_id bigint, lease_token bigint, lease_expires_at timestamptz, 
                window_start timestamptz, window_end timestamptz, biz_date date, attempt integer,
                version integer, checkpoint jsonb, trigger tide.run_trigger, dedupe_key text,
                topic text, event_key text, payload jsonb)
-LANGUAGE sql
+LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
--- A plain SQL wrapper (tide._claim checks the arguments): cheaper than a second PL/pgSQL layer
--- on the hot path.
+-- A thin wrapper (tide._claim checks the arguments), in PL/pgSQL: its plan is kept, where an SQL
+-- function with a SET clause is parsed and planned at every call (measured: batch 1 went from
+-- 43% to 48% of the baseline).
 AS $$
+BEGIN
+    RETURN QUERY
     SELECT c.run_id, c.lease_token, c.lease_expires_at, c.task, c.args, c.window_start, c.window_end,
            c.biz_date, c.attempt, c.version, c.checkpoint, c.trigger, c.dedupe_key, c.topic, c.event_key, c.payload
-      FROM tide._claim('external', queue, worker, n, lease) c
-     ORDER BY c.priority DESC, c.run_id
+      FROM tide._claim('external', claim_runs.queue, claim_runs.worker, claim_runs.n, claim_runs.lease) c
+     ORDER BY c.priority DESC, c.run_id;
+END
 $$;
 COMMENT ON FUNCTION tide.claim_runs(text, text, integer, interval) IS
     'claim_runs(queue => ''default'', worker => NULL, n => 1, lease => task''s lease): claims up to n ready runs of the caller''s external tasks (a superuser: any role''s) (FOR UPDATE SKIP LOCKED, priority then oldest) and returns their context with a fencing lease_token (and, for event runs, the topic, event key and payload). Runs of a serial group (overlap queue, one event key), of a task at its max_concurrency or whose lock is busy are not returned (see tide.lock).';
@@ -411,7 +417,9 @@ BEGIN
                                 claimed_at, outcome)
     VALUES (complete_run.run_id, 'running', done, why, who, attempt_no, worker, complete_run.lease_token, claimed,
             CASE WHEN short THEN 'need_check' ELSE 'succeeded' END::tide.attempt_outcome);
-    PERFORM tide._log_runs(CASE WHEN short THEN 'need_check' ELSE 'success' END, ARRAY[complete_run.run_id]);
+    IF tide._log_on() THEN
+        PERFORM tide._log_runs(CASE WHEN short THEN 'need_check' ELSE 'success' END, ARRAY[complete_run.run_id]);
+    END IF;
     RETURN done;
 END
 $$;
@@ -506,7 +514,9 @@ BEGIN
         PERFORM tide._queue_ended(u.owner, u.queue, u.n)
            FROM unnest(ended_owners, ended_queues, ended_n) AS u(owner, queue, n);
     END IF;
-    PERFORM tide._log_runs('success', done_ids);
+    IF tide._log_on() THEN
+        PERFORM tide._log_runs('success', done_ids);
+    END IF;
     RETURN cardinality(done_ids);
 END
 $$;
@@ -596,7 +606,9 @@ BEGIN
     IF new_state = 'retry' THEN
         PERFORM tide._wake(true);  -- the scheduler sleeps until the retry is due, not its next poll
     END IF;
-    PERFORM tide._log_runs('failure', ARRAY[p_run_id], error_text);
+    IF tide._log_on() THEN
+        PERFORM tide._log_runs('failure', ARRAY[p_run_id], error_text);
+    END IF;
     RETURN new_state;
 END
 $$;
@@ -899,9 +911,9 @@ COMMENT ON FUNCTION tide._still_held(bigint, bigint) IS 'Internal: whether a cla
 -- A task's timeout as the milliseconds of a statement timeout (at most 7 days: the bound
 -- tide.schedule enforces keeps it inside an int).
 CREATE FUNCTION tide._timeout_ms(p_timeout text) RETURNS integer
-LANGUAGE sql IMMUTABLE
+LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT least(extract(epoch FROM p_timeout::interval) * 1000, 2147483647)::integer $$;
+AS $$ BEGIN RETURN least(extract(epoch FROM p_timeout::interval) * 1000, 2147483647)::integer; END $$;
 COMMENT ON FUNCTION tide._timeout_ms(text) IS 'Internal: a timeout from a rule snapshot, in milliseconds.';
 
 -- The executor could not finish a run's transaction (its bookkeeping failed): the attempt ends
@@ -1026,11 +1038,15 @@ COMMENT ON FUNCTION tide._check_ready(bigint) IS
     'Internal: evaluates a waiting run''s readiness check and watermark, sealed as the task owner (called by pg_tide executors).';
 
 -- The next waiting run whose readiness check is due; locked until the caller's transaction ends.
+-- PL/pgSQL, so that its plan is kept: the executors ask before every run they claim, and an SQL
+-- function was planned again each time (a sixth of an executor's time per no-op run).
 CREATE FUNCTION tide._claim_check()
 RETURNS TABLE (run_id bigint)
-LANGUAGE sql
+LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
+BEGIN
+    RETURN QUERY
     SELECT r.run_id
       FROM tide.run r JOIN tide.task_version v ON v.task_id = r.task_id AND v.version = r.version
      WHERE r.run_id IN (SELECT p.run_id FROM tide.pending p
@@ -1038,7 +1054,8 @@ AS $$
        AND r.state = 'waiting' AND (v.rules->>'ready_check' IS NOT NULL OR v.rules->>'ready_watermark' IS NOT NULL)
      ORDER BY r.run_after NULLS FIRST, r.run_id
      LIMIT 1
-       FOR UPDATE OF r SKIP LOCKED
+       FOR UPDATE OF r SKIP LOCKED;
+END
 $$;
 COMMENT ON FUNCTION tide._claim_check() IS
     'Internal: the next waiting run whose readiness check is due (for pg_tide executors).';
