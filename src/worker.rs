@@ -170,6 +170,7 @@ pub extern "C-unwind" fn pg_tide_scheduler_main(_arg: pg_sys::Datum) {
     // It sleeps until the next fire or due retry (at most pg_tide.tick_interval), and is woken
     // early when a task's schedule changes (src/wake.rs).
     let mut next = interval();
+    let mut last_steps = std::time::Instant::now();
     while wait(next) {
         next = interval();
         if !may_work() {
@@ -180,18 +181,22 @@ pub extern "C-unwind" fn pg_tide_scheduler_main(_arg: pg_sys::Datum) {
         // outcome are noted in shared memory (src/delivery.rs watches them).
         crate::delivery::tick_started();
         // The tick, in several transactions: each due task fired in its own (its runs committed
-        // and the executors woken at once, while the next task is fired), then the steps on
-        // existing runs and monitoring. (tide.tick does all of it in one.)
+        // and the executors woken at once, while the next task is fired), or the tasks of a
+        // fire close ahead fired together and committed at its instant (fire_ahead); then the
+        // steps on existing runs and monitoring. (tide.tick does all of it in one.)
         let mut failed = None;
+        let mut ahead = false;
         for _ in 0..crate::tick::TASKS_PER_TICK {
-            let fired = in_transaction("tick", || {
-                Spi::get_one::<pgrx::JsonB>("SELECT tide._fire(now(), 1)")
-                    .or_raise(F)
-                    .and_then(|j| j.0.get("tasks").and_then(serde_json::Value::as_u64))
-                    .unwrap_or(0)
+            let fired = in_transaction("tick", || match fire_ahead() {
+                Some(n) => (n, true),
+                None => (fire_now(), false),
             });
             match fired {
-                Ok(1) => {}
+                Ok((_, true)) => {
+                    ahead = true;
+                    break;
+                }
+                Ok((1, false)) => {}
                 Ok(_) => break,
                 Err(e) => {
                     failed = Some(e);
@@ -199,15 +204,102 @@ pub extern "C-unwind" fn pg_tide_scheduler_main(_arg: pg_sys::Datum) {
                 }
             }
         }
-        let outcome = in_transaction("tick", || {
-            let counts = Spi::get_one::<pgrx::JsonB>("SELECT tide._tick_steps(now())").or_raise(F);
-            debug1!("pg_tide tick: {:?}", counts.map(|j| j.0));
-        });
+        // Right after a fire made ahead, its runs start on the executors: the steps (tens of
+        // milliseconds of monitoring with many tasks) wait for the next round, STEPS_AFTER_FIRE
+        // later, unless they have not run for a poll interval.
+        let mut outcome = Ok(());
+        if !ahead || last_steps.elapsed() >= interval() {
+            outcome = in_transaction("tick", || {
+                let counts =
+                    Spi::get_one::<pgrx::JsonB>("SELECT tide._tick_steps(now())").or_raise(F);
+                debug1!("pg_tide tick: {:?}", counts.map(|j| j.0));
+            });
+            last_steps = std::time::Instant::now();
+        }
         crate::delivery::tick_ended(failed.or(outcome.err()).as_deref());
-        // When to tick next: the next fire or due retry.
-        next = sleep_until_due("tide._next_wake", next);
+        // When to tick next: the next fire or due retry, woken FIRE_AHEAD before it so that its
+        // runs are made ahead (fire_ahead).
+        next = sleep_until_due("tide._next_wake", next)
+            .saturating_sub(FIRE_AHEAD)
+            .max(Duration::from_millis(1));
+        if ahead {
+            next = next.min(STEPS_AFTER_FIRE);
+        }
     }
     exit_for_restart();
+}
+
+/// How long before a fire instant the scheduler makes its runs (fire_ahead).
+const FIRE_AHEAD: Duration = Duration::from_millis(100);
+
+/// How long after a fire made ahead the scheduler runs the tick's steps.
+const STEPS_AFTER_FIRE: Duration = Duration::from_millis(50);
+
+/// Fires one due task as of now (in the caller's transaction); the number of tasks fired.
+fn fire_now() -> u64 {
+    fired_tasks(Spi::get_one::<pgrx::JsonB>("SELECT tide._fire(now(), 1)").or_raise(F))
+}
+
+fn fired_tasks(counts: Option<pgrx::JsonB>) -> u64 {
+    counts
+        .and_then(|j| j.0.get("tasks").and_then(serde_json::Value::as_u64))
+        .unwrap_or(0)
+}
+
+/// On time to the millisecond: when the next fire is at most FIRE_AHEAD away (and no task is
+/// due already), the tasks due at that instant are fired now, as of that instant, in the
+/// caller's transaction, which then waits for the instant and commits at it. Their runs become
+/// visible, and the executors are woken, at the fire instant itself rather than after each
+/// task's firing and commit (about 2 ms each). Nothing sees the runs before their instant; a
+/// role that pauses or alters one of these tasks meanwhile waits (at most FIRE_AHEAD) for the
+/// task's row, which the firing locks, and its change follows the fire, as it would a moment
+/// later. Tasks left when the instant comes are fired by the next rounds, as usual. Returns
+/// None when no fire is that close: the caller fires as of now.
+fn fire_ahead() -> Option<u64> {
+    let lead_ms = i32::try_from(FIRE_AHEAD.as_millis()).unwrap_or(100);
+    let at = Spi::get_one_with_args::<pgrx::datum::TimestampWithTimeZone>(
+        "SELECT CASE WHEN x.at > clock_timestamp() THEN x.at END
+           FROM (SELECT min(t.next_fire_at) AS at FROM tide.task t
+                  WHERE NOT t.paused
+                    AND t.next_fire_at <= clock_timestamp() + make_interval(secs => $1 / 1000.0)
+                    AND (t.tick_retry_at IS NULL OR t.tick_retry_at <= clock_timestamp())) x",
+        &[lead_ms.into()],
+    )
+    .or_raise(F)?;
+    let mut fired = 0;
+    while ms_until(at) > 0 {
+        let n = fired_tasks(
+            Spi::get_one_with_args::<pgrx::JsonB>("SELECT tide._fire($1, 1)", &[at.into()])
+                .or_raise(F),
+        );
+        if n == 0 {
+            break;
+        }
+        fired += n;
+    }
+    // Until the instant: an interrupt (SIGTERM) ends the worker here, its transaction rolled
+    // back; a latch set meanwhile (a wake-up) only shortens one wait.
+    loop {
+        let left = ms_until(at);
+        if left <= 0 {
+            break;
+        }
+        if !BackgroundWorker::wait_latch(Some(Duration::from_millis(left.unsigned_abs()))) {
+            exit_for_restart();
+        }
+        pgrx::check_for_interrupts!();
+    }
+    Some(fired)
+}
+
+/// Milliseconds from the clock to `at`, rounded up (0 or less: reached).
+fn ms_until(at: pgrx::datum::TimestampWithTimeZone) -> i64 {
+    Spi::get_one_with_args::<i64>(
+        "SELECT ceil(extract(epoch FROM $1 - clock_timestamp()) * 1000)::bigint",
+        &[at.into()],
+    )
+    .or_raise(F)
+    .unwrap_or(0)
 }
 
 /// How long a worker may sleep, at most `cap`: what `function` (ms, given the cap) says, asked
@@ -224,6 +316,9 @@ fn sleep_until_due(function: &str, cap: Duration) -> Duration {
         _ => cap,
     }
 }
+
+/// How often a busy executor looks for readiness checks and backfill work between runs.
+const SIDE_WORK_EVERY: Duration = Duration::from_millis(100);
 
 /// One claimed SQL run.
 struct Claimed {
@@ -251,16 +346,28 @@ pub extern "C-unwind" fn pg_tide_executor_main(arg: pg_sys::Datum) {
         // With two executors or more, the first keeps to online runs: backfills never hold
         // every executor.
         let online_only = number == 1 && settings::EXECUTORS.get() >= 2;
+        // While runs keep coming, readiness checks and backfill work are looked for every
+        // SIDE_WORK_EVERY rather than before every run (two transactions fewer per run); a
+        // round that ran nothing looks for them at once, and the loop ends only after a round
+        // that looked for everything and found nothing.
+        let mut ran_last = false;
+        let mut last_side = std::time::Instant::now();
         loop {
-            let checked = in_transaction("readiness check", check_one).unwrap_or(false);
-            // Backfill work (a verify is user code that may take its timeout) is not for the
-            // executor kept for online runs.
-            let verified =
-                !online_only && in_transaction("backfill work", verify_one).unwrap_or(false);
+            let side = !ran_last || last_side.elapsed() >= SIDE_WORK_EVERY;
+            let (mut checked, mut verified) = (false, false);
+            if side {
+                last_side = std::time::Instant::now();
+                checked = in_transaction("readiness check", check_one).unwrap_or(false);
+                // Backfill work (a verify is user code that may take its timeout) is not for
+                // the executor kept for online runs.
+                verified =
+                    !online_only && in_transaction("backfill work", verify_one).unwrap_or(false);
+            }
             let ran = execute_one(&name, online_only);
-            if !(checked || verified || ran) {
+            if side && !(checked || verified || ran) {
                 break;
             }
+            ran_last = ran;
         }
         // Idle: sleep until the next delayed run or readiness re-check comes due.
         next = sleep_until_due("tide._executor_wake", next);

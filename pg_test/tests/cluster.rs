@@ -257,11 +257,9 @@ fn tasks_survive_a_restart(cluster: &Cluster) -> Result<(), Failed> {
 /// (`pg_tide.tick_interval = 60s`), an emitted SQL run, a task's first fire a few seconds ahead,
 /// a retry due a second later, and a run whose data is marked ready all run within seconds. Each wait below is far shorter than
 /// the poll interval: without the wake-ups (src/wake.rs) every one of them would time out.
-fn workers_are_woken_not_polled(_shared: &Cluster) -> Result<(), Failed> {
-    let cluster = Cluster::start_with("woken", "pg_tide.tick_interval = 60000")?;
-    let mut c = cluster.workers_db()?;
-    // The workers are up in this database (each notes its latch in shared memory as it
-    // connects); they poll once a minute, so every run below must come from a wake-up.
+/// Waits until the scheduler and every executor are up in the connection's database (each
+/// notes its latch in shared memory as it connects).
+fn workers_up(c: &mut postgres::Client) -> Result<(), Failed> {
     pg_tide_pg_test::wait_for("the workers", std::time::Duration::from_secs(30), || {
         let up: bool = c
             .query_one(
@@ -272,6 +270,14 @@ fn workers_are_woken_not_polled(_shared: &Cluster) -> Result<(), Failed> {
             .get(0);
         Ok(up.then_some(()))
     })?;
+    Ok(())
+}
+
+fn workers_are_woken_not_polled(_shared: &Cluster) -> Result<(), Failed> {
+    let cluster = Cluster::start_with("woken", "pg_tide.tick_interval = 60000")?;
+    let mut c = cluster.workers_db()?;
+    // The workers poll once a minute, so every run below must come from a wake-up.
+    workers_up(&mut c)?;
     let state = |c: &mut postgres::Client, task: &str, want: &str| -> Result<Option<()>, String> {
         let n: i64 = c
             .query_one(
@@ -361,6 +367,51 @@ fn workers_are_woken_not_polled(_shared: &Cluster) -> Result<(), Failed> {
     Ok(())
 }
 
+/// The scheduler makes a fire's runs ahead of it and commits them at the fire instant: while
+/// five tasks fire every two seconds, a client looking all the time never sees a run whose fire
+/// is still ahead, and no command runs before its run's fire.
+fn fire_runs_appear_at_their_instant(_shared: &Cluster) -> Result<(), Failed> {
+    let cluster = Cluster::start_with("ahead", "pg_tide.tick_interval = 60000")?;
+    let mut c = cluster.workers_db()?;
+    workers_up(&mut c)?;
+    c.batch_execute(
+        "CREATE TABLE ahead_log (run_id bigint NOT NULL, at timestamptz NOT NULL);
+         SELECT tide.schedule('ahead_' || g, '*/2 * * * * *',
+                              'INSERT INTO ahead_log VALUES (tide.run_id(), now())')
+           FROM generate_series(1, 5) g;",
+    )
+    .map_err(db_err)?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        // A run is visible from its commit on, and the clock is read after the snapshot: a run
+        // committed at its fire instant never shows a fire still ahead.
+        let (ahead, done): (i64, i64) = c
+            .query_one(
+                "SELECT (SELECT count(*) FROM tide.run r JOIN tide.task t USING (task_id)
+                          WHERE t.name LIKE 'ahead%' AND r.fire_at > clock_timestamp()),
+                        (SELECT count(*) FROM ahead_log)",
+                &[],
+            )
+            .map(|row| (row.get(0), row.get(1)))
+            .map_err(db_err)?;
+        assert_eq!(ahead, 0, "a run was visible before its fire instant");
+        if done >= 15 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {done} of 15 runs in a minute"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    let early: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM ahead_log l JOIN tide.run r USING (run_id) WHERE l.at < r.fire_at",
+    )?;
+    assert_eq!(early, 0, "a command ran before its run's fire instant");
+    Ok(())
+}
+
 fn main() {
     let tests: &[(&str, TestFn)] = &[
         ("preloaded_and_installed", preloaded_and_installed),
@@ -378,6 +429,10 @@ fn main() {
         ),
         ("tasks_survive_a_restart", tasks_survive_a_restart),
         ("workers_are_woken_not_polled", workers_are_woken_not_polled),
+        (
+            "fire_runs_appear_at_their_instant",
+            fire_runs_appear_at_their_instant,
+        ),
     ];
     run_tests("shared", tests)
 }
