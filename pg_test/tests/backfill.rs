@@ -153,10 +153,8 @@ fn modes_choose_the_windows(cluster: &Cluster) -> Result<(), Failed> {
     assert_eq!(runs, 6, "one run per window");
     let line: String = one(
         &mut c,
-        &format!(
-            "SELECT string_agg(DISTINCT trigger || ' ' || queue || ' ' || priority, ',') FROM tide.run
-              WHERE state = 'ready'"
-        ),
+        "SELECT string_agg(DISTINCT trigger || ' ' || queue || ' ' || priority, ',') FROM tide.run
+          WHERE state = 'ready'",
     )?;
     assert_eq!(line, format!("backfill backfill.{all} -10000"));
     assert!(
