@@ -273,8 +273,24 @@ BEGIN
                   r.biz_date, r.attempts, r.version, r.checkpoint, r.trigger, r.dedupe_key, r.priority, r.owner,
                   (v.rules->>'timeout')::interval, r.topic, r.event_key, r.payload;
     ignored := set_config('tide.history', '', true);
+    -- The history rows, counted here rather than by the trigger (src/counted.rs): the tasks
+    -- touched, and the wait from fire (or creation) of each run's first start.
+    PERFORM tide._counted_next();
     INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
     SELECT u.id, 'ready', 'running', why, u.who FROM unnest(ids, owners) AS u(id, who) ORDER BY u.id;
+    WITH e AS MATERIALIZED (
+        SELECT r.task_id, r.owner, r.attempts, r.started_at, r.fire_at, r.created_at
+          FROM tide.run r WHERE r.run_id = ANY (ids)
+    ), touched AS (
+        INSERT INTO tide.task_touch (task_id, owner) SELECT DISTINCT e.task_id, e.owner FROM e
+    )
+    INSERT INTO tide.count_delta (task_id, metric, label, value, owner)
+    SELECT e.task_id, m.metric, '', sum(m.value), min(e.owner)
+      FROM e CROSS JOIN LATERAL (VALUES
+          ('wait_sum', extract(epoch FROM greatest(e.started_at - coalesce(e.fire_at, e.created_at), interval '0'))::double precision),
+          ('wait_count', 1::double precision)) m(metric, value)
+     WHERE e.attempts = 1
+     GROUP BY 1, 2;
     IF tide._log_on() THEN
         PERFORM tide._log_runs('start', ids);
     END IF;
@@ -357,6 +373,8 @@ DECLARE
     who name;
     worker text;
     claimed timestamptz;
+    finished timestamptz;
+    task bigint;
     gated boolean;
     in_owner name;
     in_queue text;
@@ -392,8 +410,8 @@ BEGIN
                          ELSE format('completed by %s', coalesce(r.lease_owner, 'a worker')) END
      WHERE r.run_id = complete_run.run_id AND r.lease_token = complete_run.lease_token AND r.state = 'running'
        AND (any_owner OR r.owner = caller OR tide._may_work(r.owner, r.queue))
-    RETURNING r.state, r.attempts, r.reason, r.owner, r.lease_owner, r.claimed_at
-         INTO done, attempt_no, why, who, worker, claimed;
+    RETURNING r.state, r.attempts, r.reason, r.owner, r.lease_owner, r.claimed_at, r.finished_at, r.task_id
+         INTO done, attempt_no, why, who, worker, claimed, finished, task;
     ignored := set_config('tide.history', '', true);
     IF NOT FOUND THEN
         PERFORM tide._refuse_stale(complete_run.run_id, complete_run.lease_token, 'tide.complete_run');
@@ -413,10 +431,20 @@ BEGIN
         -- A run its queue's max_concurrency counted gives the room back (tide.queue).
         PERFORM tide._queue_ended(in_owner, in_queue, 1);
     END IF;
+    -- The history row, counted here (src/counted.rs): the task touched, the outcome, and a
+    -- success's duration.
+    PERFORM tide._counted_next();
     INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner, attempt, worker, lease_token,
                                 claimed_at, outcome)
     VALUES (complete_run.run_id, 'running', done, why, who, attempt_no, worker, complete_run.lease_token, claimed,
             CASE WHEN short THEN 'need_check' ELSE 'succeeded' END::tide.attempt_outcome);
+    INSERT INTO tide.task_touch (task_id, owner) VALUES (task, who);
+    INSERT INTO tide.count_delta (task_id, metric, label, value, owner)
+    SELECT task, m.metric, m.label, m.value, who
+      FROM (VALUES ('runs', done::text, 1::double precision),
+                   ('duration_sum', '', extract(epoch FROM finished - claimed)::double precision),
+                   ('duration_count', '', 1)) m(metric, label, value)
+     WHERE m.metric = 'runs' OR (done = 'succeeded' AND claimed IS NOT NULL);
     IF tide._log_on() THEN
         PERFORM tide._log_runs(CASE WHEN short THEN 'need_check' ELSE 'success' END, ARRAY[complete_run.run_id]);
     END IF;
@@ -463,6 +491,7 @@ BEGIN
     -- All runs and their history (with the attempts they end) in one statement: the batch path
     -- of a busy worker.
     ignored := set_config('tide.history', 'written', true);
+    PERFORM tide._counted_next();
     WITH input AS (
         SELECT i.run_id, i.token, complete_runs.results[i.n] AS result
           FROM unnest(complete_runs.run_ids, complete_runs.lease_tokens) WITH ORDINALITY AS i(run_id, token, n)
@@ -475,7 +504,7 @@ BEGIN
          WHERE r.run_id = i.run_id AND r.lease_token = i.token AND r.state = 'running'
            AND (any_owner OR r.owner = caller OR tide._may_work(r.owner, r.queue))
         RETURNING r.run_id, r.attempts, r.reason, r.owner, r.lease_owner, r.lease_token, r.claimed_at,
-                  r.gated
+                  r.gated, r.task_id, r.finished_at
     ), done_pending AS (
         DELETE FROM tide.pending p USING done_run d WHERE p.run_id = d.run_id
         RETURNING p.owner, p.queue, p.counted
@@ -489,6 +518,19 @@ BEGIN
         SELECT d.run_id, 'running', 'succeeded', d.reason, d.owner, d.attempts, d.lease_owner, d.lease_token,
                d.claimed_at, 'succeeded'
           FROM done_run d ORDER BY d.run_id
+    ), touched AS (
+        -- The history rows, counted here (src/counted.rs): the tasks touched, the successes
+        -- and their durations.
+        INSERT INTO tide.task_touch (task_id, owner) SELECT DISTINCT d.task_id, d.owner FROM done_run d
+    ), counted AS (
+        INSERT INTO tide.count_delta (task_id, metric, label, value, owner)
+        SELECT d.task_id, m.metric, m.label, sum(m.value), min(d.owner)
+          FROM done_run d CROSS JOIN LATERAL (VALUES
+              ('runs', 'succeeded', 1::double precision, true),
+              ('duration_sum', '', extract(epoch FROM d.finished_at - d.claimed_at)::double precision, d.claimed_at IS NOT NULL),
+              ('duration_count', '', 1, d.claimed_at IS NOT NULL)) m(metric, label, value, counts)
+         WHERE m.counts
+         GROUP BY 1, 2, 3
     )
     SELECT array_agg(d.run_id), array_agg(d.run_id) FILTER (WHERE d.gated),
            (SELECT array_agg(e.owner) FROM ended e), (SELECT array_agg(e.queue) FROM ended e),

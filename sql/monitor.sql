@@ -1379,7 +1379,8 @@ COMMENT ON TABLE tide.count_delta IS
     'Counts added since the last fold (appended by a trigger on tide.run_event, moved into tide.run_count each tick). Maintained by pg_tide.';
 
 -- New history rows: their tasks are noted in tide.task_touch (every state change writes one,
--- so this covers the hot paths), and what they count is appended to tide.count_delta: an
+-- so this covers the hot paths, which write the same rows themselves: src/counted.rs), and what
+-- they count is appended to tide.count_delta: an
 -- outcome reached (a replayed run counts again), with the duration of a success (its last
 -- attempt); a run's first start, with its wait from fire (or creation). One join for both.
 CREATE FUNCTION tide._events_counted() RETURNS trigger
@@ -1425,8 +1426,12 @@ END
 $$;
 COMMENT ON FUNCTION tide._events_counted() IS
     'Trigger: notes the tasks of new history rows in tide.task_touch and appends what they add to the counters of tide.metrics() to tide.count_delta.';
+-- Claims and completions count their own history rows (src/counted.rs): the insert they mark
+-- is left out here, once.
 CREATE TRIGGER run_event_counted AFTER INSERT ON tide.run_event
-    REFERENCING NEW TABLE AS added FOR EACH STATEMENT EXECUTE FUNCTION tide._events_counted();
+    REFERENCING NEW TABLE AS added FOR EACH STATEMENT
+    WHEN (NOT tide._counted_taken())
+    EXECUTE FUNCTION tide._events_counted();
 
 -- Both are inlined into tide.metrics() (called for every sample line, hundreds of thousands with
 -- 10,000 tasks: as plain function calls they took most of its time), so they have no SET clause,

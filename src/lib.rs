@@ -22,6 +22,7 @@ pub mod notify;
 
 // The SQL surface.
 mod catalog;
+mod counted;
 mod jsonarg;
 mod ledger;
 mod monitor;
@@ -113,8 +114,18 @@ mod tide {}
     "../sql/monitor.sql",
     name = "monitor",
     requires = [
-        "effects", "delivery", "roles", "steps", "locks", "events", "long", "jobs", "queues",
-        "backfill", "recon"
+        "effects",
+        "delivery",
+        "roles",
+        "steps",
+        "locks",
+        "events",
+        "long",
+        "jobs",
+        "queues",
+        "backfill",
+        "recon",
+        counted::counted_taken
     ]
 );
 // Comments on the generated functions, once they exist.
@@ -139,6 +150,7 @@ pub extern "C-unwind" fn _PG_init() {
     }
     settings::define();
     caller::install();
+    counted::install();
     worker::register();
     queue_count::init_shared();
     delivery::init_shared();

@@ -498,6 +498,71 @@ fn failures_skips_need_check_and_dead_letters_alert(cluster: &Cluster) -> Result
 
 /// What health reads from history, as the tick keeps it (tide.task_stat), is what the runs say:
 /// right after a fold, after runs changed with no fold since, and a day later.
+/// The counters of `tide.metrics()` as runs are claimed and finished through every path (claims
+/// of one and of many, `complete_run` and a short completion, `complete_runs`, failures and
+/// their retries, a run cancelled before it started, an SQL run of `tide.tick`'s executor path
+/// is not here: no workers), before and after a tick folds them, equal what the history says:
+/// claims and completions count their own history rows, the trigger counts the rest.
+fn counters_match_history(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("m_counters")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('cq', NULL, topics => '{cq}', queue => 'cq', max_attempts => 3,
+                              backoff_base => '1 second', jitter => 'none');
+         SELECT tide.emit_many('cq', array_fill('{}'::jsonb, ARRAY[40]));
+         -- One by one: successes, a short completion (need_check), failures.
+         SELECT tide.complete_run(run_id, lease_token) FROM tide.claim_runs('cq', n => 5);
+         SELECT tide.complete_run(run_id, lease_token, expected => 3, actual => 2) FROM tide.claim_runs('cq', n => 1);
+         SELECT tide.fail_run(run_id, lease_token, 'try again') FROM tide.claim_runs('cq', n => 4);
+         SELECT tide.fail_run(run_id, lease_token, 'bad row', 'business') FROM tide.claim_runs('cq', n => 2);
+         -- In batches.
+         SELECT tide.complete_runs(array_agg(run_id), array_agg(lease_token)) FROM tide.claim_runs('cq', n => 10);
+         SELECT tide.complete_runs(array_agg(run_id), array_agg(lease_token)) FROM tide.claim_runs('cq', n => 7);
+         SELECT tide.cancel_run(max(run_id)) FROM tide.run;",
+    )?;
+    // The retries come due (their second attempts start and end), and the fold moves the
+    // counts into tide.run_count.
+    tick(&mut c, "now() + interval '1 minute'")?;
+    exec(
+        &mut c,
+        "SELECT tide.complete_runs(array_agg(run_id), array_agg(lease_token)) FROM tide.claim_runs('cq', n => 3);
+         SELECT tide.complete_run(run_id, lease_token) FROM tide.claim_runs('cq', n => 1);",
+    )?;
+    let counted = "SELECT string_agg(metric || '/' || label || '=' || round(v::numeric, 3), ' ' ORDER BY metric, label)
+                     FROM (SELECT x.metric, x.label, sum(x.value) AS v
+                             FROM (SELECT metric, label, value FROM tide.run_count
+                                   UNION ALL SELECT metric, label, value FROM tide.count_delta) x
+                            GROUP BY 1, 2) y";
+    // From the history: every outcome reached; the duration of every success (the run was not
+    // run again); the wait of every run that started (its first start).
+    let history = "SELECT string_agg(metric || '/' || label || '=' || round(v::numeric, 3), ' ' ORDER BY metric, label)
+                     FROM (SELECT 'runs' AS metric, e.to_state::text AS label, count(*)::float8 AS v
+                             FROM tide.run_event e
+                            WHERE e.to_state IN ('succeeded', 'need_check', 'dead', 'skipped', 'cancelled')
+                            GROUP BY 2
+                           UNION ALL
+                           SELECT 'duration_count', '', count(*) FROM tide.run r WHERE r.state = 'succeeded'
+                           UNION ALL
+                           SELECT 'duration_sum', '', sum(extract(epoch FROM r.finished_at - r.claimed_at))
+                             FROM tide.run r WHERE r.state = 'succeeded'
+                           UNION ALL
+                           SELECT 'wait_count', '', count(*) FROM tide.run r WHERE r.started_at IS NOT NULL
+                           UNION ALL
+                           SELECT 'wait_sum', '', sum(extract(epoch FROM greatest(r.started_at - r.created_at, interval '0')))
+                             FROM tide.run r WHERE r.started_at IS NOT NULL) y";
+    let want: String = one(&mut c, history)?;
+    assert!(
+        want.contains("runs/succeeded=26")
+            && want.contains("runs/need_check=1")
+            && want.contains("runs/dead=2"),
+        "the scenario: {want}"
+    );
+    assert_eq!(one::<String>(&mut c, counted)?, want, "before the fold");
+    tick(&mut c, "now() + interval '2 minutes'")?;
+    assert_eq!(one::<String>(&mut c, counted)?, want, "after the fold");
+    Ok(())
+}
+
 fn kept_health_figures_match_history(cluster: &Cluster) -> Result<(), Failed> {
     let mut c = cluster.fresh_db("m_kept")?;
     exec(
@@ -1170,6 +1235,7 @@ fn main() {
             "kept_health_figures_match_history",
             kept_health_figures_match_history,
         ),
+        ("counters_match_history", counters_match_history),
     ];
     run_tests("monitor", tests)
 }
