@@ -1094,6 +1094,11 @@ BEGIN
      WHERE r.run_id IN (SELECT p.run_id FROM tide.pending p
                          WHERE p.state = 'waiting' AND (p.due_at IS NULL OR p.due_at <= now()))
        AND r.state = 'waiting' AND (v.rules->>'ready_check' IS NOT NULL OR v.rules->>'ready_watermark' IS NOT NULL)
+       -- Due, on the run itself too: two executors woken at the same instant both find the run
+       -- due in tide.pending; when the first has checked it and committed before the second
+       -- locks it, the lock re-reads the run (not tide.pending) and must see it is no longer due,
+       -- or the second evaluates it again at once.
+       AND (r.run_after IS NULL OR r.run_after <= now())
      ORDER BY r.run_after NULLS FIRST, r.run_id
      LIMIT 1
        FOR UPDATE OF r SKIP LOCKED;
