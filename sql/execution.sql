@@ -285,12 +285,9 @@ BEGIN
         INSERT INTO tide.task_touch (task_id, owner) SELECT DISTINCT e.task_id, e.owner FROM e
     )
     INSERT INTO tide.count_delta (task_id, metric, label, value, owner)
-    SELECT e.task_id, m.metric, '', sum(m.value), min(e.owner)
-      FROM e CROSS JOIN LATERAL (VALUES
-          ('wait_sum', extract(epoch FROM greatest(e.started_at - coalesce(e.fire_at, e.created_at), interval '0'))::double precision),
-          ('wait_count', 1::double precision)) m(metric, value)
-     WHERE e.attempts = 1
-     GROUP BY 1, 2;
+    SELECT e.task_id, m.metric, m.label, sum(m.value), min(e.owner)
+      FROM e CROSS JOIN LATERAL tide._counts_of('running', e.attempts, NULL, NULL, e.started_at, e.fire_at, e.created_at) m
+     GROUP BY 1, 2, 3;
     IF tide._log_on() THEN
         PERFORM tide._log_runs('start', ids);
     END IF;
@@ -441,10 +438,7 @@ BEGIN
     INSERT INTO tide.task_touch (task_id, owner) VALUES (task, who);
     INSERT INTO tide.count_delta (task_id, metric, label, value, owner)
     SELECT task, m.metric, m.label, m.value, who
-      FROM (VALUES ('runs', done::text, 1::double precision),
-                   ('duration_sum', '', extract(epoch FROM finished - claimed)::double precision),
-                   ('duration_count', '', 1)) m(metric, label, value)
-     WHERE m.metric = 'runs' OR (done = 'succeeded' AND claimed IS NOT NULL);
+      FROM tide._counts_of(done, attempt_no, claimed, finished, NULL, NULL, NULL) m;
     IF tide._log_on() THEN
         PERFORM tide._log_runs(CASE WHEN short THEN 'need_check' ELSE 'success' END, ARRAY[complete_run.run_id]);
     END IF;
@@ -525,11 +519,8 @@ BEGIN
     ), counted AS (
         INSERT INTO tide.count_delta (task_id, metric, label, value, owner)
         SELECT d.task_id, m.metric, m.label, sum(m.value), min(d.owner)
-          FROM done_run d CROSS JOIN LATERAL (VALUES
-              ('runs', 'succeeded', 1::double precision, true),
-              ('duration_sum', '', extract(epoch FROM d.finished_at - d.claimed_at)::double precision, d.claimed_at IS NOT NULL),
-              ('duration_count', '', 1, d.claimed_at IS NOT NULL)) m(metric, label, value, counts)
-         WHERE m.counts
+          FROM done_run d CROSS JOIN LATERAL tide._counts_of('succeeded', d.attempts, d.claimed_at, d.finished_at,
+                                                             NULL, NULL, NULL) m
          GROUP BY 1, 2, 3
     )
     SELECT array_agg(d.run_id), array_agg(d.run_id) FILTER (WHERE d.gated),

@@ -1378,6 +1378,35 @@ CREATE TABLE tide.count_delta (
 COMMENT ON TABLE tide.count_delta IS
     'Counts added since the last fold (appended by a trigger on tide.run_event, moved into tide.run_count each tick). Maintained by pg_tide.';
 
+-- What one history row adds to the counters of tide.metrics(), from the run it ends in: an
+-- outcome reached (a replayed run counts again), with the duration of a success (its last
+-- attempt); a run's first start, with its wait from fire (or creation). The one definition the
+-- trigger below and the claims and completions that count their own rows share. Inlined into
+-- its callers, so it has no SET clause, which would forbid inlining: its body names everything
+-- with its schema instead, so it is safe under any search_path (scripts/pgspot.sh lists it).
+CREATE FUNCTION tide._counts_of(p_to tide.run_state, p_attempts integer, p_claimed timestamptz,
+                                p_finished timestamptz, p_started timestamptz, p_fire timestamptz,
+                                p_created timestamptz)
+RETURNS TABLE (metric text, label text, value double precision)
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$
+    SELECT m.metric, m.label, m.value
+      FROM (VALUES
+          ('runs', p_to::pg_catalog.text, 1::double precision,
+           p_to OPERATOR(pg_catalog.=) ANY ('{succeeded,need_check,dead,skipped,cancelled}'::tide.run_state[])),
+          ('duration_sum', '', extract(epoch FROM p_finished OPERATOR(pg_catalog.-) p_claimed)::double precision,
+           p_to OPERATOR(pg_catalog.=) 'succeeded'::tide.run_state AND p_claimed IS NOT NULL),
+          ('duration_count', '', 1, p_to OPERATOR(pg_catalog.=) 'succeeded'::tide.run_state AND p_claimed IS NOT NULL),
+          ('wait_sum', '', extract(epoch FROM greatest(p_started OPERATOR(pg_catalog.-) COALESCE(p_fire, p_created),
+                                                                  '0'::pg_catalog.interval))::double precision,
+           p_to OPERATOR(pg_catalog.=) 'running'::tide.run_state AND p_attempts OPERATOR(pg_catalog.=) 1),
+          ('wait_count', '', 1, p_to OPERATOR(pg_catalog.=) 'running'::tide.run_state AND p_attempts OPERATOR(pg_catalog.=) 1))
+          AS m(metric, label, value, counts)
+     WHERE m.counts
+$$;
+COMMENT ON FUNCTION tide._counts_of(tide.run_state, integer, timestamptz, timestamptz, timestamptz, timestamptz, timestamptz) IS
+    'Internal: what a history row that brings a run to a state adds to the counters of tide.metrics() (metric, label, value).';
+
 -- New history rows: their tasks are noted in tide.task_touch (every state change writes one,
 -- so this covers the hot paths, which write the same rows themselves: src/counted.rs), and what
 -- they count is appended to tide.count_delta: an
@@ -1410,16 +1439,8 @@ BEGIN
     INSERT INTO tide.count_delta (task_id, metric, label, value, owner)
     SELECT e.task_id, m.metric, m.label, sum(m.value), min(e.owner)
       FROM e
-     CROSS JOIN LATERAL (VALUES
-          ('runs', e.to_state::text, 1::double precision,
-           e.to_state IN ('succeeded', 'need_check', 'dead', 'skipped', 'cancelled')),
-          ('duration_sum', '', extract(epoch FROM e.finished_at - e.claimed_at)::double precision,
-           e.to_state = 'succeeded' AND e.claimed_at IS NOT NULL),
-          ('duration_count', '', 1, e.to_state = 'succeeded' AND e.claimed_at IS NOT NULL),
-          ('wait_sum', '', extract(epoch FROM greatest(e.started_at - coalesce(e.fire_at, e.created_at), interval '0'))::double precision,
-           e.to_state = 'running' AND e.attempts = 1),
-          ('wait_count', '', 1, e.to_state = 'running' AND e.attempts = 1)) m(metric, label, value, counts)
-     WHERE m.counts
+     CROSS JOIN LATERAL tide._counts_of(e.to_state, e.attempts, e.claimed_at, e.finished_at, e.started_at,
+                                        e.fire_at, e.created_at) m
      GROUP BY 1, 2, 3;
     RETURN NULL;
 END
