@@ -294,12 +294,9 @@ fn fire_ahead() -> Option<u64> {
 
 /// Milliseconds from the clock to `at`, rounded up (0 or less: reached).
 fn ms_until(at: pgrx::datum::TimestampWithTimeZone) -> i64 {
-    Spi::get_one_with_args::<i64>(
-        "SELECT ceil(extract(epoch FROM $1 - clock_timestamp()) * 1000)::bigint",
-        &[at.into()],
-    )
-    .or_raise(F)
-    .unwrap_or(0)
+    // SAFETY: reads the clock (microseconds since 2000, as TimestampTz is).
+    let now = unsafe { pg_sys::GetCurrentTimestamp() };
+    (pg_sys::TimestampTz::from(at) - now + 999).div_euclid(1000)
 }
 
 /// How long a worker may sleep, at most `cap`: what `function` (ms, given the cap) says, asked
