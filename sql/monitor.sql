@@ -1473,16 +1473,17 @@ LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
-WITH h AS MATERIALIZED (SELECT * FROM tide._health(now())),
-counts AS (
+WITH h AS MATERIALIZED (
+    -- Each task's health, with its labels quoted once for all its lines.
+    SELECT x.*, '{owner=' || tide._prom_label(x.owner) || ',task=' || tide._prom_label(x.task) AS l
+      FROM tide._health(now()) x
+),
+counts AS MATERIALIZED (
     -- The folded counters and what was added since the last fold.
     SELECT c.task_id, c.metric, c.label, sum(c.value) AS value
       FROM (SELECT p.task_id, p.metric, p.label, p.value FROM tide.run_count p
             UNION ALL SELECT d.task_id, d.metric, d.label, d.value FROM tide.count_delta d) c
      GROUP BY 1, 2, 3
-),
-named AS (
-    SELECT t.name, t.owner, c.* FROM counts c JOIN tide.task t ON t.task_id = c.task_id
 ),
 sums AS (
     -- Each task's duration and wait sums and counts, in one row (joined to health by task).
@@ -1493,87 +1494,57 @@ sums AS (
            sum(c.value) FILTER (WHERE c.metric = 'wait_count') AS wait_count
       FROM counts c WHERE c.metric <> 'runs' GROUP BY c.task_id
 ),
-hs AS (
-    SELECT h.*, x.duration_sum, x.duration_count, x.wait_sum, x.wait_count
+hs AS MATERIALIZED (
+    SELECT h.l, x.duration_sum, x.duration_count, x.wait_sum, x.wait_count
       FROM h LEFT JOIN sums x ON x.task_id = h.task_id
-),
-lines(family, ord, line) AS (
-    SELECT 'pg_tide_runs_total', 0, '# HELP pg_tide_runs_total Runs that reached an outcome (a replayed run counts again).' || E'\n# TYPE pg_tide_runs_total counter'
-    UNION ALL
-    SELECT 'pg_tide_runs_total', 1, format('pg_tide_runs_total{owner=%s,task=%s,outcome=%s} %s', tide._prom_label(n.owner), tide._prom_label(n.name), tide._prom_label(n.label), tide._prom_num(n.value))
-      FROM named n WHERE n.metric = 'runs'
-    UNION ALL
-    SELECT 'pg_tide_run_duration_seconds', 0, '# HELP pg_tide_run_duration_seconds Duration of successful runs (last attempt); quantiles over 24 h.' || E'\n# TYPE pg_tide_run_duration_seconds summary'
-    UNION ALL
-    SELECT 'pg_tide_run_duration_seconds', 1, format('pg_tide_run_duration_seconds{owner=%s,task=%s,quantile="%s"} %s', tide._prom_label(h.owner), tide._prom_label(h.task), q.q,
-                  tide._prom_num(extract(epoch FROM q.v)::double precision))
-      FROM h CROSS JOIN LATERAL (VALUES ('0.5', h.p50_duration), ('0.95', h.p95_duration)) q(q, v)
-    UNION ALL
-    SELECT 'pg_tide_run_duration_seconds', 2, format('pg_tide_run_duration_seconds_%s{owner=%s,task=%s} %s', m.s, tide._prom_label(h.owner), tide._prom_label(h.task),
-                  tide._prom_num(coalesce(m.v, 0)))
-      FROM hs h CROSS JOIN LATERAL (VALUES ('sum', h.duration_sum), ('count', h.duration_count)) m(s, v)
-    UNION ALL
-    SELECT 'pg_tide_queue_wait_seconds', 0, '# HELP pg_tide_queue_wait_seconds Time from fire (or creation) to first claim; quantile over 24 h.' || E'\n# TYPE pg_tide_queue_wait_seconds summary'
-    UNION ALL
-    SELECT 'pg_tide_queue_wait_seconds', 1, format('pg_tide_queue_wait_seconds{owner=%s,task=%s,quantile="0.95"} %s', tide._prom_label(h.owner), tide._prom_label(h.task),
-                  tide._prom_num(extract(epoch FROM h.p95_queue_wait)::double precision))
-      FROM h
-    UNION ALL
-    SELECT 'pg_tide_queue_wait_seconds', 2, format('pg_tide_queue_wait_seconds_%s{owner=%s,task=%s} %s', m.s, tide._prom_label(h.owner), tide._prom_label(h.task),
-                  tide._prom_num(coalesce(m.v, 0)))
-      FROM hs h CROSS JOIN LATERAL (VALUES ('sum', h.wait_sum), ('count', h.wait_count)) m(s, v)
-    UNION ALL
-    SELECT g.family, 0, format('# HELP %s %s', g.family, g.help) || E'\n' || format('# TYPE %s gauge', g.family)
-      FROM (VALUES ('pg_tide_task_backlog', 'Runs ready or waiting.'),
-                   ('pg_tide_task_silence_seconds', 'Time since the last successful run (or since creation).'),
-                   ('pg_tide_task_max_silence_seconds', 'Silence after which the task is late.'),
-                   ('pg_tide_task_consecutive_failures', 'Failed attempts since the last success.'),
-                   ('pg_tide_task_unresolved_runs', 'Dead and need_check runs waiting for a person.'),
-                   ('pg_tide_task_status', '1 for the current status of each task.'),
-                   ('pg_tide_check_status', '1 for the current status of each heartbeat check.'),
-                   ('pg_tide_alerts_open', 'Open alerts by kind and severity.'),
-                   ('pg_tide_reconciliation_open_differences', 'Open differences of a reconciliation (each once), all and those for a person.'),
-                   ('pg_tide_reconciliation_rows', 'Rows of each side in a reconciliation''s latest comparison.')) g(family, help)
-    UNION ALL
-    SELECT 'pg_tide_task_backlog', 1, format('pg_tide_task_backlog{owner=%s,task=%s} %s', tide._prom_label(h.owner), tide._prom_label(h.task), h.backlog) FROM h
-    UNION ALL
-    SELECT 'pg_tide_task_silence_seconds', 1, format('pg_tide_task_silence_seconds{owner=%s,task=%s} %s', tide._prom_label(h.owner), tide._prom_label(h.task),
-                  tide._prom_num(extract(epoch FROM h.silence)::double precision)) FROM h
-    UNION ALL
-    SELECT 'pg_tide_task_max_silence_seconds', 1, format('pg_tide_task_max_silence_seconds{owner=%s,task=%s} %s', tide._prom_label(h.owner), tide._prom_label(h.task),
-                  tide._prom_num(extract(epoch FROM h.max_silence)::double precision)) FROM h
-    UNION ALL
-    SELECT 'pg_tide_task_consecutive_failures', 1, format('pg_tide_task_consecutive_failures{owner=%s,task=%s} %s', tide._prom_label(h.owner), tide._prom_label(h.task), h.consecutive_failures) FROM h
-    UNION ALL
-    SELECT 'pg_tide_task_unresolved_runs', 1, format('pg_tide_task_unresolved_runs{owner=%s,task=%s,state=%s} %s', tide._prom_label(h.owner), tide._prom_label(h.task), tide._prom_label(s.state), s.n)
-      FROM h CROSS JOIN LATERAL (VALUES ('dead', h.dead), ('need_check', h.need_check)) s(state, n)
-    UNION ALL
-    SELECT 'pg_tide_task_status', 1, format('pg_tide_task_status{owner=%s,task=%s,status=%s} 1', tide._prom_label(h.owner), tide._prom_label(h.task), tide._prom_label(h.status)) FROM h
-    UNION ALL
-    SELECT 'pg_tide_check_status', 1, format('pg_tide_check_status{owner=%s,check=%s,status=%s} 1', tide._prom_label(s.owner), tide._prom_label(s.name), tide._prom_label(s.status))
-      FROM tide._checks(now()) s
-    UNION ALL
-    SELECT 'pg_tide_alerts_open', 1, format('pg_tide_alerts_open{kind=%s,severity=%s} %s', tide._prom_label(k.kind::text), tide._prom_label(v.severity::text),
-                  (SELECT count(*) FROM tide.alert a WHERE a.resolved_at IS NULL AND a.kind = k.kind AND a.severity = v.severity))
-      FROM unnest(enum_range(NULL::tide.alert_kind)) k(kind) CROSS JOIN unnest(enum_range(NULL::tide.severity)) v(severity)
-    UNION ALL
-    SELECT 'pg_tide_reconciliation_open_differences', 1,
-           format('pg_tide_reconciliation_open_differences{owner=%s,task=%s,for=%s} %s', tide._prom_label(h.owner), tide._prom_label(h.task),
-                  tide._prom_label(v.who), v.n)
-      FROM h CROSS JOIN LATERAL (VALUES ('all', h.open_differences), ('person', h.differences_for_a_person)) v(who, n)
-     WHERE h.open_differences IS NOT NULL
-    UNION ALL
-    SELECT 'pg_tide_reconciliation_rows', 1,
-           format('pg_tide_reconciliation_rows{owner=%s,task=%s,side=%s} %s', tide._prom_label(h.owner), tide._prom_label(h.task),
-                  tide._prom_label(v.side), v.n)
-      FROM h CROSS JOIN LATERAL (SELECT x.left_count, x.right_count FROM tide.recon_result x
-                                  WHERE h.open_differences IS NOT NULL AND x.task_id = h.task_id
-                                  ORDER BY x.result_id DESC LIMIT 1) last
-      CROSS JOIN LATERAL (VALUES ('left', last.left_count), ('right', last.right_count)) v(side, n)
 )
--- Each family's header, then its samples (in the order they were made: sorting 140,000 sample
--- lines of 10,000 tasks took longer than making them).
-SELECT string_agg(l.line, E'\n' ORDER BY l.family COLLATE "C", l.ord) || E'\n' FROM lines l
+-- One block per family, families in name order, each a header and then its samples: no sort of
+-- the sample lines (140,000 of them with 10,000 tasks). A family without samples keeps its
+-- header (concat_ws skips only the empty sample block).
+SELECT concat_ws(E'\n',
+    '# HELP pg_tide_alerts_open Open alerts by kind and severity.' || E'\n# TYPE pg_tide_alerts_open gauge',
+    (SELECT string_agg('pg_tide_alerts_open{kind=' || tide._prom_label(k.kind::text) || ',severity=' || tide._prom_label(v.severity::text) || '} '
+                       || (SELECT count(*) FROM tide.alert a WHERE a.resolved_at IS NULL AND a.kind = k.kind AND a.severity = v.severity), E'\n')
+       FROM unnest(enum_range(NULL::tide.alert_kind)) k(kind) CROSS JOIN unnest(enum_range(NULL::tide.severity)) v(severity)),
+    '# HELP pg_tide_check_status 1 for the current status of each heartbeat check.' || E'\n# TYPE pg_tide_check_status gauge',
+    (SELECT string_agg('pg_tide_check_status{owner=' || tide._prom_label(s.owner) || ',check=' || tide._prom_label(s.name) || ',status=' || tide._prom_label(s.status) || '} 1', E'\n')
+       FROM tide._checks(now()) s),
+    '# HELP pg_tide_queue_wait_seconds Time from fire (or creation) to first claim; quantile over 24 h.' || E'\n# TYPE pg_tide_queue_wait_seconds summary',
+    (SELECT string_agg('pg_tide_queue_wait_seconds' || h.l || ',quantile="0.95"} ' || tide._prom_num(extract(epoch FROM h.p95_queue_wait)::double precision), E'\n') FROM h),
+    (SELECT string_agg('pg_tide_queue_wait_seconds_sum' || h.l || '} ' || tide._prom_num(coalesce(h.wait_sum, 0))
+                       || E'\npg_tide_queue_wait_seconds_count' || h.l || '} ' || tide._prom_num(coalesce(h.wait_count, 0)), E'\n') FROM hs h),
+    '# HELP pg_tide_reconciliation_open_differences Open differences of a reconciliation (each once), all and those for a person.' || E'\n# TYPE pg_tide_reconciliation_open_differences gauge',
+    (SELECT string_agg('pg_tide_reconciliation_open_differences' || h.l || ',for="all"} ' || h.open_differences
+                       || E'\npg_tide_reconciliation_open_differences' || h.l || ',for="person"} ' || h.differences_for_a_person, E'\n')
+       FROM h WHERE h.open_differences IS NOT NULL),
+    '# HELP pg_tide_reconciliation_rows Rows of each side in a reconciliation''s latest comparison.' || E'\n# TYPE pg_tide_reconciliation_rows gauge',
+    (SELECT string_agg('pg_tide_reconciliation_rows' || h.l || ',side="left"} ' || last.left_count
+                       || E'\npg_tide_reconciliation_rows' || h.l || ',side="right"} ' || last.right_count, E'\n')
+       FROM h CROSS JOIN LATERAL (SELECT x.left_count, x.right_count FROM tide.recon_result x
+                                   WHERE x.task_id = h.task_id ORDER BY x.result_id DESC LIMIT 1) last
+      WHERE h.open_differences IS NOT NULL),
+    '# HELP pg_tide_run_duration_seconds Duration of successful runs (last attempt); quantiles over 24 h.' || E'\n# TYPE pg_tide_run_duration_seconds summary',
+    (SELECT string_agg('pg_tide_run_duration_seconds' || h.l || ',quantile="0.5"} ' || tide._prom_num(extract(epoch FROM h.p50_duration)::double precision)
+                       || E'\npg_tide_run_duration_seconds' || h.l || ',quantile="0.95"} ' || tide._prom_num(extract(epoch FROM h.p95_duration)::double precision), E'\n') FROM h),
+    (SELECT string_agg('pg_tide_run_duration_seconds_sum' || h.l || '} ' || tide._prom_num(coalesce(h.duration_sum, 0))
+                       || E'\npg_tide_run_duration_seconds_count' || h.l || '} ' || tide._prom_num(coalesce(h.duration_count, 0)), E'\n') FROM hs h),
+    '# HELP pg_tide_runs_total Runs that reached an outcome (a replayed run counts again).' || E'\n# TYPE pg_tide_runs_total counter',
+    (SELECT string_agg('pg_tide_runs_total{owner=' || tide._prom_label(t.owner) || ',task=' || tide._prom_label(t.name) || ',outcome=' || tide._prom_label(c.label) || '} ' || tide._prom_num(c.value), E'\n')
+       FROM counts c JOIN tide.task t ON t.task_id = c.task_id WHERE c.metric = 'runs'),
+    '# HELP pg_tide_task_backlog Runs ready or waiting.' || E'\n# TYPE pg_tide_task_backlog gauge',
+    (SELECT string_agg('pg_tide_task_backlog' || h.l || '} ' || h.backlog, E'\n') FROM h),
+    '# HELP pg_tide_task_consecutive_failures Failed attempts since the last success.' || E'\n# TYPE pg_tide_task_consecutive_failures gauge',
+    (SELECT string_agg('pg_tide_task_consecutive_failures' || h.l || '} ' || coalesce(h.consecutive_failures::text, 'NaN'), E'\n') FROM h),
+    '# HELP pg_tide_task_max_silence_seconds Silence after which the task is late.' || E'\n# TYPE pg_tide_task_max_silence_seconds gauge',
+    (SELECT string_agg('pg_tide_task_max_silence_seconds' || h.l || '} ' || tide._prom_num(extract(epoch FROM h.max_silence)::double precision), E'\n') FROM h),
+    '# HELP pg_tide_task_silence_seconds Time since the last successful run (or since creation).' || E'\n# TYPE pg_tide_task_silence_seconds gauge',
+    (SELECT string_agg('pg_tide_task_silence_seconds' || h.l || '} ' || tide._prom_num(extract(epoch FROM h.silence)::double precision), E'\n') FROM h),
+    '# HELP pg_tide_task_status 1 for the current status of each task.' || E'\n# TYPE pg_tide_task_status gauge',
+    (SELECT string_agg('pg_tide_task_status' || h.l || ',status=' || tide._prom_label(h.status) || '} 1', E'\n') FROM h),
+    '# HELP pg_tide_task_unresolved_runs Dead and need_check runs waiting for a person.' || E'\n# TYPE pg_tide_task_unresolved_runs gauge',
+    (SELECT string_agg('pg_tide_task_unresolved_runs' || h.l || ',state="dead"} ' || h.dead
+                       || E'\npg_tide_task_unresolved_runs' || h.l || ',state="need_check"} ' || h.need_check, E'\n') FROM h)
+) || E'\n'
 $$;
 COMMENT ON FUNCTION tide.metrics() IS
     'metrics(): Prometheus text exposition of the caller''s tasks and checks (a superuser''s: every role''s), labelled by owner and name: runs by task and outcome (counters), duration and queue wait (summaries), backlog, silence, failures, unresolved runs, task and check status, open alerts (gauges).';
