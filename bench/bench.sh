@@ -466,6 +466,14 @@ storage=$("${PSQL[@]}" -d "$DB" -At -F ' ' -c "SELECT count(*), round((pg_total_
     round(pg_total_relation_size('tide.run')::numeric / count(*)), round(pg_total_relation_size('tide.run_event')::numeric / count(*)),
     round(pg_total_relation_size('tide.pending') / 1048576.0, 1), (SELECT count(*) FROM tide.pending)
     FROM tide.run")
+# Claims as history grows: claim + complete_runs at batch 50 again, now beside the 1,000,000
+# finished runs (best of 3 rounds, as at the start; log_runs is off as it was then), beside the
+# figure from the start of this run, when the history held only the claim rounds' runs.
+history_at_claims=$("${PSQL[@]}" -d "$DB" -At -c "SELECT count(*) FROM tide.run WHERE finished_at IS NOT NULL")
+for round in 1 2 3; do
+    fill $((CLIENTS * TX_BATCH50 * 50))
+    result[late_50]=$(best "${result[late_50]:-}" "$(tps "$tmp/tide_many.sql" 50 "$TX_BATCH50")")
+done
 # R4.6: the record of pruned succeeded windows, per million hourly windows: all succeeded (one
 # range), and the worst case, every other window (a million ranges).
 record=$("${PSQL[@]}" -d "$DB" -At -F ' ' -c "SELECT
@@ -571,6 +579,10 @@ for row in "1 tide_1 complete_run" "50 tide_50 complete_run" "50 many_50 complet
 done
 echo "(runs left unfinished by pg_tide: $left; target: batch 50 at least 50% of the baseline)"
 echo "queue max_concurrency at batch 50: $(pct "${result[queued_50]}" "${result[many_50]}") of complete_runs without a queue (target: at least 87%, i.e. at most 15% added)"
+printf '%-46s %10s %10s %7s\n' "claims as history grows, batch 50" "late" "start" ratio
+t=$(rate "${result[late_50]}" 50); b=$(rate "${result[many_50]}" 50)
+printf '%-46s %10s %10s %7s\n' "tide.complete_runs, $history_at_claims finished runs" "$t" "$b" "$(pct "$t" "$b")"
+echo "(start: the same rows measured above, with only the claim rounds' runs in the history; target: flat, as the 0.98 when issue 16 was filed)"
 echo
 echo "==> one tide.tick() with nothing due (average of 500, ms)"
 printf '%-22s %10s\n' "1 task (baseline)" "$tick_1" "10,000 idle tasks" "$tick_10k"
