@@ -379,10 +379,12 @@ pickup_delayed=$("${PSQL[@]}" -d "$DB" -At -F ' ' -c "SELECT round(percentile_co
     FROM (SELECT extract(epoch FROM r.claimed_at - (r.args->>'due')::timestamptz) * 1000 AS ms FROM tide.run r
            WHERE r.args->>'probe' = 'delayed') x")
 # SQL executor throughput: 5,000 no-op jobs enqueued in one call, run by the executors (both:
-# no backfill runs), from the enqueue's commit to the last one's end (runs/s), beside an external
-# worker's claim + complete at batch 1 above. The wait polls tide.pending by the jobs' ids (a scan
-# of tide.run's history every 50 ms, as before, took a fifth of the machine from the executors).
-exec_rate=$("${PSQL[@]}" -d "$DB" -At -v ON_ERROR_STOP=1 <<'SQL'
+# no backfill runs), from the enqueue's commit to the last one's end (runs/s), best of 3 as the
+# external worker's claim + complete at batch 1 above. The wait polls tide.pending by the jobs' ids
+# (a scan of tide.run's history every 50 ms, as before, took a fifth of the machine from the
+# executors).
+exec_once() {
+    "${PSQL[@]}" -d "$DB" -At -v ON_ERROR_STOP=1 <<'SQL' | tail -1
 SELECT clock_timestamp() AS t0 \gset
 SELECT min(e) AS lo, max(e) AS hi
   FROM tide.enqueue('online_noop', (SELECT jsonb_agg(jsonb_build_object('probe', 'throughput', 'i', g)) FROM generate_series(1, 5000) g)) e \gset
@@ -395,8 +397,9 @@ DO $$ BEGIN
 SELECT round(count(*) / extract(epoch FROM max(r.finished_at) - :'t0'::timestamptz)::numeric)
   FROM tide.run r WHERE r.run_id BETWEEN :lo AND :hi AND r.state = 'succeeded';
 SQL
-)
-exec_rate=$(echo "$exec_rate" | tail -1)
+}
+exec_best() { local b=0; for _ in 1 2 3; do b=$(best "$b" "$(exec_once)"); done; echo "$b"; }
+exec_rate=$(exec_best)
 slow_bf=$("${PSQL[@]}" -d "$DB" -At -c "SELECT tide.backfill('bf_slow', current_date - 60, current_date - 2, concurrency => 4, batch => 500, canary => 0, sample => 0)")
 pickup_busy=$(pickup busy)
 busy_state=$("${PSQL[@]}" -d "$DB" -At -c "SELECT state || ', ' || windows_done || ' of ' || windows_total || ' windows done' FROM tide.backfill_status WHERE backfill_id = $slow_bf")
@@ -558,6 +561,16 @@ SELECT round(substring(string_agg(line, ' ') FROM 'Execution Time: ([0-9.]+)')::
        coalesce(substring(string_agg(line, ' ') FROM 'Disk Usage: ([0-9]+kB)'), '0kB') FROM plan;
 SQL
 )
+# The SQL executors again with pg_tide.executors = 4, the external worker's 4 clients (executors
+# are background workers: a restart), last, as it restarts the server; one warm-up round first.
+"${PSQL[@]}" -d postgres -c "ALTER SYSTEM SET pg_tide.executors = 4" >/dev/null
+as_pg "$BIN/pg_ctl" -D "$DATA" restart -m fast -w -t 60 >/dev/null
+"${PSQL[@]}" -d "$DB" -c "DO \$\$ BEGIN
+    WHILE (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_tide executor') < 4
+          AND clock_timestamp() < now() + interval '60 seconds' LOOP
+        PERFORM pg_sleep(0.1); END LOOP; END \$\$" >/dev/null
+exec_once >/dev/null
+exec_rate_4=$(exec_best)
 rm -rf "$tmp"
 
 rate() { awk -v t="$1" -v b="$2" 'BEGIN { printf "%.0f", t * b }'; }
@@ -645,6 +658,7 @@ set -- $pickup_delayed; d50=$1; d99=$2
 printf '%-46s %10s %10s\n' "idle" "$i50" "$i99" "enqueued with run_at, after run_at" "$d50" "$d99" "while a backfill runs ($busy_state)" "$b50" "$b99"
 echo "(target: p50 5 ms, p99 20 ms, idle and with run_at)"
 printf '%-46s %10s %10s %7s\n' "SQL executors, no-op command (runs/s)" "$exec_rate" "$(rate "${result[tide_1]}" 1)" "$(pct "$exec_rate" "$(rate "${result[tide_1]}" 1)")"
+printf '%-46s %10s %10s %7s\n' "the same, pg_tide.executors = 4" "$exec_rate_4" "$(rate "${result[tide_1]}" 1)" "$(pct "$exec_rate_4" "$(rate "${result[tide_1]}" 1)")"
 echo "(beside: an external worker's claim + complete at batch 1; target: at least as many)"
 echo "(target: p99 with a backfill at most 1.5x the idle p99: $(pct "$b99" "$i99") of it)"
 set -- $record
