@@ -564,7 +564,7 @@ SQL
 # The SQL executors again with pg_tide.executors = 4, the external worker's 4 clients (executors
 # are background workers: a restart), last, as it restarts the server; one warm-up round first.
 "${PSQL[@]}" -d postgres -c "ALTER SYSTEM SET pg_tide.executors = 4" >/dev/null
-as_pg "$BIN/pg_ctl" -D "$DATA" restart -m fast -w -t 60 >/dev/null
+as_pg "$BIN/pg_ctl" -D "$DATA" -l "$DATA/server.log" restart -m fast -w -t 60 >/dev/null
 "${PSQL[@]}" -d "$DB" -c "DO \$\$ BEGIN
     WHILE (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_tide executor') < 4
           AND clock_timestamp() < now() + interval '60 seconds' LOOP
