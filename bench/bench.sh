@@ -8,10 +8,13 @@
 #      tide.enqueue and tide.emit_many beside graphile-worker (from npm) and the bare table;
 #   3. the cost of one tide.tick() with 10,000 idle tasks vs with none; monitoring (health,
 #      dashboard, the tick's fold and alert evaluation, metrics) with 1 task, 10,000 tasks and
-#      1,000,000 finished runs; there, the console's overview over HTTP beside its query in psql;
+#      1,000,000 finished runs; there, the console's overview over HTTP beside its query in psql,
+#      and claim + complete again (claims as history grows) beside the figure from the start;
 #   4. the cost of a queue's max_concurrency at batch 50, beside the same path without one;
 #   5. backfills: a 10,000-window backfill beside the same windows by tide.rerun one by one;
-#      online pickup latency idle and while a backfill runs; the size of the R4.6 record;
+#      online pickup latency idle and while a backfill runs; the size of the R4.6 record; the
+#      SQL executors' no-op throughput with 2 executors and (last, after a restart) with 4,
+#      beside the external worker's claim + complete at batch 1;
 #   6. a reconciliation of 1,000,000 rows against 1,000,000 with 100 differences, run by the
 #      executors (the comparison's own clock time), beside a hand-written FULL OUTER JOIN (with
 #      each side's count and sum); the same statement at work_mem 4MB: its memory and spill.
@@ -214,6 +217,9 @@ monitor_costs() { # the five figures, ms, after the scheduler's tick has folded 
     "${PSQL[@]}" -d "$DB" -c "DO \$\$ BEGIN
         WHILE EXISTS (SELECT 1 FROM tide.task_touch) AND clock_timestamp() < now() + interval '60 seconds' LOOP
             PERFORM pg_sleep(0.1); END LOOP; END \$\$" >/dev/null
+    # The kept figures of 10,000 tasks made a moment ago: analyzed, as autovacuum does within a
+    # minute or so (before, health planned from an estimate of a few hundred rows).
+    "${PSQL[@]}" -d "$DB" -c "ANALYZE tide.task_stat" >/dev/null
     for m in health dashboard fold alerts metrics; do
         "$BIN/pgbench" -n -h 127.0.0.1 -p "$PORT" -U postgres -c 1 -t 20 -f "$tmp/m_$m.sql" "$DB" 2>/dev/null \
             | sed -nE 's/^latency average = ([0-9.]+) ms/\1/p'
