@@ -385,8 +385,8 @@ pickup_delayed=$("${PSQL[@]}" -d "$DB" -At -F ' ' -c "SELECT round(percentile_co
     FROM (SELECT extract(epoch FROM r.claimed_at - (r.args->>'due')::timestamptz) * 1000 AS ms FROM tide.run r
            WHERE r.args->>'probe' = 'delayed') x")
 # SQL executor throughput: 5,000 no-op jobs enqueued in one call, run by the executors (both:
-# no backfill runs), from the enqueue's commit to the last one's end (runs/s), best of 3 as the
-# external worker's claim + complete at batch 1 above. The wait polls tide.pending by the jobs' ids
+# no backfill runs), from the enqueue's commit to the last one's end (runs/s). The wait polls
+# tide.pending by the jobs' ids
 # (a scan of tide.run's history every 50 ms, as before, took a fifth of the machine from the
 # executors).
 exec_once() {
@@ -410,7 +410,7 @@ exec_best() {
     local b=0 x=0
     for _ in 1 2 3; do
         fill $((CLIENTS * TX_BATCH1)) >/dev/null
-        x=$(best "$x" "$(rate "$(tps "$tmp/tide.sql" 1 "$TX_BATCH1")" 1)")
+        x=$(best "$x" "$(tps "$tmp/tide.sql" 1 "$TX_BATCH1")")  # (batch 1: runs/s)
         b=$(best "$b" "$(exec_once)")
     done
     echo "$b $x"
@@ -681,9 +681,9 @@ echo "(target: p50 5 ms, p99 20 ms, idle and with run_at)"
 echo "(target: p99 with a backfill at most 1.5x the idle p99: $(pct "$b99" "$i99") of it)"
 printf '%-46s %10s %10s %7s\n' "SQL executors, no-op command (runs/s)" executors external ratio
 set -- $exec_rate
-printf '%-46s %10s %10s %7s\n' "pg_tide.executors = 2 (the default)" "$1" "$2" "$(pct "$1" "$2")"
+printf '%-46s %10s %10s %7s\n' "pg_tide.executors = 2 (the default)" "$1" "$(rate "$2" 1)" "$(pct "$1" "$2")"
 set -- $exec_rate_4
-printf '%-46s %10s %10s %7s\n' "pg_tide.executors = 4" "$1" "$2" "$(pct "$1" "$2")"
+printf '%-46s %10s %10s %7s\n' "pg_tide.executors = 4" "$1" "$(rate "$2" 1)" "$(pct "$1" "$2")"
 echo "(external: an external worker's claim + complete at batch 1, 4 clients, measured beside each round; best of 3 each; target: at least as many)"
 set -- $record
 echo "succeeded-window record (R4.6), bytes per million hourly windows: $1 when all succeeded, $2 when every other one did"
