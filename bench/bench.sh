@@ -15,6 +15,8 @@
 #      online pickup latency idle and while a backfill runs; the size of the R4.6 record; the
 #      SQL executors' no-op throughput with 2 executors and (last, after a restart) with 4,
 #      beside the external worker's claim + complete at batch 1;
+#   7. tide.pending and claims at batch 50 under a snapshot held for 2 minutes (a forgotten
+#      BEGIN) while both queues churn at 1,000 runs per second each;
 #   6. a reconciliation of 1,000,000 rows against 1,000,000 with 100 differences, run by the
 #      executors (the comparison's own clock time), beside a hand-written FULL OUTER JOIN (with
 #      each side's count and sum); the same statement at work_mem 4MB: its memory and spill.
@@ -500,6 +502,39 @@ for round in 1 2 3; do
     result[late_base_50]=$(best "${result[late_base_50]:-}" "$(tps "$tmp/baseline.sql" 50 "$TX_BATCH50")")
     result[late_50]=$(best "${result[late_50]:-}" "$(tps "$tmp/tide_many.sql" 50 "$TX_BATCH50")")
 done
+# tide.pending under a held-back xmin: a session keeps one snapshot open (a forgotten BEGIN in
+# psql) for HOLD seconds while 4 clients claim and complete at batch 50 at a fixed rate, on
+# pg_tide and on the bare queue at once (1,000 runs per second each). Before and at the end of
+# the hold: tide.pending's size with its indexes and its live rows, and a short round of claims
+# at batch 50 on each queue; then, once the snapshot has ended, the size after a VACUUM.
+HOLD=${PG_TIDE_BENCH_HOLD:-120}
+HOLD_TPS=20   # transactions of 50 runs per second, per queue
+fill $((HOLD * HOLD_TPS * 50 + 4 * CLIENTS * 50 * 50))
+pending_size() { "${PSQL[@]}" -d "$DB" -At -c "SELECT round(pg_total_relation_size('tide.pending') / 1048576.0, 1) || ' MB, ' || count(*) || ' rows' FROM tide.pending"; }
+hold_before=$(pending_size)
+hold_t0=$(tps "$tmp/tide_many.sql" 50 50)
+hold_b0=$(tps "$tmp/baseline.sql" 50 50)
+PGAPPNAME=pg_tide_bench_hold "${PSQL[@]}" -d "$DB" \
+    -c "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM tide.task; SELECT pg_sleep($HOLD + 120); COMMIT" >/dev/null 2>&1 &
+hold_pid=$!
+"${PSQL[@]}" -d "$DB" -c "DO \$\$ BEGIN
+    WHILE NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name = 'pg_tide_bench_hold' AND backend_xmin IS NOT NULL)
+          AND clock_timestamp() < now() + interval '30 seconds' LOOP
+        PERFORM pg_sleep(0.1); END LOOP; END \$\$" >/dev/null
+churn=""
+for script in tide_many baseline; do
+    "$BIN/pgbench" -n -h 127.0.0.1 -p "$PORT" -U postgres -c "$CLIENTS" -j "$CLIENTS" -R "$HOLD_TPS" -T "$HOLD" \
+        -D batch=50 -f "$tmp/$script.sql" "$DB" >/dev/null 2>&1 &
+    churn="$churn $!"
+done
+wait $churn || true
+hold_during=$(pending_size)
+hold_t1=$(tps "$tmp/tide_many.sql" 50 50)
+hold_b1=$(tps "$tmp/baseline.sql" 50 50)
+"${PSQL[@]}" -d "$DB" -c "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'pg_tide_bench_hold'" >/dev/null
+wait "$hold_pid" 2>/dev/null || true
+"${PSQL[@]}" -d "$DB" -c "VACUUM tide.pending" >/dev/null
+hold_after=$(pending_size)
 # R4.6: the record of pruned succeeded windows, per million hourly windows: all succeeded (one
 # range), and the worst case, every other window (a million ranges).
 record=$("${PSQL[@]}" -d "$DB" -At -F ' ' -c "SELECT
@@ -621,6 +656,14 @@ printf '%-46s %10s %10s %7s\n' "start (the claim rounds' runs only)" "$t" "$b" "
 t=$(rate "${result[late_50]}" 50); b=$(rate "${result[late_base_50]}" 50)
 printf '%-46s %10s %10s %7s\n' "over $history_at_claims finished runs" "$t" "$b" "$(pct "$t" "$b")"
 echo "(tide.complete_runs; target: flat, the ratio to the bare queue kept as history grows)"
+echo "tide.pending under a snapshot held ${HOLD} s (a forgotten BEGIN), 4 clients claiming and completing 1,000 runs/s on each queue:"
+printf '%-46s %10s %10s %7s\n' "claims at batch 50 (runs/s)" pg_tide baseline ratio
+t=$(rate "$hold_t0" 50); b=$(rate "$hold_b0" 50)
+printf '%-46s %10s %10s %7s\n' "before the snapshot" "$t" "$b" "$(pct "$t" "$b")"
+t=$(rate "$hold_t1" 50); b=$(rate "$hold_b1" 50)
+printf '%-46s %10s %10s %7s\n' "after ${HOLD} s under it" "$t" "$b" "$(pct "$t" "$b")"
+echo "tide.pending with its indexes: $hold_before before; $hold_during after ${HOLD} s under the snapshot; $hold_after once it ended, after a VACUUM"
+echo "(target: tide.pending kept near its live size under a snapshot held 10 minutes; this measures ${HOLD} s)"
 echo
 echo "==> one tide.tick() with nothing due (average of 500, ms)"
 printf '%-22s %10s\n' "1 task (baseline)" "$tick_1" "10,000 idle tasks" "$tick_10k"
