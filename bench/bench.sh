@@ -633,6 +633,12 @@ rm -rf "$tmp"
 
 rate() { awk -v t="$1" -v b="$2" 'BEGIN { printf "%.0f", t * b }'; }
 pct() { awk -v a="$1" -v b="$2" 'BEGIN { if (b + 0 == 0) print "n/a"; else printf "%.0f%%", 100 * a / b }'; }
+# ratio_row LABEL TIDE_TPS BASE_TPS: a batch-50 row of runs per second, pg_tide beside the baseline.
+ratio_row() {
+    local t b
+    t=$(rate "$2" 50); b=$(rate "$3" 50)
+    printf '%-46s %10s %10s %7s\n' "$1" "$t" "$b" "$(pct "$t" "$b")"
+}
 echo
 echo "==> fire precision: an SQL job every minute, start after its fire time (ms, 10 jobs x 4 minutes each)"
 printf '%-46s %10s %10s %7s\n' "" fires p50 p99
@@ -651,17 +657,13 @@ done
 echo "(runs left unfinished by pg_tide: $left; target: batch 50 at least 50% of the baseline)"
 echo "queue max_concurrency at batch 50: $(pct "${result[queued_50]}" "${result[many_50]}") of complete_runs without a queue (target: at least 87%, i.e. at most 15% added)"
 printf '%-46s %10s %10s %7s\n' "claims as history grows, batch 50" pg_tide baseline ratio
-t=$(rate "${result[many_50]}" 50); b=$(rate "${result[base_50]}" 50)
-printf '%-46s %10s %10s %7s\n' "start (the claim rounds' runs only)" "$t" "$b" "$(pct "$t" "$b")"
-t=$(rate "${result[late_50]}" 50); b=$(rate "${result[late_base_50]}" 50)
-printf '%-46s %10s %10s %7s\n' "over $history_at_claims finished runs" "$t" "$b" "$(pct "$t" "$b")"
+ratio_row "start (the claim rounds' runs only)" "${result[many_50]}" "${result[base_50]}"
+ratio_row "over $history_at_claims finished runs" "${result[late_50]}" "${result[late_base_50]}"
 echo "(tide.complete_runs; target: flat, the ratio to the bare queue kept as history grows)"
 echo "tide.pending under a snapshot held ${HOLD} s (a forgotten BEGIN), 4 clients claiming and completing 1,000 runs/s on each queue:"
 printf '%-46s %10s %10s %7s\n' "claims at batch 50 (runs/s)" pg_tide baseline ratio
-t=$(rate "$hold_t0" 50); b=$(rate "$hold_b0" 50)
-printf '%-46s %10s %10s %7s\n' "before the snapshot" "$t" "$b" "$(pct "$t" "$b")"
-t=$(rate "$hold_t1" 50); b=$(rate "$hold_b1" 50)
-printf '%-46s %10s %10s %7s\n' "after ${HOLD} s under it" "$t" "$b" "$(pct "$t" "$b")"
+ratio_row "before the snapshot" "$hold_t0" "$hold_b0"
+ratio_row "after ${HOLD} s under it" "$hold_t1" "$hold_b1"
 echo "tide.pending with its indexes: $hold_before before; $hold_during after ${HOLD} s under the snapshot; $hold_after once it ended, after a VACUUM"
 echo "(target: tide.pending kept near its live size under a snapshot held 10 minutes; this measures ${HOLD} s)"
 echo
