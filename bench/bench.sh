@@ -9,17 +9,17 @@
 #   3. the cost of one tide.tick() with 10,000 idle tasks vs with none; monitoring (health,
 #      dashboard, the tick's fold and alert evaluation, metrics) with 1 task, 10,000 tasks and
 #      1,000,000 finished runs; there, the console's overview over HTTP beside its query in psql,
-#      and claim + complete again (claims as history grows) beside the figure from the start;
+#      and claim + complete again with the bare queue beside it (claims as history grows);
 #   4. the cost of a queue's max_concurrency at batch 50, beside the same path without one;
 #   5. backfills: a 10,000-window backfill beside the same windows by tide.rerun one by one;
 #      online pickup latency idle and while a backfill runs; the size of the R4.6 record; the
 #      SQL executors' no-op throughput with 2 executors and (last, after a restart) with 4,
 #      beside the external worker's claim + complete at batch 1;
-#   7. tide.pending and claims at batch 50 under a snapshot held for 2 minutes (a forgotten
-#      BEGIN) while both queues churn at 1,000 runs per second each;
 #   6. a reconciliation of 1,000,000 rows against 1,000,000 with 100 differences, run by the
 #      executors (the comparison's own clock time), beside a hand-written FULL OUTER JOIN (with
-#      each side's count and sum); the same statement at work_mem 4MB: its memory and spill.
+#      each side's count and sum); the same statement at work_mem 4MB: its memory and spill;
+#   7. tide.pending and claims at batch 50 under a snapshot held for 2 minutes (a forgotten
+#      BEGIN) while pg_tide and the bare queue churn at 1,000 runs per second each.
 # Figures are printed, never asserted. Uses a throw-away cluster with the release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -392,9 +392,8 @@ pickup_delayed=$("${PSQL[@]}" -d "$DB" -At -F ' ' -c "SELECT round(percentile_co
            WHERE r.args->>'probe' = 'delayed') x")
 # SQL executor throughput: 5,000 no-op jobs enqueued in one call, run by the executors (both:
 # no backfill runs), from the enqueue's commit to the last one's end (runs/s). The wait polls
-# tide.pending by the jobs' ids
-# (a scan of tide.run's history every 50 ms, as before, took a fifth of the machine from the
-# executors).
+# tide.pending by the jobs' ids (a scan of tide.run's history every 50 ms, as before, took a
+# fifth of the machine from the executors).
 exec_once() {
     "${PSQL[@]}" -d "$DB" -At -v ON_ERROR_STOP=1 <<'SQL' | tail -1
 SELECT clock_timestamp() AS t0 \gset
@@ -492,11 +491,10 @@ storage=$("${PSQL[@]}" -d "$DB" -At -F ' ' -c "SELECT count(*), round((pg_total_
     round(pg_total_relation_size('tide.pending') / 1048576.0, 1), (SELECT count(*) FROM tide.pending)
     FROM tide.run")
 # Claims as history grows: claim + complete_runs at batch 50 again, now beside the 1,000,000
-# finished runs (best of 3 rounds, as at the start; log_runs is off as it was then), beside the
-# figure from the start of this run, when the history held only the claim rounds' runs.
+# finished runs (best of 3 rounds, as at the start; log_runs is off as it was then), with the
+# bare queue measured beside it again: this machine's speed moves by half between minutes, so
+# what is compared is the ratio to the bare queue at the start and now.
 history_at_claims=$("${PSQL[@]}" -d "$DB" -At -c "SELECT count(*) FROM tide.run WHERE finished_at IS NOT NULL")
-# The bare queue is measured beside it again: this machine's speed moves by half between
-# minutes, so what is compared is the ratio to the bare queue then and now.
 for round in 1 2 3; do
     fill $((CLIENTS * TX_BATCH50 * 50))
     result[late_base_50]=$(best "${result[late_base_50]:-}" "$(tps "$tmp/baseline.sql" 50 "$TX_BATCH50")")
