@@ -1104,6 +1104,32 @@ $$;
 COMMENT ON FUNCTION tide._claim_check() IS
     'Internal: the next waiting run whose readiness check is due (for pg_tide executors).';
 
+-- tide.pending's statistics, made again when it holds far more runs than the catalog says (a
+-- bulk enqueue after a quiet spell). Sessions keep the plans of their claims, probes and
+-- completions, made from the catalog's figures: made while the table was vacuumed empty, they
+-- scan it whole for each run. ANALYZE changes the figures, and every session plans again.
+-- Autovacuum would too, but only at its next round (autovacuum_naptime, a minute by default).
+-- The executors ask at each round of work, the tick at each of its rounds. The live count is the
+-- statistics system's, as of the last commits it has been told of (within about a second).
+CREATE FUNCTION tide._pending_stats() RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    known real;
+BEGIN
+    SELECT c.reltuples INTO known FROM pg_class c WHERE c.oid = 'tide.pending'::regclass;
+    IF pg_stat_get_live_tuples('tide.pending'::regclass) <= 4 * greatest(known, 0) + 1000 THEN
+        RETURN false;
+    END IF;
+    -- Never waits: while autovacuum works on the table, the next round asks again.
+    ANALYZE (SKIP_LOCKED) tide.pending;
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION tide._pending_stats() IS
+    'Internal: analyzes tide.pending when it holds over four times the runs (and 1,000 more) the catalog says, so that kept plans are made again (called by the executors and the tick). True when it asked.';
+
 CREATE FUNCTION tide.mark_ready(dataset text, biz_date date, details jsonb DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -1500,7 +1526,8 @@ DECLARE
     n integer;
 BEGIN
     FOREACH step IN ARRAY ARRAY['unparked', 'retried', 'executor_gone', 'taken_back', 'released',
-                                'not_ready_deadline', 'effects_taken_back', 'backfills'] LOOP
+                                'not_ready_deadline', 'effects_taken_back', 'backfills',
+                                'analyzed'] LOOP
         BEGIN
             n := tide._tick_step(step, p_now);
         EXCEPTION WHEN others THEN
@@ -1509,7 +1536,7 @@ BEGIN
         END;
         counts := counts || jsonb_build_object(step, n);
     END LOOP;
-    RETURN counts - 'unparked';
+    RETURN counts - 'unparked' - 'analyzed';
 END
 $$;
 COMMENT ON FUNCTION tide._tick_runs(timestamptz) IS
@@ -1629,6 +1656,9 @@ BEGIN
         END LOOP;
     WHEN 'effects_taken_back' THEN
         n := tide._tick_effects(p_now);
+    WHEN 'analyzed' THEN
+        -- Fresh statistics for kept plans after a bulk enqueue (tide._pending_stats).
+        n := tide._pending_stats()::integer;
     WHEN 'backfills' THEN
         -- Backfills move on: how their runs ended, the canary, the next batch (sql/backfill.sql).
         n := tide._tick_backfills(p_now);

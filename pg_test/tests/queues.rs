@@ -2,7 +2,8 @@
 //! max_concurrency holds for external workers and for pg_tide's SQL executors; its rate paces
 //! starts (replaying many dead runs at once included); pause and resume; its retry budget makes
 //! retries wait and opens an alert until it refills; limits belong to their role. Bad input is
-//! refused with SQLSTATE, the value and a hint, and writes nothing.
+//! refused with SQLSTATE, the value and a hint, and writes nothing. A bulk enqueue has the
+//! workers analyze `tide.pending` at once, so kept plans are not made from an empty table.
 
 use std::time::{Duration, Instant};
 
@@ -588,6 +589,55 @@ fn running_count_survives_rollback_and_crash(cluster: &Cluster) -> Result<(), Fa
     Ok(())
 }
 
+/// A bulk enqueue after a quiet spell: the plans sessions keep for claims, probes and completions
+/// were made while `tide.pending` was nearly empty, and scan it whole for every run until its
+/// statistics change, which autovacuum does only at its next round (up to a minute). pg_tide's
+/// workers analyze it themselves once it holds far more runs than the catalog says: an ANALYZE
+/// that is not autovacuum's comes, and the catalog then counts the backlog.
+fn a_bulk_enqueue_refreshes_pending_statistics(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(&mut c, "VACUUM tide.pending")?;
+    let known: f32 = one(
+        &mut c,
+        "SELECT reltuples FROM pg_class WHERE oid = 'tide.pending'::regclass",
+    )?;
+    let analyzed: i64 = one(
+        &mut c,
+        "SELECT pg_stat_get_analyze_count('tide.pending'::regclass)",
+    )?;
+    // Past the threshold: four times what the catalog counts, and 1,000 more.
+    let n = (4.0 * known.max(0.0)) as i64 + 2000;
+    exec(
+        &mut c,
+        &format!(
+            "SELECT tide.schedule('bulk_stats', NULL, topics => ARRAY['unused'], queue => 'bulk_stats');
+             SELECT count(*) FROM tide.enqueue('bulk_stats',
+                 (SELECT jsonb_agg(jsonb_build_object('i', g)) FROM generate_series(1, {n}) g));"
+        ),
+    )?;
+    let counted = wait_for(
+        "an ANALYZE of tide.pending by pg_tide's workers",
+        Duration::from_secs(60),
+        || {
+            let row = c
+                .query_one(
+                    "SELECT pg_stat_get_analyze_count('tide.pending'::regclass),
+                            (SELECT reltuples FROM pg_class WHERE oid = 'tide.pending'::regclass)",
+                    &[],
+                )
+                .map_err(|e| pg_tide_pg_test::describe(&e))?;
+            let (count, tuples): (i64, f32) = (row.get(0), row.get(1));
+            Ok((count > analyzed).then_some(tuples))
+        },
+    )?;
+    assert!(
+        f64::from(counted) >= n as f64 * 0.9,
+        "after the ANALYZE the catalog counts the backlog of {n} runs (it says {counted})"
+    );
+    exec(&mut c, "SELECT tide.unschedule('bulk_stats')")?;
+    Ok(())
+}
+
 fn main() {
     let tests: &[(&str, TestFn)] = &[
         (
@@ -615,6 +665,10 @@ fn main() {
         (
             "workers_a_held_queue_row_stalls_no_one_else",
             a_held_queue_row_stalls_no_one_else,
+        ),
+        (
+            "workers_a_bulk_enqueue_refreshes_pending_statistics",
+            a_bulk_enqueue_refreshes_pending_statistics,
         ),
     ];
     run_tests("queues", tests)
