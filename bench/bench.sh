@@ -46,13 +46,26 @@ PSQL=("$BIN/psql" -X -q -h 127.0.0.1 -p "$PORT" -U postgres)
 "${PSQL[@]}" -d postgres -c "CREATE DATABASE $DB"
 "${PSQL[@]}" -d "$DB" -v ON_ERROR_STOP=1 <<'SQL'
 CREATE EXTENSION pg_tide;
--- The scheduler connects once the database exists (it retries every second): wait for it.
-DO $$ BEGIN
-    WHILE NOT coalesce((SELECT scheduler_alive FROM tide.self_health), false)
-          AND clock_timestamp() < now() + interval '30 seconds' LOOP
-        PERFORM pg_sleep(0.2);
+-- Waits until cond (a query returning a boolean) holds, or for timeout. It commits between its
+-- looks, so that no snapshot is held while pg_tide works: a DO loop without COMMIT keeps its
+-- statement's snapshot, and the xmin horizon with it, for as long as it runs, and the claims it
+-- is timing then walk every index entry of the runs done since it began (none can be marked
+-- dead). pg_tide's figures were measured that way before; the baselines never were.
+CREATE PROCEDURE bench_wait(cond text, timeout interval, nap float8 DEFAULT 0.1)
+LANGUAGE plpgsql AS $$
+DECLARE
+    deadline timestamptz := clock_timestamp() + timeout;
+    ok boolean;
+BEGIN
+    LOOP
+        EXECUTE cond INTO ok;
+        EXIT WHEN ok OR clock_timestamp() >= deadline;
+        COMMIT;
+        PERFORM pg_sleep(nap);
     END LOOP;
 END $$;
+-- The scheduler connects once the database exists (it retries every second): wait for it.
+CALL bench_wait('SELECT coalesce((SELECT scheduler_alive FROM tide.self_health), false)', '30 seconds', 0.2);
 -- The baseline: the smallest queue that is still correct under concurrency.
 CREATE TABLE baseline_q (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -83,10 +96,8 @@ SELECT cron.schedule('fire_' || g, '* * * * *', $$INSERT INTO fire_log VALUES ('
 SELECT tide.schedule('fire_' || g, '30 * * * * *', $$INSERT INTO fire_log VALUES ('pg_tide', now())$$) FROM generate_series(1, 10) g;
 SQL
 echo "==> fire precision: waiting for 40 fires each of pg_cron and pg_tide (about 4 minutes)"
-"${PSQL[@]}" -d "$DB" -v ON_ERROR_STOP=1 -c "DO \$\$ BEGIN
-    WHILE (SELECT count(*) FILTER (WHERE who = 'pg_cron') < 40 OR count(*) FILTER (WHERE who = 'pg_tide') < 40 FROM fire_log)
-          AND clock_timestamp() < now() + interval '6 minutes' LOOP
-        PERFORM pg_sleep(1); END LOOP; END \$\$" >/dev/null
+"${PSQL[@]}" -d "$DB" -v ON_ERROR_STOP=1 -c "CALL bench_wait('SELECT count(*) FILTER (WHERE who = ''pg_cron'') >= 40
+    AND count(*) FILTER (WHERE who = ''pg_tide'') >= 40 FROM fire_log', '6 minutes', 1)" >/dev/null
 fire=$("${PSQL[@]}" -d "$DB" -At -F '|' -v ON_ERROR_STOP=1 <<'SQL'
 SELECT cron.unschedule(jobid) FROM cron.job WHERE jobname LIKE 'fire\_%';
 SELECT tide.unschedule('fire_' || g) FROM generate_series(1, 10) g;
@@ -216,9 +227,7 @@ cat > "$tmp/m_metrics.sql" <<'SQL'
 SELECT tide.metrics();
 SQL
 monitor_costs() { # the five figures, ms, after the scheduler's tick has folded what changed
-    "${PSQL[@]}" -d "$DB" -c "DO \$\$ BEGIN
-        WHILE EXISTS (SELECT 1 FROM tide.task_touch) AND clock_timestamp() < now() + interval '60 seconds' LOOP
-            PERFORM pg_sleep(0.1); END LOOP; END \$\$" >/dev/null
+    "${PSQL[@]}" -d "$DB" -c "CALL bench_wait('SELECT NOT EXISTS (SELECT 1 FROM tide.task_touch)', '60 seconds')" >/dev/null
     # The kept figures of 10,000 tasks made a moment ago: analyzed, as autovacuum does within a
     # minute or so (before, health planned from an estimate of a few hundred rows).
     "${PSQL[@]}" -d "$DB" -c "ANALYZE tide.task_stat" >/dev/null
@@ -362,15 +371,17 @@ SELECT tide.schedule('bf_slow', '0 * * * *', overlap => 'allow', command => 'SEL
 SELECT tide.schedule('bf_noop', '0 * * * *', overlap => 'allow', command => 'SELECT 1');
 SELECT tide.schedule('rr_noop', '0 * * * *', overlap => 'allow', command => 'SELECT 1');
 SQL
+# Waits until no run of online_noop is left in tide.pending (which holds only unfinished runs: a
+# scan of tide.run's history every 100 ms would load the machine while the last are picked up).
+online_noop_done() {
+    "${PSQL[@]}" -d "$DB" -v ON_ERROR_STOP=1 -c "CALL bench_wait('SELECT NOT EXISTS (SELECT 1 FROM tide.pending p
+        JOIN tide.task t ON t.task_id = p.task_id WHERE t.name = ''online_noop'')', '5 minutes')" >/dev/null
+}
 pickup() { # $1 = label: p50 and p99 in ms
     "${PSQL[@]}" -d "$DB" -v ON_ERROR_STOP=1 -c "DO \$\$ BEGIN FOR i IN 1..100 LOOP
         PERFORM pg_sleep(0.05); COMMIT; PERFORM tide.enqueue('online_noop', jsonb_build_object('probe', '$1', 'i', i)); COMMIT;
         END LOOP; END \$\$" >/dev/null
-    # (Waits on tide.pending, which holds only unfinished runs: a scan of tide.run's history
-    # every 100 ms would load the machine while the last probes are picked up.)
-    "${PSQL[@]}" -d "$DB" -v ON_ERROR_STOP=1 -c "DO \$\$ BEGIN
-        WHILE EXISTS (SELECT 1 FROM tide.pending p JOIN tide.task t ON t.task_id = p.task_id WHERE t.name = 'online_noop') LOOP
-            PERFORM pg_sleep(0.1); END LOOP; END \$\$" >/dev/null
+    online_noop_done
     "${PSQL[@]}" -d "$DB" -At -F ' ' -c "SELECT round(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms)::numeric, 1),
         round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)::numeric, 1)
         FROM (SELECT extract(epoch FROM r.claimed_at - r.created_at) * 1000 AS ms FROM tide.run r
@@ -383,9 +394,7 @@ pickup_idle=$(pickup idle)
     PERFORM pg_sleep(0.05); COMMIT; due := clock_timestamp() + interval '200 milliseconds';
     PERFORM tide.enqueue('online_noop', jsonb_build_object('probe', 'delayed', 'due', due), run_at => due); COMMIT;
     END LOOP; END \$\$" >/dev/null
-"${PSQL[@]}" -d "$DB" -v ON_ERROR_STOP=1 -c "DO \$\$ BEGIN
-    WHILE EXISTS (SELECT 1 FROM tide.pending p JOIN tide.task t ON t.task_id = p.task_id WHERE t.name = 'online_noop') LOOP
-        PERFORM pg_sleep(0.1); END LOOP; END \$\$" >/dev/null
+online_noop_done
 pickup_delayed=$("${PSQL[@]}" -d "$DB" -At -F ' ' -c "SELECT round(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms)::numeric, 1),
     round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)::numeric, 1)
     FROM (SELECT extract(epoch FROM r.claimed_at - (r.args->>'due')::timestamptz) * 1000 AS ms FROM tide.run r
@@ -400,11 +409,8 @@ SELECT clock_timestamp() AS t0 \gset
 SELECT min(e) AS lo, max(e) AS hi
   FROM tide.enqueue('online_noop', (SELECT jsonb_agg(jsonb_build_object('probe', 'throughput', 'i', g)) FROM generate_series(1, 5000) g)) e \gset
 SELECT set_config('bench.lo', :'lo', false), set_config('bench.hi', :'hi', false) \g /dev/null
-DO $$ BEGIN
-    WHILE EXISTS (SELECT 1 FROM tide.pending p
-                   WHERE p.run_id BETWEEN current_setting('bench.lo')::bigint AND current_setting('bench.hi')::bigint)
-          AND clock_timestamp() < now() + interval '5 minutes' LOOP
-        PERFORM pg_sleep(0.05); END LOOP; END $$;
+CALL bench_wait('SELECT NOT EXISTS (SELECT 1 FROM tide.pending p
+    WHERE p.run_id BETWEEN current_setting(''bench.lo'')::bigint AND current_setting(''bench.hi'')::bigint)', '5 minutes', 0.05);
 SELECT round(count(*) / extract(epoch FROM max(r.finished_at) - :'t0'::timestamptz)::numeric)
   FROM tide.run r WHERE r.run_id BETWEEN :lo AND :hi AND r.state = 'succeeded';
 SQL
@@ -427,7 +433,7 @@ busy_state=$("${PSQL[@]}" -d "$DB" -At -c "SELECT state || ', ' || windows_done 
 "${PSQL[@]}" -d "$DB" -At -c "SELECT tide.cancel_backfill($slow_bf)" >/dev/null
 bf_wps=$("${PSQL[@]}" -d "$DB" -At -v ON_ERROR_STOP=1 <<'SQL'
 SELECT tide.backfill('bf_noop', current_date - 418, current_date - 2, concurrency => 100, batch => 1000, canary => 0, sample => 0) AS id \gset
-DO $$ BEGIN WHILE EXISTS (SELECT 1 FROM tide.backfill WHERE state = 'running') LOOP PERFORM pg_sleep(0.1); END LOOP; END $$;
+CALL bench_wait('SELECT NOT EXISTS (SELECT 1 FROM tide.backfill WHERE state = ''running'')', '10 minutes');
 SELECT windows_done || ' ' || round(windows_done / extract(epoch FROM finished - started)::numeric) FROM tide.backfill_status WHERE backfill_id = :id;
 SQL
 )
@@ -436,7 +442,8 @@ SELECT clock_timestamp() AS t0 \gset
 SELECT count(tide.rerun('rr_noop', window_start => w.window_start)) AS n
   FROM tide.backfill_window w JOIN tide.backfill b USING (backfill_id) JOIN tide.task t USING (task_id)
  WHERE t.name = 'bf_noop' \gset
-DO $$ BEGIN WHILE EXISTS (SELECT 1 FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'rr_noop' AND r.state <> 'succeeded') LOOP PERFORM pg_sleep(0.1); END LOOP; END $$;
+CALL bench_wait('SELECT NOT EXISTS (SELECT 1 FROM tide.run r JOIN tide.task t USING (task_id)
+    WHERE t.name = ''rr_noop'' AND r.state <> ''succeeded'')', '10 minutes');
 SELECT count(*) || ' ' || round(count(*) / extract(epoch FROM clock_timestamp() - :'t0'::timestamptz)::numeric)
   FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'rr_noop';
 SQL
