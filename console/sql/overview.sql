@@ -1,7 +1,8 @@
 -- pg_tide-console's overview: the tasks worst first (the order of tide.dashboard), with the
 -- last 30 business windows of each (an event task: its last 30 runs), oldest first, as a JSON
 -- array of [state, label, run_id], and the next fire in the task's own zone. $1 limit, $2 offset.
--- Every column is text. bench/bench.sh runs this file from psql beside the console.
+-- Every column is text. bench/bench.sh runs this file from psql beside the console. An event
+-- task's runs newest first are ORDER BY -run_id, the order of run_event_task_idx (sql/ledger.sql).
 WITH h AS (
     SELECT h.task, h.owner, h.status, h.severity, h.silence, h.consecutive_failures, h.backlog,
            h.dead, h.next_fire_at, t.task_id, t.tz, t.paused, h.rank
@@ -29,7 +30,7 @@ SELECT h.task_id::text, h.task, h.owner::text, h.status, h.severity::text,
               FROM (SELECT r.run_id, r.state, r.event_key
                       FROM tide.run r
                      WHERE r.task_id = h.task_id AND r.window_start IS NULL
-                     ORDER BY r.run_id DESC LIMIT 30) e),
+                     ORDER BY -r.run_id LIMIT 30) e),
            '[]'),
        h.paused::text
   FROM h
