@@ -1122,7 +1122,13 @@ BEGIN
     IF pg_stat_get_live_tuples('tide.pending'::regclass) <= 4 * greatest(known, 0) + 1000 THEN
         RETURN false;
     END IF;
-    -- Never waits: while autovacuum works on the table, the next round asks again.
+    -- Never waits: while autovacuum (or another caller) works on the table, the next round asks
+    -- again. (SKIP_LOCKED alone would log a warning each time it skips.)
+    IF EXISTS (SELECT 1 FROM pg_locks l
+                WHERE l.locktype = 'relation' AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+                  AND l.relation = 'tide.pending'::regclass AND l.mode = 'ShareUpdateExclusiveLock') THEN
+        RETURN false;
+    END IF;
     ANALYZE (SKIP_LOCKED) tide.pending;
     RETURN true;
 END
