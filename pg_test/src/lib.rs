@@ -421,6 +421,22 @@ pub fn run_state(c: &mut Client, run: i64) -> Result<String, String> {
     .map_err(|e| describe(&e))
 }
 
+/// The blocks of `table` and its indexes that `sql` reads, counted by the statistics of one
+/// transaction (rolled back): a count of pages touched, not a time.
+pub fn blocks_read(c: &mut Client, table: &str, sql: &str) -> Result<i64, Failed> {
+    let count = format!(
+        "SELECT (pg_stat_get_xact_blocks_fetched('{table}'::regclass)
+                 + (SELECT coalesce(sum(pg_stat_get_xact_blocks_fetched(i.indexrelid)), 0)
+                      FROM pg_index i WHERE i.indrelid = '{table}'::regclass))::bigint"
+    );
+    let mut tx = c.transaction().map_err(db_err)?;
+    let before: i64 = tx.query_one(&count, &[]).map_err(db_err)?.get(0);
+    tx.batch_execute(sql).map_err(db_err)?;
+    let after: i64 = tx.query_one(&count, &[]).map_err(db_err)?.get(0);
+    tx.rollback().map_err(db_err)?;
+    Ok(after - before)
+}
+
 /// Polls `probe` until it returns `Some`, or fails after `within`.
 pub fn wait_for<T>(
     what: &str,

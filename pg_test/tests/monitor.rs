@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use postgres::fallible_iterator::FallibleIterator;
 
-use pg_tide_pg_test::{db_err, one, refused, run_tests, Client, Cluster, Failed, TestFn};
+use pg_tide_pg_test::{
+    blocks_read, db_err, one, refused, run_tests, Client, Cluster, Failed, TestFn,
+};
 
 fn exec(c: &mut Client, sql: &str) -> Result<(), Failed> {
     c.batch_execute(sql).map_err(db_err)
@@ -1192,20 +1194,6 @@ fn alerts_are_delivered_once_per_opening(cluster: &Cluster) -> Result<(), Failed
     Ok(())
 }
 
-/// The blocks of `tide.run` and its indexes that `sql` reads, counted by the statistics of this
-/// transaction (a count of pages touched, not a time).
-fn run_blocks_read(c: &mut Client, sql: &str) -> Result<i64, Failed> {
-    let count = "SELECT (pg_stat_get_xact_blocks_fetched('tide.run'::regclass)
-                         + (SELECT sum(pg_stat_get_xact_blocks_fetched(i.indexrelid))
-                              FROM pg_index i WHERE i.indrelid = 'tide.run'::regclass))::bigint";
-    let mut tx = c.transaction().map_err(db_err)?;
-    let before: i64 = tx.query_one(count, &[]).map_err(db_err)?.get(0);
-    tx.batch_execute(sql).map_err(db_err)?;
-    let after: i64 = tx.query_one(count, &[]).map_err(db_err)?.get(0);
-    tx.rollback().map_err(db_err)?;
-    Ok(after - before)
-}
-
 /// Task health of a task with few runs reads those runs, not the history of the others: when
 /// one event task holds most of the history, the planner took the primary key's order for "the
 /// newest event runs of this task" and walked back through every run (2 seconds per task with
@@ -1222,8 +1210,9 @@ fn health_of_a_quiet_task_skips_the_busy_ones(cluster: &Cluster) -> Result<(), F
          ANALYZE tide.run;",
     )?;
     for task in ["quiet", "idle_one"] {
-        let read = run_blocks_read(
+        let read = blocks_read(
             &mut c,
+            "tide.run",
             &format!(
                 "SELECT count(*) FROM tide._task_history(now(),
                      ARRAY(SELECT task_id FROM tide.task WHERE name = '{task}'))"
