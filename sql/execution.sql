@@ -1114,7 +1114,7 @@ COMMENT ON FUNCTION tide._claim_check() IS
 -- completions, made from the catalog's figures: made while the table was vacuumed empty, they
 -- scan it whole for each run. ANALYZE changes the figures, and every session plans again.
 -- Autovacuum would too, but only at its next round (autovacuum_naptime, a minute by default).
--- The executors ask at each round of work, the tick at each of its rounds. The live count is the
+-- The tick asks at each of its rounds (at most pg_tide.tick_interval apart). The live count is the
 -- statistics system's, as of the last commits it has been told of (within about a second).
 CREATE FUNCTION tide._pending_stats() RETURNS boolean
 LANGUAGE plpgsql
@@ -1139,7 +1139,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide._pending_stats() IS
-    'Internal: analyzes tide.pending when it holds over four times the runs (and 1,000 more) the catalog says, so that kept plans are made again (called by the executors and the tick). True when it asked.';
+    'Internal: analyzes tide.pending when it holds over four times the runs (and 1,000 more) the catalog says, so that kept plans are made again (called by the tick). True when it asked.';
 
 CREATE FUNCTION tide.mark_ready(dataset text, biz_date date, details jsonb DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql

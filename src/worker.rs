@@ -354,9 +354,6 @@ pub extern "C-unwind" fn pg_tide_executor_main(arg: pg_sys::Datum) {
             let (mut checked, mut verified) = (false, false);
             if side {
                 last_side = std::time::Instant::now();
-                // After a bulk enqueue, kept plans made from an empty tide.pending scan it whole
-                // for every run: its statistics are made again first (tide._pending_stats).
-                in_transaction("statistics", pending_stats).ok();
                 checked = in_transaction("readiness check", check_one).unwrap_or(false);
                 // Backfill work (a verify is user code that may take its timeout) is not for
                 // the executor kept for online runs.
@@ -490,12 +487,6 @@ fn verify_one() -> bool {
     Spi::get_one::<bool>("SELECT tide._backfill_work()")
         .or_raise(F)
         .unwrap_or(false)
-}
-
-/// Analyzes `tide.pending` when it holds far more runs than the catalog says (its own transaction:
-/// ANALYZE's lock is held until the end of it).
-fn pending_stats() {
-    Spi::run("SELECT tide._pending_stats()").or_raise(F);
 }
 
 /// Evaluates one due readiness check; true if there was one. The check runs sealed as the
