@@ -110,7 +110,7 @@ COMMENT ON FUNCTION tide._refuse_stale(bigint, bigint, text) IS
     'Internal: raises the fencing error for a call with a stale lease token.';
 
 CREATE FUNCTION tide._claim(p_executor tide.executor, p_queue text, p_worker text, p_n integer, p_lease interval,
-                            p_online_only boolean DEFAULT false)
+                            p_online_only boolean DEFAULT false, p_after bigint DEFAULT NULL)
 RETURNS TABLE (run_id bigint, lease_token bigint, lease_expires_at timestamptz, task text, args jsonb,
                window_start timestamptz, window_end timestamptz, biz_date date, attempt integer,
                version integer, checkpoint jsonb, trigger tide.run_trigger, dedupe_key text,
@@ -162,7 +162,8 @@ BEGIN
     IF p_worker IS NOT NULL THEN
         PERFORM tide._text_arg('worker', p_worker, 200, 'name the worker, such as its host and pid');
     END IF;
-    why := 'claimed by ' || coalesce(p_worker, 'a worker');
+    why := 'claimed by ' || coalesce(p_worker, 'a worker')
+           || CASE WHEN p_after IS NOT NULL THEN ', committed with the end of run ' || p_after ELSE '' END;
     IF p_n IS NULL OR p_n < 1 OR p_n > 1000 THEN
         RAISE EXCEPTION 'n must be between 1 and 1000, got %', coalesce(p_n::text, 'NULL')
             USING ERRCODE = 'invalid_parameter_value', HINT = 'claim at most 1000 runs at a time; batches of 10 to 100 work well';
@@ -174,6 +175,13 @@ BEGIN
     limited := EXISTS (SELECT 1 FROM tide.queue q
                         WHERE (p_queue IS NULL OR q.name = p_queue)
                           AND (owners_ok IS NULL OR q.owner = ANY (owners_ok) OR q.owner = ANY (g_owners)));
+    -- An executor's claim committed with the end of its previous run (p_after) is made before
+    -- that run's queue room is given back (at the commit): with queue limits about, the run it
+    -- would take could be parked for want of the very room being freed. The executor claims
+    -- again after the commit instead.
+    IF p_after IS NOT NULL AND limited THEN
+        RETURN;
+    END IF;
     -- The candidates are fixed in an array first: a LIMIT subquery under FOR UPDATE SKIP LOCKED
     -- may be re-evaluated and claim more rows than asked. When every candidate has to wait (it
     -- is parked, out of the candidates, by tide._admit) the next ones are looked at, a few
@@ -184,7 +192,7 @@ BEGIN
               INTO ids, owners, queues, gated FROM (
                 SELECT p.run_id, p.owner, p.queue, p.gated FROM tide.pending p
                  WHERE p.state = 'ready' AND NOT p.parked AND p.executor = p_executor
-                   AND (p.due_at IS NULL OR p.due_at <= now())
+                   AND (p.due_at IS NULL OR p.due_at <= statement_timestamp())
                    AND (owners_ok IS NULL OR p.owner = ANY (owners_ok)
                         OR (g_owners IS NOT NULL AND (p.owner, p.queue) IN (SELECT u.o, u.q FROM unnest(g_owners, g_queues) u(o, q))))
                    -- Backfill runs claim at priority - 10000, after every online run; one
@@ -197,7 +205,7 @@ BEGIN
               INTO ids, owners, queues, gated FROM (
                 SELECT p.run_id, p.owner, p.queue, p.gated FROM tide.pending p
                  WHERE p.state = 'ready' AND NOT p.parked AND p.executor = p_executor AND p.queue = p_queue
-                   AND (p.due_at IS NULL OR p.due_at <= now())
+                   AND (p.due_at IS NULL OR p.due_at <= statement_timestamp())
                    AND (owners_ok IS NULL OR p.owner = ANY (owners_ok)
                         OR (g_owners IS NOT NULL AND (p.owner, p.queue) IN (SELECT u.o, u.q FROM unnest(g_owners, g_queues) u(o, q))))
                  ORDER BY p.priority DESC, p.run_id
@@ -262,14 +270,14 @@ BEGIN
                lease_owner = p_worker,
                lease_token = token,
                lease_length = l.length,
-               lease_expires_at = now() + l.length,
+               lease_expires_at = statement_timestamp() + l.length,
                executor_pid = CASE WHEN is_sql THEN pg_backend_pid() END,
                executor_start = CASE WHEN is_sql THEN tide._backend_start() END,
-               started_at = coalesce(r.started_at, now()),
-               claimed_at = now(),
+               started_at = coalesce(r.started_at, statement_timestamp()),
+               claimed_at = statement_timestamp(),
                run_after = NULL,
                finished_at = NULL,
-               updated_at = now(),
+               updated_at = statement_timestamp(),
                reason = why
           FROM tide.task_version v
           JOIN tide.task t ON t.task_id = v.task_id,
@@ -299,8 +307,42 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION tide._claim(tide.executor, text, text, integer, interval, boolean) IS
-    'Internal: the one claim path of external workers and pg_tide''s SQL executors (p_online_only: no backfill runs); returns the claim context with the run''s priority, owner and timeout.';
+COMMENT ON FUNCTION tide._claim(tide.executor, text, text, integer, interval, boolean, bigint) IS
+    'Internal: the one claim path of external workers and pg_tide''s SQL executors (p_online_only: no backfill runs; p_after: the run whose end an executor commits this claim with, named in the history); returns the claim context with the run''s priority, owner and timeout. Its instants are the claim statement''s start.';
+
+-- An SQL executor's next run, claimed in the transaction that ends its previous one (p_after),
+-- so that one commit, and one disk flush, records both: the claim is still on record before the
+-- next command starts, as a claim committed on its own would be. Only in READ COMMITTED (the
+-- claim then reads with a snapshot of its own; an older one would find its candidates changed
+-- since). Whatever goes wrong in the claim is undone alone, in its own subtransaction: the run
+-- just ended stays ended, and the executor claims after the commit, as usual.
+CREATE FUNCTION tide._claim_next(p_worker text, p_online_only boolean, p_after bigint)
+RETURNS TABLE (run_id bigint, lease_token bigint)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    id bigint;
+    token bigint;
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RETURN;
+    END IF;
+    BEGIN
+        SELECT c.run_id, c.lease_token INTO id, token
+          FROM tide._claim('sql', NULL, p_worker, 1, NULL, p_online_only, p_after) c;
+    EXCEPTION WHEN query_canceled OR others THEN
+        RETURN;
+    END;
+    IF id IS NOT NULL THEN
+        run_id := id;
+        lease_token := token;
+        RETURN NEXT;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION tide._claim_next(text, boolean, bigint) IS
+    'Internal: an SQL executor''s next run, claimed in the transaction that ends its previous run (one commit for both); nothing when the claim fails or must wait for that commit.';
 
 CREATE FUNCTION tide.claim_runs(queue text DEFAULT 'default', worker text DEFAULT NULL, n integer DEFAULT 1,
                            lease interval DEFAULT NULL)

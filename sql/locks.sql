@@ -177,7 +177,7 @@ CREATE FUNCTION tide._park(p_run_id bigint, p_until timestamptz) RETURNS void
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
 AS $$
-    UPDATE tide.pending p SET parked = true, due_at = least(p_until, now() + tide._park_time())
+    UPDATE tide.pending p SET parked = true, due_at = least(p_until, statement_timestamp() + tide._park_time())
      WHERE p.run_id = p_run_id AND p.state = 'ready'
 $$;
 COMMENT ON FUNCTION tide._park(bigint, timestamptz) IS 'Internal: takes a ready run out of the claim indexes until woken or until the time given.';
@@ -318,7 +318,7 @@ BEGIN
                    AND (q.state = 'running' OR (q.state IN ('ready', 'retry', 'paused') AND q.run_id < c.run_id))
                  ORDER BY q.state = 'running' DESC, q.run_id LIMIT 1;
                 IF FOUND THEN
-                    PERFORM tide._park(c.run_id, now() + tide._park_time());
+                    PERFORM tide._park(c.run_id, statement_timestamp() + tide._park_time());
                     CONTINUE;
                 END IF;
             END IF;
@@ -329,13 +329,13 @@ BEGIN
                 SELECT count(*) INTO running FROM tide.pending q
                  WHERE q.task_id = c.task_id AND q.gated AND q.state = 'running';
                 IF c.window_start IS NOT NULL AND c.rules->>'overlap' = 'skip' AND running > 0 THEN
-                    UPDATE tide.run SET state = 'skipped', skip_reason = 'overlap', finished_at = now(), updated_at = now(),
+                    UPDATE tide.run SET state = 'skipped', skip_reason = 'overlap', finished_at = statement_timestamp(), updated_at = statement_timestamp(),
                                         reason = 'skipped: another run of the task was still running (overlap skip)'
                      WHERE run_id = c.run_id;
                     CONTINUE;
                 END IF;
                 IF running >= (c.rules->>'max_concurrency')::integer THEN
-                    PERFORM tide._park(c.run_id, now() + tide._park_time());
+                    PERFORM tide._park(c.run_id, statement_timestamp() + tide._park_time());
                     CONTINUE;
                 END IF;
             END IF;
@@ -345,7 +345,7 @@ BEGIN
             IF c.lock_key IS NOT NULL THEN
                 SELECT * INTO l FROM tide.lock x WHERE x.owner = c.owner AND x.key = c.lock_key FOR UPDATE;
                 IF FOUND AND l.run_id <> c.run_id THEN
-                    IF l.expires_at > now() THEN
+                    IF l.expires_at > statement_timestamp() THEN
                         PERFORM tide._defer(c.run_id, c.lock_key, l.run_id, l.expires_at);
                         CONTINUE;
                     END IF;
@@ -354,15 +354,15 @@ BEGIN
                     IF FOUND THEN
                         PERFORM tide._fail(l.run_id, format('lock %s expired (token %s) and was taken over by run %s',
                                                             c.lock_key, l.lease_token, c.run_id),
-                                           'transient', NULL, 'lost', now());
+                                           'transient', NULL, 'lost', statement_timestamp());
                     END IF;
                 END IF;
                 INSERT INTO tide.lock AS x (owner, key, run_id, task_id, lease_token, acquired_at, expires_at)
-                VALUES (c.owner, c.lock_key, c.run_id, c.task_id, p_token, now(), now() + tide._lease_length(p_executor, c.rules, p_lease))
+                VALUES (c.owner, c.lock_key, c.run_id, c.task_id, p_token, statement_timestamp(), statement_timestamp() + tide._lease_length(p_executor, c.rules, p_lease))
                 ON CONFLICT ON CONSTRAINT lock_pkey DO UPDATE
                    SET run_id = EXCLUDED.run_id, task_id = EXCLUDED.task_id, lease_token = EXCLUDED.lease_token,
                        acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at
-                 WHERE x.run_id = EXCLUDED.run_id OR x.expires_at <= now()
+                 WHERE x.run_id = EXCLUDED.run_id OR x.expires_at <= statement_timestamp()
                 RETURNING x.run_id INTO taken;
                 IF taken IS NULL THEN
                     -- Another claim took the key meanwhile.
@@ -377,7 +377,7 @@ BEGIN
         EXCEPTION WHEN lock_not_available THEN
             -- Held by a transaction that does not end soon: this run waits a second for a later
             -- claim, the others go on.
-            PERFORM tide._park(c.run_id, now() + interval '1 second');
+            PERFORM tide._park(c.run_id, statement_timestamp() + interval '1 second');
         END;
     END LOOP;
     RETURN admitted;
@@ -390,7 +390,7 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    UPDATE tide.run SET updated_at = now(),
+    UPDATE tide.run SET updated_at = statement_timestamp(),
            reason = format('deferred: lock %s is held by run %s until %s', p_key, p_holder,
                            to_char(p_until AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS" UTC"'))
      WHERE run_id = p_run_id;

@@ -349,8 +349,10 @@ pub extern "C-unwind" fn pg_tide_executor_main(arg: pg_sys::Datum) {
         // that looked for everything and found nothing.
         let mut ran_last = false;
         let mut last_side = std::time::Instant::now();
+        // A run claimed with the end of the previous one (execute_one), to run next.
+        let mut next_run = None;
         loop {
-            let side = !ran_last || last_side.elapsed() >= SIDE_WORK_EVERY;
+            let side = next_run.is_none() && (!ran_last || last_side.elapsed() >= SIDE_WORK_EVERY);
             let (mut checked, mut verified) = (false, false);
             if side {
                 last_side = std::time::Instant::now();
@@ -360,7 +362,9 @@ pub extern "C-unwind" fn pg_tide_executor_main(arg: pg_sys::Datum) {
                 verified =
                     !online_only && in_transaction("backfill work", verify_one).unwrap_or(false);
             }
-            let ran = execute_one(&name, online_only);
+            // The next run is claimed with this one's end only until the side work is due.
+            let chain_until = last_side + SIDE_WORK_EVERY;
+            let ran = execute_one(&name, online_only, &mut next_run, chain_until);
             if side && !(checked || verified || ran) {
                 break;
             }
@@ -372,29 +376,30 @@ pub extern "C-unwind" fn pg_tide_executor_main(arg: pg_sys::Datum) {
     exit_for_restart();
 }
 
-/// Claims one SQL run (committed at once, so the attempt is on record even if the command
-/// kills the process), then runs it in a second transaction.
-fn execute_one(worker: &str, online_only: bool) -> bool {
-    // Inside the transaction, an error (SPI or a row that does not fit) rolls the claim back.
-    let claimed = in_transaction("claim", || {
-        let row = Spi::connect_mut(|client| {
-            client
-                .update(
-                    "SELECT c.run_id, c.lease_token FROM tide._claim('sql', NULL, $1, 1, NULL, $2) c",
-                    None,
-                    &[worker.into(), online_only.into()],
-                )
-                .or_raise(F)
-                .next()
-                .map(|row| (row.get::<i64>(1).or_raise(F), row.get::<i64>(2).or_raise(F)))
-        });
-        match row {
-            Some((Some(run_id), Some(token))) => Some(Claimed { run_id, token }),
-            _ => None,
-        }
-    })
-    .ok()
-    .flatten();
+/// Runs one SQL run: `next` if a claim made with the previous run's end left one there, else
+/// one claimed now (committed at once, so the attempt is on record even if the command kills
+/// the process), in a second transaction. Before `chain_until`, the transaction that ends the
+/// run also claims the next one into `next` (tide._claim_next): one commit, and one disk flush,
+/// for both, where a claim committed on its own costs another. The claim is on record before
+/// that run's command starts all the same.
+fn execute_one(
+    worker: &str,
+    online_only: bool,
+    next: &mut Option<Claimed>,
+    chain_until: std::time::Instant,
+) -> bool {
+    let claimed = next.take().or_else(|| {
+        // Inside the transaction, an error (SPI or a row that does not fit) rolls the claim
+        // back.
+        in_transaction("claim", || {
+            claimed_row(
+                "SELECT c.run_id, c.lease_token FROM tide._claim('sql', NULL, $1, 1, NULL, $2) c",
+                &[worker.into(), online_only.into()],
+            )
+        })
+        .ok()
+        .flatten()
+    });
     let Some(run) = claimed else {
         return false;
     };
@@ -402,11 +407,25 @@ fn execute_one(worker: &str, online_only: bool) -> bool {
     // its own transaction, until it returns no checkpoint (or is paused, cancelled, fenced).
     loop {
         let outcome = in_transaction("run", || {
-            Spi::get_one_with_args::<String>(
+            let answer = Spi::get_one_with_args::<String>(
                 "SELECT tide._execute($1, $2)",
                 &[run.run_id.into(), run.token.into()],
             )
-            .or_raise(F)
+            .or_raise(F);
+            // The run is over (not a long task's batch, not run by a worker of its own): the
+            // next one is claimed in the same transaction, stamped with this instant.
+            let over = answer
+                .as_deref()
+                .is_some_and(|a| a != "top_level" && more_after(a).is_none());
+            if over && std::time::Instant::now() < chain_until {
+                // SAFETY: sets statement_timestamp(), which the claim's instants use.
+                unsafe { pg_sys::SetCurrentStatementStartTimestamp() };
+                *next = claimed_row(
+                    "SELECT c.run_id, c.lease_token FROM tide._claim_next($1, $2, $3) c",
+                    &[worker.into(), online_only.into(), run.run_id.into()],
+                );
+            }
+            answer
         });
         debug1!("pg_tide: run {} {:?}", run.run_id, outcome);
         if matches!(outcome.as_ref(), Ok(Some(answer)) if answer == "top_level") {
@@ -457,6 +476,21 @@ fn execute_one(worker: &str, online_only: bool) -> bool {
         }
     }
     true
+}
+
+/// The run a claim statement returned, if any (in the caller's transaction).
+fn claimed_row(sql: &str, args: &[pgrx::datum::DatumWithOid<'_>]) -> Option<Claimed> {
+    let row = Spi::connect_mut(|client| {
+        client
+            .update(sql, None, args)
+            .or_raise(F)
+            .next()
+            .map(|row| (row.get::<i64>(1).or_raise(F), row.get::<i64>(2).or_raise(F)))
+    });
+    match row {
+        Some((Some(run_id), Some(token))) => Some(Claimed { run_id, token }),
+        _ => None,
+    }
 }
 
 /// The delay before the next batch of a long task, from `tide._execute`'s answer `more <ms>`.

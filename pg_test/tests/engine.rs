@@ -2028,6 +2028,125 @@ fn enqueued_sql_runs_are_executed(cluster: &Cluster) -> Result<(), Failed> {
     Ok(())
 }
 
+/// An executor claims its next run in the transaction that ends the previous one: one commit
+/// for both. The claim is on record before its command runs (its history row names the run it
+/// was committed with, which had ended by then), it is stamped with the instant it was made,
+/// not with the start of the transaction it shares, and every run still runs once.
+fn executors_claim_the_next_run_with_the_end_of_the_last(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    let queues: i64 = one(&mut c, "SELECT count(*) FROM tide.queue")?;
+    assert_eq!(
+        queues, 0,
+        "a queue with limits left by another test turns chained claims off"
+    );
+    exec(
+        &mut c,
+        "CREATE TABLE chained_done (n integer PRIMARY KEY);
+         SELECT tide.schedule('chained_sql', NULL, topics => ARRAY['unused'],
+                              command => 'INSERT INTO chained_done VALUES ((tide.args()->>''n'')::int)');
+         SELECT count(*) FROM tide.enqueue('chained_sql',
+             (SELECT jsonb_agg(jsonb_build_object('n', g)) FROM generate_series(1, 300) g));",
+    )?;
+    wait_for("300 enqueued SQL runs", Duration::from_secs(60), || {
+        let left: i64 = c
+            .query_one(
+                "SELECT count(*) FROM tide.run r JOIN tide.task t USING (task_id)
+                  WHERE t.name = 'chained_sql' AND r.state <> 'succeeded'",
+                &[],
+            )
+            .map_err(|e| pg_tide_pg_test::describe(&e))?
+            .get(0);
+        Ok((left == 0).then_some(()))
+    })?;
+    let (done, once): (i64, i64) = {
+        let row = c
+            .query_one(
+                "SELECT (SELECT count(*) FROM chained_done),
+                        (SELECT count(*) FROM tide.run r JOIN tide.task t USING (task_id)
+                          WHERE t.name = 'chained_sql' AND r.attempts = 1)",
+                &[],
+            )
+            .map_err(db_err)?;
+        (row.get(0), row.get(1))
+    };
+    assert_eq!((done, once), (300, 300), "every run once, in one attempt");
+    // The claims made with a previous run's end: the run named had succeeded, its end written
+    // before the claim, and the claim is stamped after that end.
+    let row = c
+        .query_one(
+            "WITH claims AS (
+                 SELECT e.run_id, e.event_id, e.at, r.claimed_at, r.created_at,
+                        substring(e.reason FROM 'committed with the end of run ([0-9]+)$')::bigint AS after
+                   FROM tide.run_event e JOIN tide.run r USING (run_id) JOIN tide.task t USING (task_id)
+                  WHERE t.name = 'chained_sql' AND e.to_state = 'running')
+             SELECT count(*) FILTER (WHERE c.after IS NOT NULL),
+                    count(*) FILTER (WHERE c.after IS NOT NULL AND NOT EXISTS (
+                        SELECT 1 FROM tide.run_event d
+                         WHERE d.run_id = c.after AND d.to_state = 'succeeded'
+                           AND d.event_id < c.event_id AND d.at <= c.claimed_at)),
+                    count(*) FILTER (WHERE c.claimed_at < c.created_at)
+               FROM claims c",
+            &[],
+        )
+        .map_err(db_err)?;
+    let (chained, unordered, early): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+    assert!(
+        chained > 0,
+        "no claim was made with the end of the run before it"
+    );
+    assert_eq!(
+        unordered, 0,
+        "a claim made with a run's end came before that end, or is stamped before it"
+    );
+    assert_eq!(early, 0, "a run claimed before it was created");
+    exec(
+        &mut c,
+        "SELECT tide.unschedule('chained_sql'); DROP TABLE chained_done",
+    )?;
+    Ok(())
+}
+
+/// With queue limits about, an executor does not claim its next run with the end of the last:
+/// that run's room in its queue is given back only at the commit, and the next run of the same
+/// queue would be parked for want of it. One after another, the runs of a queue of one go at once.
+fn no_chained_claims_beside_queue_limits(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "SELECT tide.create_queue('one_at_a_time', max_concurrency => 1);
+         SELECT tide.schedule('queued_sql', NULL, topics => ARRAY['unused'], queue => 'one_at_a_time',
+                              command => 'SELECT 1');
+         SELECT count(*) FROM tide.enqueue('queued_sql',
+             (SELECT jsonb_agg(jsonb_build_object('n', g)) FROM generate_series(1, 40) g));",
+    )?;
+    // Parked for want of room, a run would wait for the park's minute.
+    wait_for("40 runs of a queue of one", Duration::from_secs(30), || {
+        let left: i64 = c
+            .query_one(
+                "SELECT count(*) FROM tide.run r JOIN tide.task t USING (task_id)
+                  WHERE t.name = 'queued_sql' AND r.state <> 'succeeded'",
+                &[],
+            )
+            .map_err(|e| pg_tide_pg_test::describe(&e))?
+            .get(0);
+        Ok((left == 0).then_some(()))
+    })?;
+    let chained: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM tide.run_event e JOIN tide.run r USING (run_id) JOIN tide.task t USING (task_id)
+          WHERE t.name = 'queued_sql' AND e.reason LIKE '%committed with the end of run%'",
+    )?;
+    assert_eq!(
+        chained, 0,
+        "a claim made with a run's end beside queue limits"
+    );
+    exec(
+        &mut c,
+        "SELECT tide.unschedule('queued_sql'); SELECT tide.drop_queue('one_at_a_time')",
+    )?;
+    Ok(())
+}
+
 /// Top-level commands (top_level => true) run outside any transaction block, as pg_cron runs
 /// them: VACUUM, CREATE INDEX CONCURRENTLY and several statements in one string, as the task's
 /// owner, with the run context; what the owner may not do fails with the server's own error.
@@ -2207,6 +2326,14 @@ fn main() {
         (
             "workers_enqueued_sql_runs_are_executed",
             enqueued_sql_runs_are_executed,
+        ),
+        (
+            "workers_executors_claim_the_next_run_with_the_end_of_the_last",
+            executors_claim_the_next_run_with_the_end_of_the_last,
+        ),
+        (
+            "workers_no_chained_claims_beside_queue_limits",
+            no_chained_claims_beside_queue_limits,
         ),
         (
             "workers_pg_cron_schedules_keep_their_meaning",
