@@ -343,32 +343,35 @@ pub extern "C-unwind" fn pg_tide_executor_main(arg: pg_sys::Datum) {
         // With two executors or more, the first keeps to online runs: backfills never hold
         // every executor.
         let online_only = number == 1 && settings::EXECUTORS.get() >= 2;
-        // While runs keep coming, readiness checks and backfill work are looked for every
-        // SIDE_WORK_EVERY rather than before every run (two transactions fewer per run); a
-        // round that ran nothing looks for them at once, and the loop ends only after a round
-        // that looked for everything and found nothing.
-        let mut ran_last = false;
+        // Runs first: woken by a fire or an emit, an executor starts the run at once, its
+        // readiness checks and backfill work after it. While runs keep coming those are looked
+        // for every SIDE_WORK_EVERY rather than after every run (two transactions fewer per
+        // run), never between a run and the one claimed with its end; a round that ran nothing
+        // looks for them at once, and the loop ends only after a round that looked for
+        // everything and found nothing.
         let mut last_side = std::time::Instant::now();
-        // A run claimed with the end of the previous one (execute_one), to run next.
+        // A run claimed with the end of the previous one (execute_one), to run next. It is
+        // claimed only until the side work is due.
         let mut next_run = None;
         loop {
-            let side = next_run.is_none() && (!ran_last || last_side.elapsed() >= SIDE_WORK_EVERY);
-            let (mut checked, mut verified) = (false, false);
-            if side {
-                last_side = std::time::Instant::now();
-                checked = in_transaction("readiness check", check_one).unwrap_or(false);
-                // Backfill work (a verify is user code that may take its timeout) is not for
-                // the executor kept for online runs.
-                verified =
-                    !online_only && in_transaction("backfill work", verify_one).unwrap_or(false);
+            let ran = execute_one(
+                &name,
+                online_only,
+                &mut next_run,
+                last_side + SIDE_WORK_EVERY,
+            );
+            if next_run.is_some() || (ran && last_side.elapsed() < SIDE_WORK_EVERY) {
+                continue;
             }
-            // The next run is claimed with this one's end only until the side work is due.
-            let chain_until = last_side + SIDE_WORK_EVERY;
-            let ran = execute_one(&name, online_only, &mut next_run, chain_until);
-            if side && !(checked || verified || ran) {
+            last_side = std::time::Instant::now();
+            let checked = in_transaction("readiness check", check_one).unwrap_or(false);
+            // Backfill work (a verify is user code that may take its timeout) is not for the
+            // executor kept for online runs.
+            let verified =
+                !online_only && in_transaction("backfill work", verify_one).unwrap_or(false);
+            if !(checked || verified || ran) {
                 break;
             }
-            ran_last = ran;
         }
         // Idle: sleep until the next delayed run or readiness re-check comes due.
         next = sleep_until_due("tide._executor_wake", next);
