@@ -58,6 +58,8 @@ const TS: &str = "YYYY-MM-DD HH24:MI:SS";
 /// last 30 business windows (event tasks: its last 30 runs), oldest first, and its next fire
 /// in its own zone. $1 limit, $2 offset. The benchmark runs this same file from psql.
 pub const OVERVIEW_SQL: &str = include_str!("../sql/overview.sql");
+/// The runs of one task, for its page.
+pub const TASK_RUNS_SQL: &str = include_str!("../sql/task_runs.sql");
 
 const PAGE: i64 = 100;
 
@@ -344,27 +346,11 @@ pub async fn task(
     .await?;
     b.push_str("<h2>Rules and their versions</h2>");
     b.push_str(&versions_table(&versions));
-    // Runs, filtered.
+    // Runs, filtered, newest first (each part from the task's own index range: see the file).
     let state = blank_none(&f.state);
     let biz_date = blank_none(&f.biz_date);
     let trigger = blank_none(&f.trigger);
-    let runs = rows(
-        &ctx,
-        &format!(
-            "SELECT r.run_id::text, r.state::text, r.trigger::text, r.biz_date::text,
-                    to_char(coalesce(r.window_start, r.created_at) AT TIME ZONE t.tz, '{TS}'),
-                    to_char(coalesce(r.window_start, r.created_at) AT TIME ZONE 'UTC', '{TS}'),
-                    r.attempts::text, left(r.last_error, 160), r.event_key
-               FROM tide.run r JOIN tide.task t ON t.task_id = r.task_id
-              WHERE r.task_id = $1
-                AND ($2::text IS NULL OR r.state::text = $2)
-                AND ($3::text IS NULL OR r.biz_date = $3::text::date)
-                AND ($4::text IS NULL OR r.trigger::text = $4)
-              ORDER BY r.run_id DESC LIMIT 100"
-        ),
-        &[&id, &state, &biz_date, &trigger],
-    )
-    .await?;
+    let runs = rows(&ctx, TASK_RUNS_SQL, &[&id, &state, &biz_date, &trigger]).await?;
     let _ = write!(
         b,
         "<h2>Runs</h2><form class=\"filters\" method=\"get\"><label>state <select name=\"state\">{}</select></label>\
