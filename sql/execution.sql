@@ -1722,6 +1722,9 @@ $$;
 COMMENT ON FUNCTION tide._tick_step(text, timestamptz) IS
     'Internal: one step of the tick''s work on existing runs (see tide._tick_runs).';
 
+-- The dead runs are found in tide.pending, which keeps every run that is dead until it is
+-- replayed or resolved: tide.run has no index by state (its hot updates would no longer be
+-- HOT), and reading it for its dead runs walked the whole history.
 CREATE VIEW tide.dead_letter WITH (security_invoker = true) AS
 SELECT r.run_id, t.name AS task, r.version, r.trigger, r.biz_date, r.window_start, r.window_end, r.dedupe_key,
        r.args, r.attempts, r.last_error_kind, r.last_error, r.finished_at AS died_at, r.reason,
@@ -1731,10 +1734,11 @@ SELECT r.run_id, t.name AS task, r.version, r.trigger, r.biz_date, r.window_star
                          ORDER BY a.attempt)
           FROM tide.attempt a WHERE a.run_id = r.run_id) AS attempt_errors,
        v.rules
-  FROM tide.run r
+  FROM tide.pending p
+  JOIN tide.run r ON r.run_id = p.run_id
   JOIN tide.task t ON t.task_id = r.task_id
   JOIN tide.task_version v ON v.task_id = r.task_id AND v.version = r.version
- WHERE r.state = 'dead';
+ WHERE p.state = 'dead' AND r.state = 'dead';
 COMMENT ON VIEW tide.dead_letter IS
     'Dead runs with their full context: task, rule version and rules, window, args, and every attempt''s error. Replay one with tide.replay_run(run_id).';
 GRANT SELECT ON tide.dead_letter TO PUBLIC;

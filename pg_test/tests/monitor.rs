@@ -1276,6 +1276,22 @@ fn health_of_a_quiet_task_skips_the_busy_ones(cluster: &Cluster) -> Result<(), F
         runs.min(100),
         "the page lists the task's newest runs, both kinds"
     );
+    // The dead letters (the console's page of them too) read the dead runs, not the history.
+    exec(
+        &mut c,
+        "SELECT tide.fail_run(c.run_id, c.lease_token, 'no such account', 'business')
+           FROM tide.claim_runs('quiet', 'w', 1) c",
+    )?;
+    let read = blocks_read(&mut c, "tide.run", "SELECT count(*) FROM tide.dead_letter")?;
+    assert!(
+        read < 100,
+        "tide.dead_letter read {read} blocks of tide.run: the 50,000 runs of another task were walked"
+    );
+    let dead: String = one(
+        &mut c,
+        "SELECT string_agg(task || ': ' || last_error, ', ') FROM tide.dead_letter",
+    )?;
+    assert_eq!(dead, "quiet: no such account");
     // The busy task's own figures still come from its newest runs.
     let last: String = one(
         &mut c,
