@@ -2028,6 +2028,22 @@ fn enqueued_sql_runs_are_executed(cluster: &Cluster) -> Result<(), Failed> {
     Ok(())
 }
 
+/// Waits until every run of the task has succeeded.
+fn all_succeeded(c: &mut Client, task: &str, within: Duration) -> Result<(), Failed> {
+    let sql = format!(
+        "SELECT count(*) FROM tide.run r JOIN tide.task t USING (task_id)
+          WHERE t.name = '{task}' AND r.state <> 'succeeded'"
+    );
+    wait_for(&format!("every run of {task}"), within, || {
+        let left: i64 = c
+            .query_one(&sql, &[])
+            .map_err(|e| pg_tide_pg_test::describe(&e))?
+            .get(0);
+        Ok((left == 0).then_some(()))
+    })?;
+    Ok(())
+}
+
 /// An executor claims its next run in the transaction that ends the previous one: one commit
 /// for both. The claim is on record before its command runs (its history row names the run it
 /// was committed with, which had ended by then), it is stamped with the instant it was made,
@@ -2047,17 +2063,7 @@ fn executors_claim_the_next_run_with_the_end_of_the_last(cluster: &Cluster) -> R
          SELECT count(*) FROM tide.enqueue('chained_sql',
              (SELECT jsonb_agg(jsonb_build_object('n', g)) FROM generate_series(1, 300) g));",
     )?;
-    wait_for("300 enqueued SQL runs", Duration::from_secs(60), || {
-        let left: i64 = c
-            .query_one(
-                "SELECT count(*) FROM tide.run r JOIN tide.task t USING (task_id)
-                  WHERE t.name = 'chained_sql' AND r.state <> 'succeeded'",
-                &[],
-            )
-            .map_err(|e| pg_tide_pg_test::describe(&e))?
-            .get(0);
-        Ok((left == 0).then_some(()))
-    })?;
+    all_succeeded(&mut c, "chained_sql", Duration::from_secs(60))?;
     let (done, once): (i64, i64) = {
         let row = c
             .query_one(
@@ -2120,17 +2126,7 @@ fn no_chained_claims_beside_queue_limits(cluster: &Cluster) -> Result<(), Failed
              (SELECT jsonb_agg(jsonb_build_object('n', g)) FROM generate_series(1, 40) g));",
     )?;
     // Parked for want of room, a run would wait for the park's minute.
-    wait_for("40 runs of a queue of one", Duration::from_secs(30), || {
-        let left: i64 = c
-            .query_one(
-                "SELECT count(*) FROM tide.run r JOIN tide.task t USING (task_id)
-                  WHERE t.name = 'queued_sql' AND r.state <> 'succeeded'",
-                &[],
-            )
-            .map_err(|e| pg_tide_pg_test::describe(&e))?
-            .get(0);
-        Ok((left == 0).then_some(()))
-    })?;
+    all_succeeded(&mut c, "queued_sql", Duration::from_secs(30))?;
     let chained: i64 = one(
         &mut c,
         "SELECT count(*) FROM tide.run_event e JOIN tide.run r USING (run_id) JOIN tide.task t USING (task_id)
