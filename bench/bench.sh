@@ -400,6 +400,50 @@ pickup_delayed=$("${PSQL[@]}" -d "$DB" -At -F ' ' -c "SELECT round(percentile_co
     round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)::numeric, 1)
     FROM (SELECT extract(epoch FROM r.claimed_at - (r.args->>'due')::timestamptz) * 1000 AS ms FROM tide.run r
            WHERE r.args->>'probe' = 'delayed') x")
+# The references for pickup: external workers that LISTEN, idle, and are sent jobs the same way
+# (100, 50 ms apart, each in a transaction of its own): pg_tide's external worker as the README
+# writes it in Node (pg), whose claim is the run's claimed_at, and graphile-worker's own worker
+# (one job at a time), whose claim is its job's locked_at (bench/pickup_peers.js). Both need
+# the Node packages installed for graphile-worker above.
+peer_pickup() { # $1 = label, $2 = SQL that adds job i, $3 = SQL of the jobs' pickups (ms), then the peer's arguments
+    local out pid n=0 label=$1 add=$2 ms=$3
+    shift 3
+    out="$tmp/peer_$1.out"
+    : >"$out"
+    NODE_PATH="$GW_DIR/node_modules" node bench/pickup_peers.js "$@" >"$out" 2>&1 &
+    pid=$!
+    while ! grep -q '^ready' "$out" && kill -0 "$pid" 2>/dev/null && [ "$n" -lt 300 ]; do sleep 0.1; n=$((n + 1)); done
+    if ! grep -q '^ready' "$out"; then
+        kill "$pid" 2>/dev/null || true
+        echo "- - ($label did not start: $(tr '\n' ' ' <"$out" | cut -c1-200))"
+        return
+    fi
+    "${PSQL[@]}" -d "$DB" -v ON_ERROR_STOP=1 -c "DO \$\$ BEGIN FOR i IN 1..100 LOOP
+        PERFORM pg_sleep(0.05); COMMIT; $add; COMMIT;
+        END LOOP; END \$\$" >/dev/null
+    if ! wait "$pid"; then
+        echo "- - ($label failed: $(tr '\n' ' ' <"$out" | cut -c1-200))"
+        return
+    fi
+    "${PSQL[@]}" -d "$DB" -At -F ' ' -c "SELECT round(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms)::numeric, 1),
+        round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)::numeric, 1) FROM ($ms) x"
+}
+pickup_listen="- - (skipped: $gw_why)"
+pickup_gw="- - (skipped: $gw_why)"
+if [ -n "$gw" ]; then
+    "${PSQL[@]}" -d "$DB" -v ON_ERROR_STOP=1 >/dev/null <<'SQL'
+SELECT tide.schedule('listen_probe', NULL, queue => 'listen_probe', topics => ARRAY['bench.unused_probe']);
+CREATE TABLE bench_gw_probe (id bigint, created_at timestamptz, locked_at timestamptz);
+SQL
+    pickup_listen=$(peer_pickup "pg_tide's external worker" \
+        "PERFORM tide.enqueue('listen_probe', jsonb_build_object('probe', 'listen', 'i', i))" \
+        "SELECT extract(epoch FROM r.claimed_at - r.created_at) * 1000 AS ms FROM tide.run r WHERE r.args->>'probe' = 'listen'" \
+        tide "postgres://postgres@127.0.0.1:$PORT/$DB" listen_probe 100)
+    pickup_gw=$(peer_pickup graphile-worker \
+        "PERFORM graphile_worker.add_job('probe', json_build_object('i', i))" \
+        "SELECT extract(epoch FROM g.locked_at - g.created_at) * 1000 AS ms FROM bench_gw_probe g" \
+        graphile "postgres://postgres@127.0.0.1:$PORT/$DB" 100)
+fi
 # SQL executor throughput: 5,000 no-op jobs enqueued in one call, run by the executors (both:
 # no backfill runs), from the enqueue's commit to the last one's end (runs/s). The wait polls
 # tide.pending by the jobs' ids (a scan of tide.run's history every 50 ms, as before, took a
@@ -745,7 +789,12 @@ set -- $pickup_busy; b50=$1; b99=$2
 printf '%-46s %10s %10s\n' "online pickup by the SQL executors (ms)" p50 p99
 set -- $pickup_delayed; d50=$1; d99=$2
 printf '%-46s %10s %10s\n' "idle" "$i50" "$i99" "enqueued with run_at, after run_at" "$d50" "$d99" "while a backfill runs ($busy_state)" "$b50" "$b99"
-echo "(target: p50 5 ms, p99 20 ms, idle and with run_at)"
+printf '%-46s %10s %10s\n' "references, idle (ms)" p50 p99
+set -- $pickup_listen
+printf '%-46s %10s %10s %s\n' "pg_tide external worker, LISTEN (Node pg)" "$1" "$2" "${*:3}"
+set -- $pickup_gw
+printf '%-46s %10s %10s %s\n' "graphile-worker $GW_VERSION, its own worker" "$1" "$2" "${*:3}"
+echo "(target: p50 5 ms, p99 20 ms, idle and with run_at; external workers keep their LISTEN path)"
 echo "(target: p99 with a backfill at most 1.5x the idle p99: $(pct "$b99" "$i99") of it)"
 printf '%-46s %10s %10s %7s\n' "SQL executors, no-op command (runs/s)" executors external ratio
 set -- $exec_rate
