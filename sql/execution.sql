@@ -316,6 +316,8 @@ COMMENT ON FUNCTION tide._claim(tide.executor, text, text, integer, interval, bo
 -- claim then reads with a snapshot of its own; an older one would find its candidates changed
 -- since). Whatever goes wrong in the claim is undone alone, in its own subtransaction: the run
 -- just ended stays ended, and the executor claims after the commit, as usual.
+-- The executor calls it in a subtransaction of its own (src/worker.rs): an error anywhere in it
+-- undoes the claim alone, never the run that just ended.
 CREATE FUNCTION tide._claim_next(p_worker text, p_online_only boolean, p_after bigint)
 RETURNS TABLE (run_id bigint, lease_token bigint)
 LANGUAGE plpgsql
@@ -330,12 +332,8 @@ BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RETURN;
     END IF;
-    BEGIN
-        SELECT c.run_id, c.lease_token INTO id, token
-          FROM tide._claim('sql', NULL, p_worker, 1, NULL, p_online_only, p_after) c;
-    EXCEPTION WHEN query_canceled OR others THEN
-        RETURN;
-    END;
+    SELECT c.run_id, c.lease_token INTO id, token
+      FROM tide._claim('sql', NULL, p_worker, 1, NULL, p_online_only, p_after) c;
     IF id IS NOT NULL THEN
         run_id := id;
         lease_token := token;

@@ -128,7 +128,7 @@ fn steps(now_pg: TimestampWithTimeZone) -> Map<String, Value> {
 
 /// Runs `body` in a subtransaction: an error in it (a PostgreSQL error or a Rust panic) rolls
 /// back what it did and is returned as its message, and the caller goes on.
-fn isolated<R>(body: impl FnOnce() -> R) -> Result<R, String> {
+pub(crate) fn isolated<R>(body: impl FnOnce() -> R) -> Result<R, String> {
     // SAFETY: the sequence PL/pgSQL uses for an exception block: remember the memory context and
     // resource owner, begin, and after release or rollback go back to both.
     let (context, owner) = unsafe {

@@ -434,10 +434,18 @@ fn execute_one(
             if over && std::time::Instant::now() < chain_until {
                 // SAFETY: sets statement_timestamp(), which the claim's instants use.
                 unsafe { pg_sys::SetCurrentStatementStartTimestamp() };
-                *next = claimed_row(
-                    "SELECT c.run_id, c.lease_token FROM tide._claim_next($1, $2, $3) c",
-                    &[worker.into(), online_only.into(), run.run_id.into()],
-                );
+                // In a subtransaction of its own: whatever goes wrong in the claim (a query
+                // cancel, say) undoes the claim alone, never the run that just ended.
+                *next = crate::tick::isolated(|| {
+                    claimed_row(
+                        "SELECT c.run_id, c.lease_token FROM tide._claim_next($1, $2, $3) c",
+                        &[worker.into(), online_only.into(), run.run_id.into()],
+                    )
+                })
+                .unwrap_or_else(|e| {
+                    log!("pg_tide: no claim with the end of run {}: {e}", run.run_id);
+                    None
+                });
             }
             answer
         });

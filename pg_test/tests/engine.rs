@@ -2112,6 +2112,69 @@ fn executors_claim_the_next_run_with_the_end_of_the_last(cluster: &Cluster) -> R
     Ok(())
 }
 
+/// A chained claim that fails, wherever the error comes from (a query cancel between its
+/// statements, say), takes nothing from the run that just ended: that run's work and end are
+/// committed, and it is not retried. Injected here by replacing the executors' claim function
+/// with one that raises outside any exception block of its own, then putting it back.
+fn failed_chained_claim_keeps_the_run_that_ended(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    let original: String = one(
+        &mut c,
+        "SELECT pg_get_functiondef('tide._claim_next(text, boolean, bigint)'::regprocedure)",
+    )?;
+    exec(
+        &mut c,
+        "CREATE TABLE unchained_done (n integer PRIMARY KEY);
+         CREATE SEQUENCE unchained_calls;
+         SELECT tide.schedule('unchained_sql', NULL, topics => ARRAY['unused'],
+                              command => 'INSERT INTO unchained_done VALUES ((tide.args()->>''n'')::int)');
+         CREATE OR REPLACE FUNCTION tide._claim_next(p_worker text, p_online_only boolean, p_after bigint)
+         RETURNS TABLE (run_id bigint, lease_token bigint)
+         LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+         AS $$ BEGIN
+             -- Counted by a sequence, which the rollback leaves alone.
+             PERFORM nextval('public.unchained_calls');
+             RAISE EXCEPTION 'injected failure of the chained claim';
+         END $$;
+         SELECT count(*) FROM tide.enqueue('unchained_sql',
+             (SELECT jsonb_agg(jsonb_build_object('n', g)) FROM generate_series(1, 40) g));",
+    )?;
+    let finished = all_succeeded(&mut c, "unchained_sql", Duration::from_secs(60));
+    // Put the claim back before anything can fail.
+    c.batch_execute(&original).map_err(db_err)?;
+    finished?;
+    let row = c
+        .query_one(
+            "SELECT (SELECT count(*) FROM unchained_done),
+                    (SELECT count(*) FROM tide.run r JOIN tide.task t USING (task_id)
+                      WHERE t.name = 'unchained_sql' AND r.attempts = 1),
+                    (SELECT count(*) FROM tide.run_event e JOIN tide.run r USING (run_id) JOIN tide.task t USING (task_id)
+                      WHERE t.name = 'unchained_sql' AND e.reason LIKE '%committed with the end of run%')",
+            &[],
+        )
+        .map_err(db_err)?;
+    let (done, once, chained): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+    assert_eq!(
+        (done, once),
+        (40, 40),
+        "every run once, in one attempt, though each chained claim failed"
+    );
+    assert_eq!(
+        chained, 0,
+        "a chained claim was made by the failing function"
+    );
+    let calls: i64 = one(
+        &mut c,
+        "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM unchained_calls",
+    )?;
+    assert!(calls > 0, "the executors never tried a chained claim");
+    exec(
+        &mut c,
+        "SELECT tide.unschedule('unchained_sql'); DROP TABLE unchained_done; DROP SEQUENCE unchained_calls",
+    )?;
+    Ok(())
+}
+
 /// With queue limits about, an executor does not claim its next run with the end of the last:
 /// that run's room in its queue is given back only at the commit, and the next run of the same
 /// queue would be parked for want of it. One after another, the runs of a queue of one go at once.
@@ -2326,6 +2389,10 @@ fn main() {
         (
             "workers_executors_claim_the_next_run_with_the_end_of_the_last",
             executors_claim_the_next_run_with_the_end_of_the_last,
+        ),
+        (
+            "workers_failed_chained_claim_keeps_the_run_that_ended",
+            failed_chained_claim_keeps_the_run_that_ended,
         ),
         (
             "workers_no_chained_claims_beside_queue_limits",
