@@ -1147,7 +1147,9 @@ BEGIN
                                      'severity', m.severity, 'opened_at', m.opened_at, 'details', m.details)
               FROM remind m) x;
     FOR c IN SELECT * FROM jsonb_array_elements(changes) LOOP
-        PERFORM pg_notify('pg_tide_alert', c::text);
+        -- Any role may LISTEN on any channel: the notification says what happened to which
+        -- alert, and each role reads the alerts it may see from tide.alert (row security).
+        PERFORM pg_notify('pg_tide_alert', jsonb_build_object('event', c->'event', 'alert_id', c->'alert_id')::text);
         PERFORM tide._alert_deliver(c);
         IF c->>'event' = 'opened' THEN
             opened := opened + 1;
@@ -1161,7 +1163,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide._evaluate_alerts(timestamptz, boolean) IS
-    'Internal: opens and resolves alerts at an instant (one open alert per subject and kind), escalates and reminds of unacknowledged ones, NOTIFYs pg_tide_alert with a JSON payload and records the deliveries of each change.';
+    'Internal: opens and resolves alerts at an instant (one open alert per subject and kind), escalates and reminds of unacknowledged ones, NOTIFYs pg_tide_alert with the event and the alert''s id (nothing of any role''s data: any role may LISTEN) and records the deliveries of each change.';
 
 -- ---------------------------------------------------------------------------------------------
 -- Run log lines: one per run start, skip, success and failure, key=value.

@@ -1,10 +1,12 @@
 //! Security and isolation on a real cluster: three non-superuser roles (alice, bob, mallory) and
 //! the superuser share one database and pg_tide's executors. Each row of the security review's
-//! table (D1 to D11) is a regression test here, and the model is checked end to end: what each
+//! table (D1 to D12) is a regression test here, and the model is checked end to end: what each
 //! role can see, change, claim and run; commands always run as their owner in a sealed session
 //! state; one bad task or one held lock cannot stop anyone else's work.
 
 use std::time::Duration;
+
+use postgres::fallible_iterator::FallibleIterator;
 
 use pg_tide_pg_test::{
     db_err, one, refused, run_tests, wait_for, Client, Cluster, Failed, TestFn, WORKERS_DB,
@@ -1338,6 +1340,84 @@ fn no_role_runs_its_code_as_another(cluster: &Cluster) -> Result<(), Failed> {
     Ok(())
 }
 
+/// D12: alert notifications carry no role's data. Any role may LISTEN on any channel, so
+/// `pg_tide_alert` says only what happened and to which alert; what the alert is about (its
+/// task, its details, such as a failed run's error) is read from `tide.alert`, where each role
+/// sees its own. Mallory listens while a run of alice's fails with a secret in its error.
+fn d12_alert_notifications_carry_no_roles_data(cluster: &Cluster) -> Result<(), Failed> {
+    let db = "s_notify";
+    let mut admin = cluster.fresh_db(db)?;
+    roles(&mut admin, db)?;
+    let mut alice = cluster.connect_as(db, "alice")?;
+    let mut mallory = cluster.connect_as(db, "mallory")?;
+    exec(&mut mallory, "LISTEN pg_tide_alert")?;
+    exec(
+        &mut alice,
+        "SELECT tide.schedule('a_payments', '* * * * *', misfire => 'latest')",
+    )?;
+    exec(&mut admin, "SELECT tide.tick(now() + interval '3 minutes')")?;
+    let failed: i64 = one(
+        &mut alice,
+        "SELECT count(tide.fail_run(c.run_id, c.lease_token, 'card 4111-secret refused', 'business'))
+           FROM tide.claim_runs('default', 'alice-worker', 1) c",
+    )?;
+    assert_eq!(failed, 1, "alice's run was claimed and failed");
+    let opened: i64 = one(
+        &mut admin,
+        "SELECT (tide._evaluate_alerts(now())->>'alerts_opened')::bigint",
+    )?;
+    assert!(opened >= 1, "no alert opened for the dead run");
+    let alert_id: i64 = one(
+        &mut alice,
+        "SELECT alert_id FROM tide.alert WHERE subject = 'a_payments' AND kind = 'dead_letter'",
+    )?;
+    // Every notification up to a sentinel sent after the evaluation.
+    exec(&mut admin, "NOTIFY pg_tide_alert, 'sentinel'")?;
+    let mut notes = Vec::new();
+    {
+        let mut received = mallory.notifications();
+        let mut it = received.timeout_iter(Duration::from_secs(10));
+        loop {
+            let note = it
+                .next()
+                .map_err(db_err)?
+                .ok_or("the sentinel NOTIFY did not arrive within 10 s")?;
+            if note.payload() == "sentinel" {
+                break;
+            }
+            notes.push(note.payload().to_string());
+        }
+    }
+    let expected = format!("{{\"event\": \"opened\", \"alert_id\": {alert_id}}}");
+    assert!(
+        notes.contains(&expected),
+        "the opening of alert {alert_id} was not notified as {expected}: {notes:?}"
+    );
+    for note in &notes {
+        let keys: i64 = mallory
+            .query_one(
+                "SELECT count(*) FROM jsonb_object_keys($1::text::jsonb) k WHERE k NOT IN ('event', 'alert_id')",
+                &[note],
+            )
+            .map_err(db_err)?
+            .get(0);
+        assert_eq!(
+            keys, 0,
+            "a notification says more than what happened: {note}"
+        );
+        assert!(
+            !note.contains("secret") && !note.contains("a_payments"),
+            "a notification carries alice's data: {note}"
+        );
+    }
+    let seen: i64 = one(
+        &mut mallory,
+        &format!("SELECT count(*) FROM tide.alert WHERE alert_id = {alert_id}"),
+    )?;
+    assert_eq!(seen, 0, "mallory reads alice's alert");
+    Ok(())
+}
+
 fn main() {
     let tests: &[(&str, TestFn)] = &[
         (
@@ -1388,6 +1468,10 @@ fn main() {
         (
             "no_role_runs_its_code_as_another",
             no_role_runs_its_code_as_another,
+        ),
+        (
+            "d12_alert_notifications_carry_no_roles_data",
+            d12_alert_notifications_carry_no_roles_data,
         ),
     ];
     run_tests("security", tests)
