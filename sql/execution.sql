@@ -176,10 +176,13 @@ BEGIN
                         WHERE (p_queue IS NULL OR q.name = p_queue)
                           AND (owners_ok IS NULL OR q.owner = ANY (owners_ok) OR q.owner = ANY (g_owners)));
     -- An executor's claim committed with the end of its previous run (p_after) is made before
-    -- that run's queue room is given back (at the commit): with queue limits about, the run it
-    -- would take could be parked for want of the very room being freed. The executor claims
-    -- again after the commit instead.
-    IF p_after IS NOT NULL AND limited THEN
+    -- that run's queue room is given back (at the commit): when that run's own queue has limits,
+    -- the run it would take could be parked for want of the very room being freed. The executor
+    -- claims again after the commit instead. Other queues' limits do not matter here: their
+    -- room is not waiting for this commit (their candidates are admitted as in any claim).
+    IF p_after IS NOT NULL AND limited
+       AND EXISTS (SELECT 1 FROM tide.run r JOIN tide.queue q ON q.owner = r.owner AND q.name = r.queue
+                    WHERE r.run_id = p_after) THEN
         RETURN;
     END IF;
     -- The candidates are fixed in an array first: a LIMIT subquery under FOR UPDATE SKIP LOCKED

@@ -2206,6 +2206,54 @@ fn no_chained_claims_beside_queue_limits(cluster: &Cluster) -> Result<(), Failed
     Ok(())
 }
 
+/// Limits on one queue leave chained claims on for the runs of every other queue: only the
+/// room of the queue whose run just ended waits for that commit. Runs of a queue without limits
+/// are claimed with the end of the last beside a queue of two; no claim is chained with the end
+/// of a run of the queue of two, and its runs go at once.
+fn chained_claims_beside_another_queues_limits(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "SELECT tide.create_queue('two_at_a_time', max_concurrency => 2);
+         SELECT tide.schedule('limited_sql', NULL, topics => ARRAY['unused'], queue => 'two_at_a_time',
+                              command => 'SELECT 1');
+         SELECT tide.schedule('free_sql', NULL, topics => ARRAY['unused'], command => 'SELECT 1');
+         SELECT count(*) FROM tide.enqueue('free_sql',
+             (SELECT jsonb_agg(jsonb_build_object('n', g)) FROM generate_series(1, 200) g));
+         SELECT count(*) FROM tide.enqueue('limited_sql',
+             (SELECT jsonb_agg(jsonb_build_object('n', g)) FROM generate_series(1, 20) g));",
+    )?;
+    // Parked for want of room, a run would wait for the park's minute.
+    all_succeeded(&mut c, "free_sql", Duration::from_secs(60))?;
+    all_succeeded(&mut c, "limited_sql", Duration::from_secs(30))?;
+    let row = c
+        .query_one(
+            "WITH chained AS (
+                 SELECT substring(e.reason FROM 'committed with the end of run ([0-9]+)$')::bigint AS after
+                   FROM tide.run_event e JOIN tide.run r USING (run_id) JOIN tide.task t USING (task_id)
+                  WHERE t.name IN ('free_sql', 'limited_sql') AND e.to_state = 'running')
+             SELECT count(*) FILTER (WHERE t.name = 'free_sql'), count(*) FILTER (WHERE t.name = 'limited_sql')
+               FROM chained x JOIN tide.run a ON a.run_id = x.after JOIN tide.task t ON t.task_id = a.task_id",
+            &[],
+        )
+        .map_err(db_err)?;
+    let (after_free, after_limited): (i64, i64) = (row.get(0), row.get(1));
+    assert!(
+        after_free > 0,
+        "no claim was chained with the end of a run of the queue without limits"
+    );
+    assert_eq!(
+        after_limited, 0,
+        "a claim chained with the end of a run of the queue of two"
+    );
+    exec(
+        &mut c,
+        "SELECT tide.unschedule('free_sql'); SELECT tide.unschedule('limited_sql');
+         SELECT tide.drop_queue('two_at_a_time')",
+    )?;
+    Ok(())
+}
+
 /// Top-level commands (top_level => true) run outside any transaction block, as pg_cron runs
 /// them: VACUUM, CREATE INDEX CONCURRENTLY and several statements in one string, as the task's
 /// owner, with the run context; what the owner may not do fails with the server's own error.
@@ -2397,6 +2445,10 @@ fn main() {
         (
             "workers_no_chained_claims_beside_queue_limits",
             no_chained_claims_beside_queue_limits,
+        ),
+        (
+            "workers_chained_claims_beside_another_queues_limits",
+            chained_claims_beside_another_queues_limits,
         ),
         (
             "workers_pg_cron_schedules_keep_their_meaning",
