@@ -77,15 +77,29 @@ BEGIN
         RAISE EXCEPTION '%: run_id must not be NULL', p_function USING ERRCODE = 'null_value_not_allowed',
             HINT = 'find the run with: SELECT run_id, state FROM tide.run WHERE task_id = ...';
     END IF;
-    SELECT * INTO r FROM tide.run x WHERE x.run_id = p_run_id AND tide._may_act(x.owner) FOR UPDATE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'run % does not exist', p_run_id USING ERRCODE = 'undefined_object',
-            HINT = 'find the run with: SELECT run_id, state FROM tide.run WHERE task_id = ...; runs of other roles'' tasks are not visible';
-    END IF;
-    RETURN r;
+    -- The run, then its line in tide.pending, which a change of the run writes. A claim locks the
+    -- line first and the run second: waiting for the line while holding the run could deadlock
+    -- with it. So the line is taken without waiting; while it is busy, the run is let go (with
+    -- the subtransaction) and both are tried again shortly.
+    FOR attempt IN 1..500 LOOP
+        BEGIN
+            SELECT * INTO r FROM tide.run x WHERE x.run_id = p_run_id AND tide._may_act(x.owner) FOR UPDATE;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION 'run % does not exist', p_run_id USING ERRCODE = 'undefined_object',
+                    HINT = 'find the run with: SELECT run_id, state FROM tide.run WHERE task_id = ...; runs of other roles'' tasks are not visible';
+            END IF;
+            PERFORM 1 FROM tide.pending p WHERE p.run_id = p_run_id FOR UPDATE NOWAIT;
+            RETURN r;
+        EXCEPTION WHEN lock_not_available THEN
+            PERFORM pg_sleep(0.01);
+        END;
+    END LOOP;
+    RAISE EXCEPTION '%: run % is being claimed or changed right now', p_function, p_run_id
+        USING ERRCODE = 'lock_not_available', HINT = 'try again in a moment';
 END
 $$;
-COMMENT ON FUNCTION tide._control_target(bigint, text) IS 'Internal: the run a pause/resume/cancel works on, locked.';
+COMMENT ON FUNCTION tide._control_target(bigint, text) IS
+    'Internal: the run a pause/resume/cancel works on, locked with its line in tide.pending (taken without waiting, in the order no claim deadlocks with; tried again for about 5 s while the line is busy).';
 
 CREATE FUNCTION tide.pause_run(run_id bigint) RETURNS text
 LANGUAGE plpgsql

@@ -2257,6 +2257,65 @@ fn chained_claims_beside_another_queues_limits(cluster: &Cluster) -> Result<(), 
     Ok(())
 }
 
+/// Run control never deadlocks with a claim. A claim locks a run's line in tide.pending first
+/// and the run second; pause_run, resume_run and cancel_run lock the run, then take its line
+/// without waiting (letting go of the run and trying again while a claim holds the line). The
+/// claim's two steps are taken by hand around a cancel: the line, then (while the cancel waits)
+/// the run. Both go through, the cancel after the claim.
+fn run_control_does_not_deadlock_with_a_claim(cluster: &Cluster) -> Result<(), Failed> {
+    let db = "e_control_lock";
+    let mut c = cluster.fresh_db(db)?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('ctl', NULL, topics => ARRAY['unused'])",
+    )?;
+    let run: i64 = one(&mut c, "SELECT e FROM tide.enqueue('ctl', '{}') e")?;
+    let mut claimer = cluster.connect(db)?;
+    exec(
+        &mut claimer,
+        &format!("BEGIN; SELECT 1 FROM tide.pending WHERE run_id = {run} FOR UPDATE"),
+    )?;
+    let mut canceller = cluster.connect(db)?;
+    let pid: i32 = one(&mut canceller, "SELECT pg_backend_pid()")?;
+    let cancel = std::thread::spawn(move || {
+        canceller
+            .query_one(&format!("SELECT tide.cancel_run({run})"), &[])
+            .map(|row| row.get::<_, String>(0))
+            .map_err(|e| pg_tide_pg_test::describe(&e))
+    });
+    // The cancel waits: on the line's lock (holding the run), or between its tries.
+    wait_for(
+        "the cancel to wait for the line",
+        Duration::from_secs(10),
+        || {
+            let waiting: bool = c
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                                 WHERE pid = $1 AND wait_event IN ('transactionid', 'tuple', 'PgSleep'))",
+                &[&pid],
+            )
+            .map_err(|e| pg_tide_pg_test::describe(&e))?
+            .get(0);
+            Ok(waiting.then_some(()))
+        },
+    )?;
+    // The claim's second step, then its commit: neither may be chosen as a deadlock's victim.
+    exec(
+        &mut claimer,
+        &format!("UPDATE tide.run SET updated_at = now() WHERE run_id = {run}; COMMIT"),
+    )?;
+    let answer = cancel
+        .join()
+        .map_err(|_| "the cancel's thread panicked")??;
+    assert_eq!(answer, "cancelled");
+    let state: String = one(
+        &mut c,
+        &format!("SELECT state::text FROM tide.run WHERE run_id = {run}"),
+    )?;
+    assert_eq!(state, "cancelled");
+    Ok(())
+}
+
 /// Top-level commands (top_level => true) run outside any transaction block, as pg_cron runs
 /// them: VACUUM, CREATE INDEX CONCURRENTLY and several statements in one string, as the task's
 /// owner, with the run context; what the owner may not do fails with the server's own error.
@@ -2452,6 +2511,10 @@ fn main() {
         (
             "workers_chained_claims_beside_another_queues_limits",
             chained_claims_beside_another_queues_limits,
+        ),
+        (
+            "run_control_does_not_deadlock_with_a_claim",
+            run_control_does_not_deadlock_with_a_claim,
         ),
         (
             "workers_pg_cron_schedules_keep_their_meaning",
