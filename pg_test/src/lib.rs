@@ -46,6 +46,35 @@ pub fn refused(c: &mut Client, sql: &str) -> Result<(String, String, String), Fa
     }
 }
 
+/// Every notification `listener` received on `channel`, in order, up to a sentinel that `sender`
+/// sends now: notifications arrive in commit order, so those of every transaction committed
+/// before this call are in by then (10 s at most for the sentinel to arrive).
+pub fn notifications_until_sentinel(
+    listener: &mut Client,
+    sender: &mut Client,
+    channel: &str,
+) -> Result<Vec<String>, Failed> {
+    use postgres::fallible_iterator::FallibleIterator;
+    sender
+        .batch_execute(&format!("NOTIFY {channel}, 'sentinel'"))
+        .map_err(|e| describe(&e))?;
+    let mut out = Vec::new();
+    let mut notes = listener.notifications();
+    let mut it = notes.timeout_iter(Duration::from_secs(10));
+    loop {
+        let note = it
+            .next()
+            .map_err(|e| describe(&e))?
+            .ok_or("the sentinel NOTIFY did not arrive within 10 s")?;
+        if note.channel() == channel && note.payload() == "sentinel" {
+            return Ok(out);
+        }
+        if note.channel() == channel {
+            out.push(note.payload().to_string());
+        }
+    }
+}
+
 /// Starts one cluster (tagged `name`), runs `tests` against it one at a time, stops it and
 /// exits with libtest's status.
 pub fn run_tests(name: &str, tests: &[(&'static str, TestFn)]) -> ! {

@@ -608,7 +608,7 @@ fn bad_input_is_refused(cluster: &Cluster) -> Result<(), Failed> {
             "'sideways'",
         ),
         (
-            format!("SELECT tide.backfill('daily', current_date + 5, current_date + 9)"),
+            "SELECT tide.backfill('daily', current_date + 5, current_date + 9)".to_string(),
             "22023",
             "has ended",
         ),

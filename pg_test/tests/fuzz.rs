@@ -348,7 +348,7 @@ fn every_public_function_refuses_hostile_input_cleanly(cluster: &Cluster) -> Res
         let pools: Vec<Vec<String>> = f.args.iter().map(|t| pool(t, &fixtures)).collect();
         for _ in 0..per_function {
             // Sometimes leave out the defaulted trailing arguments.
-            let keep = if f.defaults > 0 && rng.next() % 3 == 0 {
+            let keep = if f.defaults > 0 && rng.next().is_multiple_of(3) {
                 f.args.len() - (rng.next() as usize % (f.defaults + 1))
             } else {
                 f.args.len()

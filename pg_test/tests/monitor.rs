@@ -8,10 +8,9 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use postgres::fallible_iterator::FallibleIterator;
-
 use pg_tide_pg_test::{
-    blocks_read, db_err, one, refused, run_tests, Client, Cluster, Failed, TestFn,
+    blocks_read, db_err, notifications_until_sentinel, one, refused, run_tests, Client, Cluster,
+    Failed, TestFn,
 };
 
 fn exec(c: &mut Client, sql: &str) -> Result<(), Failed> {
@@ -84,23 +83,9 @@ fn open_alerts(c: &mut Client) -> Result<String, Failed> {
     )
 }
 
-/// Every pg_tide_alert payload received up to a sentinel this test sends itself (notifications
-/// of one channel arrive in commit order, so all earlier ones are in by then).
+/// Every pg_tide_alert payload received up to a sentinel this test sends itself.
 fn alert_notes(listener: &mut Client, sender: &mut Client) -> Result<Vec<String>, Failed> {
-    exec(sender, "NOTIFY pg_tide_alert, 'sentinel'")?;
-    let mut out = Vec::new();
-    let mut notes = listener.notifications();
-    let mut it = notes.timeout_iter(Duration::from_secs(10));
-    loop {
-        let note = it
-            .next()
-            .map_err(db_err)?
-            .ok_or("the sentinel NOTIFY did not arrive within 10 s")?;
-        if note.payload() == "sentinel" {
-            return Ok(out);
-        }
-        out.push(note.payload().to_string());
-    }
+    notifications_until_sentinel(listener, sender, "pg_tide_alert")
 }
 
 /// The notifications of an event whose alert is of a kind: a notification names the event and

@@ -6,10 +6,9 @@
 
 use std::time::Duration;
 
-use postgres::fallible_iterator::FallibleIterator;
-
 use pg_tide_pg_test::{
-    db_err, one, refused, run_tests, wait_for, Client, Cluster, Failed, TestFn, WORKERS_DB,
+    db_err, notifications_until_sentinel, one, refused, run_tests, wait_for, Client, Cluster,
+    Failed, TestFn, WORKERS_DB,
 };
 
 fn exec(c: &mut Client, sql: &str) -> Result<(), Failed> {
@@ -1372,22 +1371,7 @@ fn d12_alert_notifications_carry_no_roles_data(cluster: &Cluster) -> Result<(), 
         "SELECT alert_id FROM tide.alert WHERE subject = 'a_payments' AND kind = 'dead_letter'",
     )?;
     // Every notification up to a sentinel sent after the evaluation.
-    exec(&mut admin, "NOTIFY pg_tide_alert, 'sentinel'")?;
-    let mut notes = Vec::new();
-    {
-        let mut received = mallory.notifications();
-        let mut it = received.timeout_iter(Duration::from_secs(10));
-        loop {
-            let note = it
-                .next()
-                .map_err(db_err)?
-                .ok_or("the sentinel NOTIFY did not arrive within 10 s")?;
-            if note.payload() == "sentinel" {
-                break;
-            }
-            notes.push(note.payload().to_string());
-        }
-    }
+    let notes = notifications_until_sentinel(&mut mallory, &mut admin, "pg_tide_alert")?;
     let expected = format!("{{\"event\": \"opened\", \"alert_id\": {alert_id}}}");
     assert!(
         notes.contains(&expected),
