@@ -317,10 +317,9 @@ COMMENT ON FUNCTION tide._claim(tide.executor, text, text, integer, interval, bo
 -- so that one commit, and one disk flush, records both: the claim is still on record before the
 -- next command starts, as a claim committed on its own would be. Only in READ COMMITTED (the
 -- claim then reads with a snapshot of its own; an older one would find its candidates changed
--- since). Whatever goes wrong in the claim is undone alone, in its own subtransaction: the run
--- just ended stays ended, and the executor claims after the commit, as usual.
--- The executor calls it in a subtransaction of its own (src/worker.rs): an error anywhere in it
--- undoes the claim alone, never the run that just ended.
+-- since). Whatever goes wrong in the claim is undone alone, in the subtransaction the executor
+-- opens around this call (src/worker.rs): the run just ended stays ended, and the executor
+-- claims after the commit, as usual.
 CREATE FUNCTION tide._claim_next(p_worker text, p_online_only boolean, p_after bigint)
 RETURNS TABLE (run_id bigint, lease_token bigint)
 LANGUAGE plpgsql

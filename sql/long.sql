@@ -72,6 +72,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     r tide.run;
+    taking_line boolean;
 BEGIN
     IF p_run_id IS NULL THEN
         RAISE EXCEPTION '%: run_id must not be NULL', p_function USING ERRCODE = 'null_value_not_allowed',
@@ -83,14 +84,21 @@ BEGIN
     -- the subtransaction) and both are tried again shortly.
     FOR attempt IN 1..500 LOOP
         BEGIN
+            taking_line := false;
             SELECT * INTO r FROM tide.run x WHERE x.run_id = p_run_id AND tide._may_act(x.owner) FOR UPDATE;
             IF NOT FOUND THEN
                 RAISE EXCEPTION 'run % does not exist', p_run_id USING ERRCODE = 'undefined_object',
                     HINT = 'find the run with: SELECT run_id, state FROM tide.run WHERE task_id = ...; runs of other roles'' tasks are not visible';
             END IF;
+            taking_line := true;
             PERFORM 1 FROM tide.pending p WHERE p.run_id = p_run_id FOR UPDATE NOWAIT;
             RETURN r;
         EXCEPTION WHEN lock_not_available THEN
+            -- Only the line's busy lock is tried again: the caller's lock_timeout, expired while
+            -- waiting for the run itself, is its error.
+            IF NOT taking_line THEN
+                RAISE;
+            END IF;
             PERFORM pg_sleep(0.01);
         END;
     END LOOP;

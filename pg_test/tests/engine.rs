@@ -2313,6 +2313,23 @@ fn run_control_does_not_deadlock_with_a_claim(cluster: &Cluster) -> Result<(), F
         &format!("SELECT state::text FROM tide.run WHERE run_id = {run}"),
     )?;
     assert_eq!(state, "cancelled");
+    // Waiting for the run itself, the caller's lock_timeout is its error, at once: only the busy
+    // line is tried again.
+    let other: i64 = one(&mut c, "SELECT e FROM tide.enqueue('ctl', '{}') e")?;
+    exec(
+        &mut claimer,
+        &format!("BEGIN; SELECT 1 FROM tide.run WHERE run_id = {other} FOR UPDATE"),
+    )?;
+    let (code, message, _) = refused(
+        &mut c,
+        &format!("SET lock_timeout = '100ms'; SELECT tide.pause_run({other})"),
+    )?;
+    exec(&mut claimer, "ROLLBACK")?;
+    exec(&mut c, "RESET lock_timeout")?;
+    assert_eq!(
+        (code.as_str(), message.as_str()),
+        ("55P03", "canceling statement due to lock timeout")
+    );
     Ok(())
 }
 
