@@ -5,7 +5,6 @@
 
 use chrono::{DateTime, Duration, Utc};
 use pgrx::datum::{Date, Interval, JsonB, TimestampWithTimeZone};
-use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use serde_json::{json, Map, Value};
@@ -17,6 +16,7 @@ use crate::misfire::{plan, Decision, Due, Misfire, Planned, Policy, SkipReason};
 use crate::pgtime::{date_to_pg, from_pg, to_pg};
 use crate::rules::{check_interval, RuleText, TaskRules};
 use crate::sqlerr::{required, OrRaise};
+use crate::worker::isolated;
 
 const F: &str = "tide.tick";
 /// Tasks handled per tick; more due tasks wait for the next tick (a second later).
@@ -124,41 +124,6 @@ fn steps(now_pg: TimestampWithTimeZone) -> Map<String, Value> {
         }
     }
     out
-}
-
-/// Runs `body` in a subtransaction: an error in it (a PostgreSQL error or a Rust panic) rolls
-/// back what it did and is returned as its message, and the caller goes on.
-pub(crate) fn isolated<R>(body: impl FnOnce() -> R) -> Result<R, String> {
-    // SAFETY: the sequence PL/pgSQL uses for an exception block: remember the memory context and
-    // resource owner, begin, and after release or rollback go back to both.
-    let (context, owner) = unsafe {
-        let saved = (pg_sys::CurrentMemoryContext, pg_sys::CurrentResourceOwner);
-        pg_sys::BeginInternalSubTransaction(std::ptr::null());
-        pg_sys::MemoryContextSwitchTo(saved.0);
-        saved
-    };
-    let result = PgTryBuilder::new(std::panic::AssertUnwindSafe(|| Ok(body())))
-        .catch_others(|e| {
-            Err(match e {
-                pg_sys::panic::CaughtError::PostgresError(r)
-                | pg_sys::panic::CaughtError::ErrorReport(r)
-                | pg_sys::panic::CaughtError::RustPanic { ereport: r, .. } => {
-                    r.message().to_string()
-                }
-            })
-        })
-        .execute();
-    // SAFETY: ends the subtransaction begun above, committing or rolling back.
-    unsafe {
-        if result.is_ok() {
-            pg_sys::ReleaseCurrentSubTransaction();
-        } else {
-            pg_sys::RollbackAndReleaseCurrentSubTransaction();
-        }
-        pg_sys::MemoryContextSwitchTo(context);
-        pg_sys::CurrentResourceOwner = owner;
-    }
-    result
 }
 
 /// How long a task whose firing failed waits before the tick tries it again.

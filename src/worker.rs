@@ -123,13 +123,7 @@ pub(crate) fn in_transaction<R>(what: &str, body: impl FnOnce() -> R) -> Result<
     }
     let result = PgTryBuilder::new(AssertUnwindSafe(move || Ok(body())))
         .catch_others(|e| {
-            let message = match &e {
-                pg_sys::panic::CaughtError::PostgresError(r)
-                | pg_sys::panic::CaughtError::ErrorReport(r)
-                | pg_sys::panic::CaughtError::RustPanic { ereport: r, .. } => {
-                    r.message().to_string()
-                }
-            };
+            let message = caught_message(&e);
             warning!("pg_tide: {what} failed: {message}");
             Err(message)
         })
@@ -145,6 +139,43 @@ pub(crate) fn in_transaction<R>(what: &str, body: impl FnOnce() -> R) -> Result<
         }
     }
     result
+}
+
+/// Runs `body` in a subtransaction of the caller's transaction: an error in it (a PostgreSQL
+/// error or a Rust panic) rolls back what it did and is returned as its message, and the caller
+/// goes on (each task the tick fires and each of its steps, an executor's chained claim).
+pub(crate) fn isolated<R>(body: impl FnOnce() -> R) -> Result<R, String> {
+    // SAFETY: the sequence PL/pgSQL uses for an exception block: remember the memory context and
+    // resource owner, begin, and after release or rollback go back to both.
+    let (context, owner) = unsafe {
+        let saved = (pg_sys::CurrentMemoryContext, pg_sys::CurrentResourceOwner);
+        pg_sys::BeginInternalSubTransaction(std::ptr::null());
+        pg_sys::MemoryContextSwitchTo(saved.0);
+        saved
+    };
+    let result = PgTryBuilder::new(AssertUnwindSafe(|| Ok(body())))
+        .catch_others(|e| Err(caught_message(&e)))
+        .execute();
+    // SAFETY: ends the subtransaction begun above, committing or rolling back.
+    unsafe {
+        if result.is_ok() {
+            pg_sys::ReleaseCurrentSubTransaction();
+        } else {
+            pg_sys::RollbackAndReleaseCurrentSubTransaction();
+        }
+        pg_sys::MemoryContextSwitchTo(context);
+        pg_sys::CurrentResourceOwner = owner;
+    }
+    result
+}
+
+/// The message of an error caught by `PgTryBuilder`.
+fn caught_message(e: &pg_sys::panic::CaughtError) -> String {
+    match e {
+        pg_sys::panic::CaughtError::PostgresError(r)
+        | pg_sys::panic::CaughtError::ErrorReport(r)
+        | pg_sys::panic::CaughtError::RustPanic { ereport: r, .. } => r.message().to_string(),
+    }
 }
 
 /// Whether this database has the extension (it may be created or dropped at any time). A
@@ -436,7 +467,7 @@ fn execute_one(
                 unsafe { pg_sys::SetCurrentStatementStartTimestamp() };
                 // In a subtransaction of its own: whatever goes wrong in the claim (a query
                 // cancel, say) undoes the claim alone, never the run that just ended.
-                *next = crate::tick::isolated(|| {
+                *next = isolated(|| {
                     claimed_row(
                         "SELECT c.run_id, c.lease_token FROM tide._claim_next($1, $2, $3) c",
                         &[worker.into(), online_only.into(), run.run_id.into()],
