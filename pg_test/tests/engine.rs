@@ -2261,7 +2261,8 @@ fn chained_claims_beside_another_queues_limits(cluster: &Cluster) -> Result<(), 
 /// and the run second; pause_run, resume_run and cancel_run lock the run, then take its line
 /// without waiting (letting go of the run and trying again while a claim holds the line). The
 /// claim's two steps are taken by hand around a cancel: the line, then (while the cancel waits)
-/// the run. Both go through, the cancel after the claim.
+/// the run. Both go through, the cancel after the claim. A lock_timeout on the run itself is the
+/// caller's error at once; a line held past the tries is refused with nothing changed.
 fn run_control_does_not_deadlock_with_a_claim(cluster: &Cluster) -> Result<(), Failed> {
     let db = "e_control_lock";
     let mut c = cluster.fresh_db(db)?;
@@ -2330,6 +2331,27 @@ fn run_control_does_not_deadlock_with_a_claim(cluster: &Cluster) -> Result<(), F
         (code.as_str(), message.as_str()),
         ("55P03", "canceling statement due to lock timeout")
     );
+    // A line held for longer than the tries last (about 5 s): refused, named, with a hint, and
+    // nothing changed.
+    exec(
+        &mut claimer,
+        &format!("BEGIN; SELECT 1 FROM tide.pending WHERE run_id = {other} FOR UPDATE"),
+    )?;
+    let (code, message, hint) = refused(&mut c, &format!("SELECT tide.pause_run({other})"))?;
+    exec(&mut claimer, "ROLLBACK")?;
+    assert_eq!(
+        (code.as_str(), message.as_str()),
+        (
+            "55P03",
+            format!("tide.pause_run: run {other} is being claimed or changed right now").as_str()
+        )
+    );
+    assert!(!hint.is_empty(), "{message}");
+    let state: String = one(
+        &mut c,
+        &format!("SELECT state::text FROM tide.run WHERE run_id = {other}"),
+    )?;
+    assert_eq!(state, "ready", "a refused pause changed the run");
     Ok(())
 }
 
