@@ -189,7 +189,8 @@ COMMENT ON FUNCTION tide._park(bigint, timestamptz) IS 'Internal: takes a ready 
 -- The targets are chosen without looking at `parked`: a claim that is parking one of them right
 -- now has not committed yet, so its park is not visible here. Updating the run instead waits
 -- for that claim's row lock and then sees its park (READ COMMITTED re-checks the updated row),
--- so no wake-up is lost. Unparking a run that was not parked changes nothing.
+-- so no wake-up is lost. Unparking a run that was not parked changes nothing; a run enqueued
+-- for later (run_at, due_at ahead) and not yet due is never a target: it keeps its wait.
 CREATE FUNCTION tide._wake(p_run_ids bigint[]) RETURNS integer
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -209,7 +210,7 @@ BEGIN
              WHERE p.run_id = (SELECT q.run_id FROM tide.pending q
                                 WHERE q.gate = rec.gate AND q.state IN ('ready', 'retry', 'running', 'paused')
                                 ORDER BY q.run_id LIMIT 1)
-               AND p.state = 'ready'
+               AND p.state = 'ready' AND (p.parked OR p.due_at IS NULL OR p.due_at <= statement_timestamp())
                AND NOT EXISTS (SELECT 1 FROM tide.pending q WHERE q.gate = rec.gate AND q.state = 'running')
             RETURNING p.run_id)
         SELECT array_agg(w.run_id) INTO more FROM w;
@@ -220,8 +221,9 @@ BEGIN
             UPDATE tide.pending p SET parked = false, due_at = NULL
              WHERE p.run_id = (SELECT q.run_id FROM tide.pending q
                                 WHERE q.lock_key = rec.lock_key AND q.owner = rec.owner AND q.state = 'ready'
+                                  AND (q.parked OR q.due_at IS NULL OR q.due_at <= statement_timestamp())
                                 ORDER BY q.run_id LIMIT 1)
-               AND p.state = 'ready'
+               AND p.state = 'ready' AND (p.parked OR p.due_at IS NULL OR p.due_at <= statement_timestamp())
                AND NOT EXISTS (SELECT 1 FROM tide.lock l
                                 WHERE l.owner = rec.owner AND l.key = rec.lock_key AND l.expires_at > now())
             RETURNING p.run_id)
@@ -236,6 +238,7 @@ BEGIN
         WITH target AS (
             SELECT q.run_id FROM tide.pending q
              WHERE q.task_id = rec.task_id AND q.gated AND q.state = 'ready'
+               AND (q.parked OR q.due_at IS NULL OR q.due_at <= statement_timestamp())
              ORDER BY q.run_id
              LIMIT greatest(0, rec.max_concurrency
                                - (SELECT count(*) FROM tide.pending x
@@ -244,7 +247,7 @@ BEGIN
         ), w AS (
             UPDATE tide.pending p SET parked = false, due_at = NULL
               FROM target t
-             WHERE p.run_id = t.run_id AND p.state = 'ready'
+             WHERE p.run_id = t.run_id AND p.state = 'ready' AND (p.parked OR p.due_at IS NULL OR p.due_at <= statement_timestamp())
             RETURNING p.run_id)
         SELECT array_agg(w.run_id) INTO more FROM w;
         woken := woken || coalesce(more, '{}');

@@ -153,6 +153,80 @@ fn busy_keys_defer_runs_across_tasks(cluster: &Cluster) -> Result<(), Failed> {
     Ok(())
 }
 
+/// A run enqueued for later (run_at ahead) waits for its instant, whatever wakes its neighbours:
+/// when a lock key's holder ends, or a slot of a task's max_concurrency frees, the run woken is
+/// the one waiting for it, never one that is not due yet. (Before, the wake-up took the oldest
+/// ready run of the key or the task and cleared its wait: a job enqueued for an hour later ran
+/// at once.)
+fn a_wake_up_never_starts_a_run_enqueued_for_later(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("l_later")?;
+    for (task, rules) in [
+        ("pay", "lock_key => 'account:{args.account}'"),
+        ("mc", "overlap => 'allow', max_concurrency => 1"),
+    ] {
+        exec(
+            &mut c,
+            &format!("SELECT tide.schedule('{task}', '0 0 1 1 *', queue => '{task}', {rules})"),
+        )?;
+        let now_run: i64 = one(
+            &mut c,
+            &format!("SELECT tide.enqueue('{task}', '{{\"account\": 1}}')"),
+        )?;
+        let later: i64 = one(
+            &mut c,
+            &format!(
+                "SELECT tide.enqueue('{task}', '{{\"account\": 1}}', run_at => now() + interval '1 hour')"
+            ),
+        )?;
+        let waiter: i64 = one(
+            &mut c,
+            &format!("SELECT tide.enqueue('{task}', '{{\"account\": 1}}')"),
+        )?;
+        let extra = format!(", queue => '{task}'");
+        // The first goes; the third waits for it (parked), the second for its hour.
+        let first = claim(&mut c, 10, &extra)?;
+        assert_eq!(ids(&first), vec![now_run], "{task}: only the first may go");
+        let parked: bool = one(
+            &mut c,
+            &format!("SELECT parked FROM tide.pending WHERE run_id = {waiter}"),
+        )?;
+        assert!(parked, "{task}: the third waits for the first");
+        let (run, token) = first[0];
+        exec(&mut c, &format!("SELECT tide.complete_run({run}, {token})"))?;
+        // The wake-up lets the waiter go, and leaves the run enqueued for later waiting.
+        let next = claim(&mut c, 10, &extra)?;
+        assert_eq!(
+            ids(&next),
+            vec![waiter],
+            "{task}: the waiter goes, not the run due in an hour"
+        );
+        let (still, due_kept): (String, bool) = {
+            let row = c
+                .query_one(
+                    &format!(
+                        "SELECT p.state::text, p.due_at = r.run_after AND p.due_at > now() + interval '50 minutes'
+                           FROM tide.pending p JOIN tide.run r USING (run_id) WHERE p.run_id = {later}"
+                    ),
+                    &[],
+                )
+                .map_err(db_err)?;
+            (row.get(0), row.get(1))
+        };
+        assert_eq!(still, "ready", "{task}");
+        assert!(
+            due_kept,
+            "{task}: the run enqueued for later keeps its instant"
+        );
+        let (run, token) = next[0];
+        exec(&mut c, &format!("SELECT tide.complete_run({run}, {token})"))?;
+        assert!(
+            claim(&mut c, 10, &extra)?.is_empty(),
+            "{task}: nothing else may go before its hour"
+        );
+    }
+    Ok(())
+}
+
 fn an_expired_lock_is_taken_over_and_its_holder_fenced(cluster: &Cluster) -> Result<(), Failed> {
     let mut c = cluster.fresh_db("l_fence")?;
     exec(
@@ -484,6 +558,10 @@ fn main() {
         (
             "busy_keys_defer_runs_across_tasks",
             busy_keys_defer_runs_across_tasks,
+        ),
+        (
+            "a_wake_up_never_starts_a_run_enqueued_for_later",
+            a_wake_up_never_starts_a_run_enqueued_for_later,
         ),
         (
             "an_expired_lock_is_taken_over_and_its_holder_fenced",
