@@ -248,6 +248,9 @@ BEGIN
                       GROUP BY p.owner, p.queue) g;
             counted_ids := ARRAY(SELECT c FROM unnest(counted_ids) c WHERE c = ANY (ids));
         END IF;
+        IF ids = candidates THEN
+            EXIT;  -- all admitted, in the same order: the owners are the candidates'
+        END IF;
         IF cardinality(ids) > 0 THEN
             SELECT array_agg(p.owner ORDER BY u.n) INTO owners
               FROM unnest(ids) WITH ORDINALITY AS u(id, n) JOIN tide.pending p ON p.run_id = u.id;
@@ -426,6 +429,7 @@ DECLARE
     in_owner name;
     in_queue text;
     was_counted boolean;
+    held_key text;
     ignored text;
     -- Who may complete the run: its owner (the common case, compared without a call), a member
     -- of the owner's role, a superuser.
@@ -466,12 +470,18 @@ BEGIN
     IF short THEN
         -- (counted is left as it was: it means something only while running.)
         UPDATE tide.pending p SET state = 'need_check', due_at = NULL WHERE p.run_id = complete_run.run_id
-        RETURNING p.gated, p.owner, p.queue, p.counted INTO gated, in_owner, in_queue, was_counted;
+        RETURNING p.gated, p.owner, p.queue, p.counted, p.lock_key INTO gated, in_owner, in_queue, was_counted, held_key;
     ELSE
         DELETE FROM tide.pending p WHERE p.run_id = complete_run.run_id
-        RETURNING p.gated, p.owner, p.queue, p.counted INTO gated, in_owner, in_queue, was_counted;
+        RETURNING p.gated, p.owner, p.queue, p.counted, p.lock_key INTO gated, in_owner, in_queue, was_counted, held_key;
     END IF;
-    IF gated THEN
+    -- A gated run gives back its lock and wakes who waits for it: the holders of its lock key
+    -- (any task's), or a ready run of its own task (its serial group, its max_concurrency). A
+    -- scheduled task's run with no run of the task waiting, the common case, has nothing to
+    -- wake. (A run another claim is parking right now still reads as ready here.)
+    IF gated AND (held_key IS NOT NULL
+                  OR EXISTS (SELECT 1 FROM tide.pending q
+                              WHERE q.task_id = task AND q.gated AND q.state = 'ready')) THEN
         PERFORM tide._release(ARRAY[complete_run.run_id]);
     END IF;
     IF was_counted THEN

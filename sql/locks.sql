@@ -299,6 +299,9 @@ DECLARE
     l tide.lock;
     admitted bigint[] := '{}';
     taken bigint;
+    -- Later candidates of this claim see the earlier ones admitted as running: only a claim of
+    -- several needs to mark them so before its final update.
+    several boolean := cardinality(p_ids) > 1;
 BEGIN
     FOR c IN SELECT p.run_id, p.task_id, p.gate, p.lock_key, p.gated, p.owner, r.window_start, v.rules
                FROM tide.pending p
@@ -310,21 +313,31 @@ BEGIN
             admitted := admitted || c.run_id;
             CONTINUE;
         END IF;
-        BEGIN
-            -- One at a time per serial group, in run order: only the group's earliest unfinished
-            -- run goes, and only when nothing of the group runs. This claim holds the
-            -- candidate's row, so no other claim decides about it; a later run of the group
-            -- sees it and waits.
-            IF c.gate IS NOT NULL THEN
-                SELECT q.run_id INTO blocker FROM tide.pending q
-                 WHERE q.gate = c.gate AND q.run_id <> c.run_id
-                   AND (q.state = 'running' OR (q.state IN ('ready', 'retry', 'paused') AND q.run_id < c.run_id))
-                 ORDER BY q.state = 'running' DESC, q.run_id LIMIT 1;
-                IF FOUND THEN
-                    PERFORM tide._park(c.run_id, statement_timestamp() + tide._park_time());
-                    CONTINUE;
-                END IF;
+        -- One at a time per serial group, in run order: only the group's earliest unfinished run
+        -- goes, and only when nothing of the group runs. This claim holds the candidate's row, so
+        -- no other claim decides about it; a later run of the group sees it and waits. (A read
+        -- and, at most, an update of the candidate's own row, which this claim holds: no wait.)
+        IF c.gate IS NOT NULL THEN
+            SELECT q.run_id INTO blocker FROM tide.pending q
+             WHERE q.gate = c.gate AND q.run_id <> c.run_id
+               AND (q.state = 'running' OR (q.state IN ('ready', 'retry', 'paused') AND q.run_id < c.run_id))
+             ORDER BY q.state = 'running' DESC, q.run_id LIMIT 1;
+            IF FOUND THEN
+                PERFORM tide._park(c.run_id, statement_timestamp() + tide._park_time());
+                CONTINUE;
             END IF;
+            -- Nothing else to decide (the common case, every scheduled task's serial group):
+            -- no lock to wait for, so no subtransaction either.
+            IF c.lock_key IS NULL AND c.rules->>'max_concurrency' IS NULL
+               AND NOT (c.window_start IS NOT NULL AND c.rules->>'overlap' = 'skip') THEN
+                IF several THEN
+                    UPDATE tide.pending SET state = 'running' WHERE run_id = c.run_id;
+                END IF;
+                admitted := admitted || c.run_id;
+                CONTINUE;
+            END IF;
+        END IF;
+        BEGIN
             -- Overlap skip and max_concurrency count the task's running runs, under the task's
             -- row lock (another claim of the task waits for this one to commit).
             IF (c.window_start IS NOT NULL AND c.rules->>'overlap' = 'skip') OR c.rules->>'max_concurrency' IS NOT NULL THEN
@@ -375,7 +388,9 @@ BEGIN
                 END IF;
             END IF;
             -- Running already for the checks of later candidates of this claim.
-            UPDATE tide.pending SET state = 'running' WHERE run_id = c.run_id;
+            IF several THEN
+                UPDATE tide.pending SET state = 'running' WHERE run_id = c.run_id;
+            END IF;
             admitted := admitted || c.run_id;
         EXCEPTION WHEN lock_not_available THEN
             -- Held by a transaction that does not end soon: this run waits a second for a later
