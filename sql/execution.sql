@@ -186,14 +186,17 @@ BEGIN
         RETURN;
     END IF;
     -- The candidates are fixed in an array first: a LIMIT subquery under FOR UPDATE SKIP LOCKED
-    -- may be re-evaluated and claim more rows than asked. When every candidate has to wait (it
+    -- may be re-evaluated and claim more rows than asked. Each candidate's run is locked with
+    -- its line, and one whose run is locked is skipped: a change of a run in progress (run
+    -- control, a rule change holding it, R12.3) holds the run and then writes its line, so a
+    -- claim that held the line and waited for the run would deadlock with it. When every candidate has to wait (it
     -- is parked, out of the candidates, by tide._admit) the next ones are looked at, a few
     -- rounds at most: a claimer must not come back empty while other runs are claimable.
     FOR round IN 1..10 LOOP
         IF p_queue IS NULL THEN
             SELECT array_agg(c.run_id), array_agg(c.owner), array_agg(c.queue), bool_or(c.gated)
               INTO ids, owners, queues, gated FROM (
-                SELECT p.run_id, p.owner, p.queue, p.gated FROM tide.pending p
+                SELECT p.run_id, p.owner, p.queue, p.gated FROM tide.pending p JOIN tide.run r ON r.run_id = p.run_id
                  WHERE p.state = 'ready' AND NOT p.parked AND p.executor = p_executor
                    AND (p.due_at IS NULL OR p.due_at <= statement_timestamp())
                    AND (owners_ok IS NULL OR p.owner = ANY (owners_ok)
@@ -202,17 +205,17 @@ BEGIN
                    -- executor keeps to online runs.
                    AND (NOT p_online_only OR p.priority > -5000)
                  ORDER BY p.priority DESC, p.run_id
-                 LIMIT p_n FOR UPDATE SKIP LOCKED) c;
+                 LIMIT p_n FOR UPDATE OF p, r SKIP LOCKED) c;
         ELSE
             SELECT array_agg(c.run_id), array_agg(c.owner), array_agg(c.queue), bool_or(c.gated)
               INTO ids, owners, queues, gated FROM (
-                SELECT p.run_id, p.owner, p.queue, p.gated FROM tide.pending p
+                SELECT p.run_id, p.owner, p.queue, p.gated FROM tide.pending p JOIN tide.run r ON r.run_id = p.run_id
                  WHERE p.state = 'ready' AND NOT p.parked AND p.executor = p_executor AND p.queue = p_queue
                    AND (p.due_at IS NULL OR p.due_at <= statement_timestamp())
                    AND (owners_ok IS NULL OR p.owner = ANY (owners_ok)
                         OR (g_owners IS NOT NULL AND (p.owner, p.queue) IN (SELECT u.o, u.q FROM unnest(g_owners, g_queues) u(o, q))))
                  ORDER BY p.priority DESC, p.run_id
-                 LIMIT p_n FOR UPDATE SKIP LOCKED) c;
+                 LIMIT p_n FOR UPDATE OF p, r SKIP LOCKED) c;
         END IF;
         IF ids IS NULL THEN
             RETURN;

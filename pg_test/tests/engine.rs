@@ -2257,6 +2257,58 @@ fn chained_claims_beside_another_queues_limits(cluster: &Cluster) -> Result<(), 
     Ok(())
 }
 
+/// A claim never waits for a run whose row another transaction holds (a change of that run in
+/// progress: run control, a rule change holding ready runs, R12.3). Such a change holds the run
+/// and then writes its line in tide.pending; a claim that held the line and waited for the run
+/// would deadlock with it, and PostgreSQL would abort one of the two. The claim skips that run
+/// instead, and takes it once the change is over.
+fn a_claim_never_waits_for_a_run_being_changed(cluster: &Cluster) -> Result<(), Failed> {
+    let db = "e_claim_skip";
+    let mut c = cluster.fresh_db(db)?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('chg', NULL, topics => ARRAY['unused'])",
+    )?;
+    let busy: i64 = one(&mut c, "SELECT e FROM tide.enqueue('chg', '{}') e")?;
+    let free: i64 = one(&mut c, "SELECT e FROM tide.enqueue('chg', '{}') e")?;
+    // The change's first step: the run held.
+    let mut changer = cluster.connect(db)?;
+    exec(
+        &mut changer,
+        &format!("BEGIN; SELECT 1 FROM tide.run WHERE run_id = {busy} FOR UPDATE"),
+    )?;
+    // A claim of both goes on with the other (before, it held both lines and waited for the
+    // held run until its own lock_timeout refused the whole claim: 55P03).
+    exec(&mut c, "SET statement_timeout = '20s'")?;
+    let claimed: Vec<i64> = c
+        .query(
+            "SELECT run_id FROM tide.claim_runs(worker => 'w', n => 10)",
+            &[],
+        )
+        .map_err(db_err)?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(claimed, vec![free], "the run being changed is skipped");
+    // The change's second step, its line, waits for nothing now, and commits.
+    exec(
+        &mut changer,
+        &format!("UPDATE tide.pending SET priority = 5 WHERE run_id = {busy}; COMMIT"),
+    )?;
+    let claimed: Vec<i64> = c
+        .query(
+            "SELECT run_id FROM tide.claim_runs(worker => 'w', n => 10)",
+            &[],
+        )
+        .map_err(db_err)?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(claimed, vec![busy], "claimed once the change is over");
+    exec(&mut c, "RESET statement_timeout")?;
+    Ok(())
+}
+
 /// Run control never deadlocks with a claim. A claim locks a run's line in tide.pending first
 /// and the run second; pause_run, resume_run and cancel_run lock the run, then take its line
 /// without waiting (letting go of the run and trying again while a claim holds the line). The
@@ -2554,6 +2606,10 @@ fn main() {
         (
             "run_control_does_not_deadlock_with_a_claim",
             run_control_does_not_deadlock_with_a_claim,
+        ),
+        (
+            "a_claim_never_waits_for_a_run_being_changed",
+            a_claim_never_waits_for_a_run_being_changed,
         ),
         (
             "workers_pg_cron_schedules_keep_their_meaning",
