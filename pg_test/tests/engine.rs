@@ -2263,6 +2263,16 @@ fn chained_claims_beside_another_queues_limits(cluster: &Cluster) -> Result<(), 
 /// would deadlock with it, and PostgreSQL would abort one of the two. The claim skips that run
 /// instead, and takes it once the change is over.
 fn a_claim_never_waits_for_a_run_being_changed(cluster: &Cluster) -> Result<(), Failed> {
+    let claim_ids = |c: &mut Client| -> Result<Vec<i64>, Failed> {
+        Ok(c.query(
+            "SELECT run_id FROM tide.claim_runs(worker => 'w', n => 10)",
+            &[],
+        )
+        .map_err(db_err)?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
+    };
     let db = "e_claim_skip";
     let mut c = cluster.fresh_db(db)?;
     exec(
@@ -2280,30 +2290,14 @@ fn a_claim_never_waits_for_a_run_being_changed(cluster: &Cluster) -> Result<(), 
     // A claim of both goes on with the other (before, it held both lines and waited for the
     // held run until its own lock_timeout refused the whole claim: 55P03).
     exec(&mut c, "SET statement_timeout = '20s'")?;
-    let claimed: Vec<i64> = c
-        .query(
-            "SELECT run_id FROM tide.claim_runs(worker => 'w', n => 10)",
-            &[],
-        )
-        .map_err(db_err)?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let claimed = claim_ids(&mut c)?;
     assert_eq!(claimed, vec![free], "the run being changed is skipped");
     // The change's second step, its line, waits for nothing now, and commits.
     exec(
         &mut changer,
         &format!("UPDATE tide.pending SET priority = 5 WHERE run_id = {busy}; COMMIT"),
     )?;
-    let claimed: Vec<i64> = c
-        .query(
-            "SELECT run_id FROM tide.claim_runs(worker => 'w', n => 10)",
-            &[],
-        )
-        .map_err(db_err)?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let claimed = claim_ids(&mut c)?;
     assert_eq!(claimed, vec![busy], "claimed once the change is over");
     exec(&mut c, "RESET statement_timeout")?;
     Ok(())
