@@ -432,7 +432,6 @@ DECLARE
     in_owner name;
     in_queue text;
     was_counted boolean;
-    held_key text;
     ignored text;
     -- Who may complete the run: its owner (the common case, compared without a call), a member
     -- of the owner's role, a superuser.
@@ -473,18 +472,12 @@ BEGIN
     IF short THEN
         -- (counted is left as it was: it means something only while running.)
         UPDATE tide.pending p SET state = 'need_check', due_at = NULL WHERE p.run_id = complete_run.run_id
-        RETURNING p.gated, p.owner, p.queue, p.counted, p.lock_key INTO gated, in_owner, in_queue, was_counted, held_key;
+        RETURNING p.gated, p.owner, p.queue, p.counted INTO gated, in_owner, in_queue, was_counted;
     ELSE
         DELETE FROM tide.pending p WHERE p.run_id = complete_run.run_id
-        RETURNING p.gated, p.owner, p.queue, p.counted, p.lock_key INTO gated, in_owner, in_queue, was_counted, held_key;
+        RETURNING p.gated, p.owner, p.queue, p.counted INTO gated, in_owner, in_queue, was_counted;
     END IF;
-    -- A gated run gives back its lock and wakes who waits for it: the holders of its lock key
-    -- (any task's), or a ready run of its own task (its serial group, its max_concurrency). A
-    -- scheduled task's run with no run of the task waiting, the common case, has nothing to
-    -- wake. (A run another claim is parking right now still reads as ready here.)
-    IF gated AND (held_key IS NOT NULL
-                  OR EXISTS (SELECT 1 FROM tide.pending q
-                              WHERE q.task_id = task AND q.gated AND q.state = 'ready')) THEN
+    IF gated THEN
         PERFORM tide._release(ARRAY[complete_run.run_id]);
     END IF;
     IF was_counted THEN

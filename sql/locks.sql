@@ -271,6 +271,17 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     DELETE FROM tide.lock l WHERE l.run_id = ANY (p_run_ids);
+    -- Who can wait for these runs: runs of their lock keys (any task's), or a ready run of their
+    -- own tasks (a serial group, max_concurrency). With none, as for a scheduled task's run with
+    -- nothing of its task in line (the common case), there is nothing to wake, and no
+    -- subtransaction to open. (A run another claim is parking right now still reads as ready.)
+    IF NOT EXISTS (SELECT 1 FROM tide.run r
+                    WHERE r.run_id = ANY (p_run_ids)
+                      AND (r.lock_key IS NOT NULL
+                           OR EXISTS (SELECT 1 FROM tide.pending q
+                                       WHERE q.task_id = r.task_id AND q.gated AND q.state = 'ready'))) THEN
+        RETURN;
+    END IF;
     BEGIN
         PERFORM tide._wake(p_run_ids);
     EXCEPTION WHEN lock_not_available THEN
