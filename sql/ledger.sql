@@ -345,8 +345,8 @@ COMMENT ON VIEW tide.run_transition IS 'The allowed run state changes; anything 
 -- (ready to running; running to succeeded, need_check, retry, dead or waiting, guarded by their
 -- WHERE clauses), and they write their history rows themselves (with the attempt they end), one
 -- statement per batch, saying so with the transaction-local setting tide.history = 'written'
--- while they update. The WHEN clause (evaluated without calling the
--- function) skips those rows, and heartbeats, which change neither state nor reason.
+-- while they update. The WHEN clause (tide._run_change_fires, below: evaluated without calling
+-- this function) skips those rows, and heartbeats, which change neither state nor reason.
 CREATE FUNCTION tide._run_changed() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -380,16 +380,21 @@ END
 $$;
 COMMENT ON FUNCTION tide._run_changed() IS
     'Trigger: refuses run state changes not in tide.run_transition, records them in tide.run_event, keeps tide.pending in step, NOTIFYs pg_tide_ready with the queue of newly ready runs.';
--- The setting only ever skips the hot paths' own legal changes: forging it cannot get an
--- illegal change past the check.
+-- The trigger's WHEN clause, in C (src/run_change.rs): whether an update of a run calls
+-- tide._run_changed. It does when the run's state, reason, run_after, queue, priority or
+-- executor changed (IS DISTINCT FROM), unless tide.history = 'written' and the change is ready
+-- to running, or running to succeeded, need_check, retry, dead or waiting. The setting only
+-- ever skips the hot paths' own legal changes: forging it cannot get an illegal change past the
+-- check. (PostgreSQL reads a WHEN clause again from its text at every statement: written out in
+-- SQL this one cost more than the rest of a one-row update of a run.)
+CREATE FUNCTION tide._run_change_fires(o tide.run, n tide.run) RETURNS boolean
+LANGUAGE c STABLE STRICT PARALLEL SAFE
+AS 'MODULE_PATHNAME', 'pg_tide_run_change_fires';
+COMMENT ON FUNCTION tide._run_change_fires(tide.run, tide.run) IS
+    'Internal: the WHEN clause of the trigger run_changed: whether an update of a run is a change tide._run_changed checks and records.';
 CREATE TRIGGER run_changed AFTER UPDATE ON tide.run
     FOR EACH ROW
-    WHEN ((OLD.state IS DISTINCT FROM NEW.state OR OLD.reason IS DISTINCT FROM NEW.reason
-           OR OLD.run_after IS DISTINCT FROM NEW.run_after OR OLD.queue IS DISTINCT FROM NEW.queue
-           OR OLD.priority IS DISTINCT FROM NEW.priority OR OLD.executor IS DISTINCT FROM NEW.executor)
-          AND NOT (current_setting('tide.history', true) IS NOT DISTINCT FROM 'written'
-                   AND ((OLD.state = 'ready' AND NEW.state = 'running')
-                        OR (OLD.state = 'running' AND NEW.state IN ('succeeded', 'need_check', 'retry', 'dead', 'waiting')))))
+    WHEN (tide._run_change_fires(OLD, NEW))
     EXECUTE FUNCTION tide._run_changed();
 
 CREATE FUNCTION tide._run_deleted() RETURNS trigger

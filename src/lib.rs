@@ -28,6 +28,7 @@ mod ledger;
 mod monitor;
 mod pgtime;
 mod queue_count;
+mod run_change;
 mod sqlerr;
 mod tick;
 mod timeline;
@@ -125,7 +126,8 @@ mod tide {}
         "queues",
         "backfill",
         "recon",
-        counted::counted_taken
+        counted::counted_taken,
+        run_change::history_unwritten
     ]
 );
 // Comments on the generated functions, once they exist.

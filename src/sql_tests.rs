@@ -435,4 +435,83 @@ mod tests {
         assert_refused("SELECT * FROM tide.preview('nope')", "42704", "\"nope\"");
         assert_refused("SELECT * FROM tide.preview('ny_daily', -2)", "22023", "-2");
     }
+
+    /// The WHEN clause of the trigger run_changed (tide._run_change_fires, in C): an update
+    /// calls tide._run_changed when the state, reason, run_after, queue, priority or executor
+    /// changes (NULLs compared as IS DISTINCT FROM does), never for other columns (a heartbeat),
+    /// and, while tide.history = 'written', not for the hot paths' own changes: ready to
+    /// running, running to succeeded, need_check, retry, dead or waiting.
+    #[pg_test]
+    fn run_changed_fires_for_the_changes_it_records() {
+        // Each case: a change applied to a base row, and whether the trigger must fire.
+        let decide = |base: &str, cases: &[(&str, bool)]| {
+            for (change, expected) in cases {
+                let fires: bool = one(&format!(
+                    "SELECT tide._run_change_fires(b, jsonb_populate_record(b, '{change}'))
+                       FROM jsonb_populate_record(NULL::tide.run, '{base}') b"
+                ));
+                let history =
+                    Spi::get_one::<String>("SELECT current_setting('tide.history', true)")
+                        .ok()
+                        .flatten()
+                        .unwrap_or_default();
+                assert_eq!(
+                    fires, *expected,
+                    "from {base} by {change}, tide.history = '{history}'"
+                );
+            }
+        };
+        let long = "x".repeat(5000);
+        let ready = format!(
+            r#"{{"run_id": 1, "state": "ready", "reason": "{long}", "queue": "q", "priority": 0,
+                "executor": "sql", "updated_at": "2026-01-01T00:00:00Z"}}"#
+        );
+        let running = r#"{"run_id": 1, "state": "running", "reason": "claimed", "queue": "q",
+                          "priority": 0, "executor": "sql", "run_after": "2026-01-01T00:00:00Z"}"#;
+        let anyway: [(&str, bool); 9] = [
+            ("{}", false),
+            (
+                r#"{"updated_at": "2026-01-02T00:00:00Z", "lease_expires_at": "2026-01-02T00:00:00Z"}"#,
+                false,
+            ),
+            (r#"{"reason": "other"}"#, true),
+            (r#"{"run_after": "2026-01-02T00:00:00Z"}"#, true),
+            (r#"{"queue": "other"}"#, true),
+            (r#"{"priority": 5}"#, true),
+            (r#"{"executor": "external"}"#, true),
+            (r#"{"state": "skipped"}"#, true),
+            (r#"{"reason": null}"#, true),
+        ];
+        decide(&ready, &anyway);
+        decide(&ready, &[(r#"{"state": "running"}"#, true)]);
+        decide(
+            running,
+            &[
+                (r#"{"state": "succeeded"}"#, true),
+                (r#"{"run_after": null}"#, true),
+            ],
+        );
+        run("SELECT set_config('tide.history', 'written', true)");
+        decide(&ready, &anyway);
+        decide(
+            &ready,
+            &[
+                (r#"{"state": "running", "reason": "claimed"}"#, false),
+                (r#"{"state": "cancelled"}"#, true),
+            ],
+        );
+        decide(
+            running,
+            &[
+                (r#"{"state": "succeeded", "reason": "done"}"#, false),
+                (r#"{"state": "need_check"}"#, false),
+                (r#"{"state": "retry"}"#, false),
+                (r#"{"state": "dead"}"#, false),
+                (r#"{"state": "waiting"}"#, false),
+                (r#"{"state": "cancelled"}"#, true),
+                (r#"{"state": "paused"}"#, true),
+                (r#"{"reason": "still running"}"#, true),
+            ],
+        );
+    }
 }
