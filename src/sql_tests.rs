@@ -482,6 +482,10 @@ mod tests {
             (r#"{"state": "skipped"}"#, true),
             (r#"{"reason": null}"#, true),
         ];
+        // STRICT: no row, no decision (PostgreSQL always passes both).
+        let none: Option<bool> = Spi::get_one("SELECT tide._run_change_fires(NULL, NULL)")
+            .unwrap_or_else(|e| panic!("NULL rows: {e}"));
+        assert_eq!(none, None);
         decide(&ready, &anyway);
         decide(&ready, &[(r#"{"state": "running"}"#, true)]);
         decide(
