@@ -34,8 +34,6 @@ inlined=(
     "tide._logfmt(v text)"
     "tide._visible(p_owner name)"
     "tide._short(d interval)"
-    "tide._prom_label(v text)"
-    "tide._prom_num(v double precision)"
     "tide._status_rank(status text)"
     "tide._log_on()"
     "tide._setting(name text,fallback text)"

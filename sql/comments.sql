@@ -122,3 +122,5 @@ COMMENT ON FUNCTION tide._wake(boolean) IS
     'Internal: at the commit of this transaction, sets the latches of the executors (a ready SQL run) or of the scheduler (true: a schedule changed); nothing on abort.';
 COMMENT ON FUNCTION tide._history_unwritten() IS
     'Internal: the WHEN clause of the trigger run_touched_update: whether the transaction-local setting tide.history is not ''written'' (the hot paths note their tasks with their own history rows).';
+COMMENT ON FUNCTION tide.metrics() IS
+    'metrics(): Prometheus text exposition of the caller''s tasks and checks (a superuser''s: every role''s), labelled by owner and name: runs by task and outcome (counters), duration and queue wait (summaries), backlog, silence, failures, unresolved runs, task and check status, open alerts (gauges).';

@@ -9,6 +9,7 @@ pub mod error;
 pub mod jsontext;
 pub mod lockkey;
 pub mod misfire;
+pub mod prometheus;
 pub mod retry;
 pub mod rules;
 
@@ -25,6 +26,7 @@ mod catalog;
 mod counted;
 mod jsonarg;
 mod ledger;
+mod metrics;
 mod monitor;
 mod pgtime;
 mod queue_count;
