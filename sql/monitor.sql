@@ -431,10 +431,17 @@ RETURNS TABLE (task text, status text, severity tide.severity, last_success time
                next_fire_at timestamptz, paused boolean, task_id bigint, owner name,
                tick_error text, tick_error_at timestamptz, tick_retry_at timestamptz,
                open_differences integer, differences_for_a_person integer, held integer, held_since timestamptz)
-LANGUAGE sql STABLE
+-- PL/pgSQL, one RETURN QUERY, rather than SQL: a set-returning SQL function with SET clauses
+-- runs them around every row it returns (10,000 times per call over 10,000 tasks), and plans its
+-- query at every call; this one sets them once and its session keeps the plan (measured over
+-- 10,000 tasks: 13% less per call, alternating rounds).
+LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
+#variable_conflict use_column
+BEGIN
+RETURN QUERY
 WITH open_runs AS (
     -- Unfinished and unresolved runs: tide.pending is small, one pass for all tasks; since
     -- when the oldest ready run waits, and the oldest held one (after a rule change, R12.3,
@@ -517,7 +524,8 @@ SELECT h.name,
        CASE WHEN h.reconcile IS NOT NULL THEN coalesce(h.open, 0)::integer END,
        CASE WHEN h.reconcile IS NOT NULL THEN coalesce(h.for_a_person, 0)::integer END,
        coalesce(h.held, 0)::integer, h.held_since
-  FROM h
+  FROM h;
+END
 $$;
 COMMENT ON FUNCTION tide._health(timestamptz) IS 'Internal: tide.health at an instant (the tick evaluates alerts with it).';
 
