@@ -6,9 +6,13 @@
 WITH h AS (
     SELECT h.task, h.owner, h.status, h.severity, h.silence, h.consecutive_failures, h.backlog,
            h.dead, h.next_fire_at, t.task_id, t.tz, t.paused, h.rank
-      FROM (SELECT h.*, row_number() OVER (ORDER BY tide._status_rank(h.status), h.severity DESC,
+      FROM (SELECT h.*, row_number() OVER (ORDER BY h.status_rank, h.severity DESC,
                                                     h.silence DESC NULLS LAST, h.task) AS rank
-              FROM tide.health h) h
+              -- The sort keys first: the sort reads them from rows stored in this order
+              -- (after the varying-length columns, every read walked those again).
+              FROM (SELECT tide._status_rank(h.status) AS status_rank, h.severity, h.silence, h.task,
+                           h.owner, h.status, h.consecutive_failures, h.backlog, h.dead, h.next_fire_at
+                      FROM tide.health h) h) h
       LEFT JOIN tide.task t ON t.name = h.task AND t.owner = h.owner
      ORDER BY h.rank
      LIMIT $1 OFFSET $2

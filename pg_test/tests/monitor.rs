@@ -1092,6 +1092,21 @@ fn dashboard_is_worst_first_in_80_columns(cluster: &Cluster) -> Result<(), Faile
     )?;
     let order: String = one(&mut c, "SELECT string_agg(status, ',') FROM tide.dashboard")?;
     assert_eq!(order, "failing,ok,paused");
+    // Within a status: the more severe first, then the longer silent, then by name. Three tasks
+    // made in one transaction (the same silence), one of them critical.
+    exec(
+        &mut c,
+        "SELECT tide.schedule('z_never', '0 0 1 1 *');
+         SELECT tide.schedule('y_never', '0 0 1 1 *');
+         SELECT tide.schedule('x_never_critical', '0 0 1 1 *');
+         SELECT tide.monitor('x_never_critical', severity => 'critical');",
+    )?;
+    exec(&mut c, "SELECT tide.schedule('w_never_newer', '0 0 1 1 *')")?;
+    let order: String = one(&mut c, "SELECT string_agg(task, ',') FROM tide.dashboard")?;
+    assert_eq!(
+        order,
+        "b_broken,x_never_critical,y_never,z_never,w_never_newer,a_fine_task_with_a,c_paused"
+    );
     let (text, errors) = cluster.psql("m_dashboard", "SELECT * FROM tide.dashboard")?;
     assert!(
         errors.is_empty() && text.contains("b_broken"),
