@@ -101,50 +101,41 @@ fn task_figures(row: &SpiHeapTupleData) -> TaskFigures {
     }
 }
 
+/// Every row of a query, each made into a `T`.
+fn rows<T>(
+    client: &pgrx::spi::SpiClient<'_>,
+    query: &str,
+    make: impl Fn(&SpiHeapTupleData) -> T,
+) -> Vec<T> {
+    client
+        .select(query, None, &[])
+        .or_raise(F)
+        .map(|row| make(&row))
+        .collect()
+}
+
 /// The caller's tasks, checks and open alerts as Prometheus text (see sql/comments.sql).
 #[pg_extern(stable, schema = "tide", name = "metrics")]
 #[search_path(pg_catalog, pg_temp)]
 fn metrics() -> String {
-    let figures = Spi::connect(|client| {
-        let tasks = client
-            .select(TASKS, None, &[])
-            .or_raise(F)
-            .map(|row| task_figures(&row))
-            .collect();
-        let runs = client
-            .select(RUNS, None, &[])
-            .or_raise(F)
-            .map(|row| RunCount {
-                owner: text(&row, 1),
-                task: text(&row, 2),
-                outcome: text(&row, 3),
-                value: float(&row, 4).unwrap_or(0.0),
-            })
-            .collect();
-        let checks = client
-            .select(CHECKS, None, &[])
-            .or_raise(F)
-            .map(|row| CheckStatus {
-                owner: text(&row, 1),
-                check: text(&row, 2),
-                status: text(&row, 3),
-            })
-            .collect();
-        let alerts = client
-            .select(ALERTS, None, &[])
-            .or_raise(F)
-            .map(|row| AlertCount {
-                kind: text(&row, 1),
-                severity: text(&row, 2),
-                open: bigint(&row, 3).unwrap_or(0),
-            })
-            .collect();
-        Figures {
-            alerts,
-            checks,
-            tasks,
-            runs,
-        }
+    let figures = Spi::connect(|client| Figures {
+        tasks: rows(client, TASKS, task_figures),
+        runs: rows(client, RUNS, |row| RunCount {
+            owner: text(row, 1),
+            task: text(row, 2),
+            outcome: text(row, 3),
+            value: float(row, 4).unwrap_or(0.0),
+        }),
+        checks: rows(client, CHECKS, |row| CheckStatus {
+            owner: text(row, 1),
+            check: text(row, 2),
+            status: text(row, 3),
+        }),
+        alerts: rows(client, ALERTS, |row| AlertCount {
+            kind: text(row, 1),
+            severity: text(row, 2),
+            open: bigint(row, 3).unwrap_or(0),
+        }),
     });
     render(&figures)
 }

@@ -88,26 +88,31 @@ fn label(out: &mut String, v: &str) {
     out.push('"');
 }
 
-/// Appends a sample value: the shortest text that reads back as the same number.
-fn num(out: &mut String, v: Option<f64>) {
-    match v {
-        None => out.push_str("NaN"),
-        Some(v) if v.is_nan() => out.push_str("NaN"),
-        Some(v) if v == f64::INFINITY => out.push_str("+Inf"),
-        Some(v) if v == f64::NEG_INFINITY => out.push_str("-Inf"),
+/// A sample's value.
+#[derive(Clone, Copy)]
+enum Value {
+    Int(i64),
+    /// A number; None (unknown) is `NaN`.
+    Num(Option<f64>),
+}
+
+impl Value {
+    /// Appends the value: an integer as is, a number as the shortest text that reads back as it.
+    fn write(self, out: &mut String) {
         // `write!` to a String cannot fail.
-        Some(v) => {
-            let _ = write!(out, "{v}");
+        match self {
+            Value::Int(n) => {
+                let _ = write!(out, "{n}");
+            }
+            Value::Num(None) => out.push_str("NaN"),
+            Value::Num(Some(v)) if v.is_nan() => out.push_str("NaN"),
+            Value::Num(Some(v)) if v == f64::INFINITY => out.push_str("+Inf"),
+            Value::Num(Some(v)) if v == f64::NEG_INFINITY => out.push_str("-Inf"),
+            Value::Num(Some(v)) => {
+                let _ = write!(out, "{v}");
+            }
         }
     }
-}
-
-fn int(out: &mut String, v: i64) {
-    let _ = write!(out, "{v}");
-}
-
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
 
 /// A task's labels, quoted once for all its lines: `{owner="…",task="…"`, left open.
@@ -120,252 +125,211 @@ fn task_labels(t: &TaskFigures) -> String {
     l
 }
 
-/// A task's sample up to its value: the name, the task's labels, one more label if given.
-fn task_line(out: &mut String, name: &str, labels: &str, extra: Option<(&str, &str)>) {
-    out.push_str(name);
-    out.push_str(labels);
-    if let Some((k, v)) = extra {
-        out.push(',');
-        out.push_str(k);
-        out.push('=');
-        label(out, v);
+/// One sample line of a task: a suffix to the family's name (`_sum`), one more label, the value.
+type Line<'t> = Option<(&'static str, Option<(&'static str, &'t str)>, Value)>;
+
+/// The text being written, with each task's labels quoted once.
+struct Text<'a> {
+    out: String,
+    tasks: Vec<(&'a TaskFigures, String)>,
+}
+
+impl Text<'_> {
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.out, "# HELP {name} {help}\n# TYPE {name} {kind}");
     }
-    out.push_str("} ");
+
+    /// A sample with labels of its own (not a task's).
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: Value) {
+        self.out.push_str(name);
+        for (i, (k, v)) in labels.iter().enumerate() {
+            self.out.push(if i == 0 { '{' } else { ',' });
+            self.out.push_str(k);
+            self.out.push('=');
+            label(&mut self.out, v);
+        }
+        self.out
+            .push_str(if labels.is_empty() { " " } else { "} " });
+        value.write(&mut self.out);
+        self.out.push('\n');
+    }
+
+    /// A family with the lines `lines` gives for each task (up to four), in the tasks' order.
+    fn per_task<F>(&mut self, name: &str, kind: &str, help: &str, lines: F)
+    where
+        F: for<'t> Fn(&'t TaskFigures) -> [Line<'t>; 4],
+    {
+        self.family(name, kind, help);
+        let Text { out, tasks } = self;
+        for (t, labels) in tasks.iter() {
+            for (suffix, more, value) in lines(t).into_iter().flatten() {
+                out.push_str(name);
+                out.push_str(suffix);
+                out.push_str(labels);
+                if let Some((k, v)) = more {
+                    out.push(',');
+                    out.push_str(k);
+                    out.push('=');
+                    label(out, v);
+                }
+                out.push_str("} ");
+                value.write(out);
+                out.push('\n');
+            }
+        }
+    }
 }
 
 /// The whole exposition, ending with a newline.
 pub fn render(f: &Figures) -> String {
     // About 75 bytes per sample line, 14 lines per task.
-    let mut out = String::with_capacity(4096 + f.tasks.len() * 1100 + f.runs.len() * 100);
-    let labels: Vec<String> = f.tasks.iter().map(task_labels).collect();
-    let tasks = || f.tasks.iter().zip(labels.iter().map(String::as_str));
+    let mut x = Text {
+        out: String::with_capacity(4096 + f.tasks.len() * 1100 + f.runs.len() * 100),
+        tasks: f.tasks.iter().map(|t| (t, task_labels(t))).collect(),
+    };
 
-    header(
-        &mut out,
+    x.family(
         "pg_tide_alerts_open",
         "gauge",
         "Open alerts by kind and severity.",
     );
     for a in &f.alerts {
-        out.push_str("pg_tide_alerts_open{kind=");
-        label(&mut out, &a.kind);
-        out.push_str(",severity=");
-        label(&mut out, &a.severity);
-        out.push_str("} ");
-        int(&mut out, a.open);
-        out.push('\n');
+        let labels = [("kind", a.kind.as_str()), ("severity", a.severity.as_str())];
+        x.sample("pg_tide_alerts_open", &labels, Value::Int(a.open));
     }
-
-    header(
-        &mut out,
+    x.family(
         "pg_tide_check_status",
         "gauge",
         "1 for the current status of each heartbeat check.",
     );
     for c in &f.checks {
-        out.push_str("pg_tide_check_status{owner=");
-        label(&mut out, &c.owner);
-        out.push_str(",check=");
-        label(&mut out, &c.check);
-        out.push_str(",status=");
-        label(&mut out, &c.status);
-        out.push_str("} 1\n");
+        let labels = [
+            ("owner", c.owner.as_str()),
+            ("check", c.check.as_str()),
+            ("status", c.status.as_str()),
+        ];
+        x.sample("pg_tide_check_status", &labels, Value::Int(1));
     }
-
-    header(
-        &mut out,
+    x.per_task(
         "pg_tide_queue_wait_seconds",
         "summary",
         "Time from fire (or creation) to first claim; quantile over 24 h.",
+        |t| {
+            [
+                Some(("", Some(("quantile", "0.95")), Value::Num(t.p95_queue_wait))),
+                Some(("_sum", None, Value::Num(Some(t.wait_sum)))),
+                Some(("_count", None, Value::Num(Some(t.wait_count)))),
+                None,
+            ]
+        },
     );
-    for (t, l) in tasks() {
-        task_line(
-            &mut out,
-            "pg_tide_queue_wait_seconds",
-            l,
-            Some(("quantile", "0.95")),
-        );
-        num(&mut out, t.p95_queue_wait);
-        out.push('\n');
-        task_line(&mut out, "pg_tide_queue_wait_seconds_sum", l, None);
-        num(&mut out, Some(t.wait_sum));
-        out.push('\n');
-        task_line(&mut out, "pg_tide_queue_wait_seconds_count", l, None);
-        num(&mut out, Some(t.wait_count));
-        out.push('\n');
-    }
-
-    header(
-        &mut out,
+    x.per_task(
         "pg_tide_reconciliation_open_differences",
         "gauge",
         "Open differences of a reconciliation (each once), all and those for a person.",
+        |t| {
+            let (all, person) = t.open_differences.unzip();
+            [
+                all.map(|n| ("", Some(("for", "all")), Value::Int(n))),
+                person.map(|n| ("", Some(("for", "person")), Value::Int(n))),
+                None,
+                None,
+            ]
+        },
     );
-    for (t, l) in tasks() {
-        if let Some((all, person)) = t.open_differences {
-            for (which, n) in [("all", all), ("person", person)] {
-                task_line(
-                    &mut out,
-                    "pg_tide_reconciliation_open_differences",
-                    l,
-                    Some(("for", which)),
-                );
-                int(&mut out, n);
-                out.push('\n');
-            }
-        }
-    }
-
-    header(
-        &mut out,
+    x.per_task(
         "pg_tide_reconciliation_rows",
         "gauge",
         "Rows of each side in a reconciliation's latest comparison.",
+        |t| {
+            let (left, right) = t.open_differences.and(t.recon_rows).unzip();
+            [
+                left.map(|n| ("", Some(("side", "left")), Value::Int(n))),
+                right.map(|n| ("", Some(("side", "right")), Value::Int(n))),
+                None,
+                None,
+            ]
+        },
     );
-    for (t, l) in tasks() {
-        if let (Some(_), Some((left, right))) = (t.open_differences, t.recon_rows) {
-            for (side, n) in [("left", left), ("right", right)] {
-                task_line(
-                    &mut out,
-                    "pg_tide_reconciliation_rows",
-                    l,
-                    Some(("side", side)),
-                );
-                int(&mut out, n);
-                out.push('\n');
-            }
-        }
-    }
-
-    header(
-        &mut out,
+    x.per_task(
         "pg_tide_run_duration_seconds",
         "summary",
         "Duration of successful runs (last attempt); quantiles over 24 h.",
+        |t| {
+            [
+                Some(("", Some(("quantile", "0.5")), Value::Num(t.p50_duration))),
+                Some(("", Some(("quantile", "0.95")), Value::Num(t.p95_duration))),
+                Some(("_sum", None, Value::Num(Some(t.duration_sum)))),
+                Some(("_count", None, Value::Num(Some(t.duration_count)))),
+            ]
+        },
     );
-    for (t, l) in tasks() {
-        for (q, v) in [("0.5", t.p50_duration), ("0.95", t.p95_duration)] {
-            task_line(
-                &mut out,
-                "pg_tide_run_duration_seconds",
-                l,
-                Some(("quantile", q)),
-            );
-            num(&mut out, v);
-            out.push('\n');
-        }
-        task_line(&mut out, "pg_tide_run_duration_seconds_sum", l, None);
-        num(&mut out, Some(t.duration_sum));
-        out.push('\n');
-        task_line(&mut out, "pg_tide_run_duration_seconds_count", l, None);
-        num(&mut out, Some(t.duration_count));
-        out.push('\n');
-    }
-
-    header(
-        &mut out,
+    x.family(
         "pg_tide_runs_total",
         "counter",
         "Runs that reached an outcome (a replayed run counts again).",
     );
     for r in &f.runs {
-        out.push_str("pg_tide_runs_total{owner=");
-        label(&mut out, &r.owner);
-        out.push_str(",task=");
-        label(&mut out, &r.task);
-        out.push_str(",outcome=");
-        label(&mut out, &r.outcome);
-        out.push_str("} ");
-        num(&mut out, Some(r.value));
-        out.push('\n');
+        let labels = [
+            ("owner", r.owner.as_str()),
+            ("task", r.task.as_str()),
+            ("outcome", r.outcome.as_str()),
+        ];
+        x.sample("pg_tide_runs_total", &labels, Value::Num(Some(r.value)));
     }
-
-    header(
-        &mut out,
-        "pg_tide_task_backlog",
-        "gauge",
-        "Runs ready or waiting.",
-    );
-    for (t, l) in tasks() {
-        task_line(&mut out, "pg_tide_task_backlog", l, None);
-        int(&mut out, t.backlog);
-        out.push('\n');
+    type Gauge = (&'static str, &'static str, fn(&TaskFigures) -> Value);
+    let gauges: [Gauge; 4] = [
+        ("pg_tide_task_backlog", "Runs ready or waiting.", |t| {
+            Value::Int(t.backlog)
+        }),
+        (
+            "pg_tide_task_consecutive_failures",
+            "Failed attempts since the last success.",
+            |t| t.consecutive_failures.map_or(Value::Num(None), Value::Int),
+        ),
+        (
+            "pg_tide_task_max_silence_seconds",
+            "Silence after which the task is late.",
+            |t| Value::Num(t.max_silence),
+        ),
+        (
+            "pg_tide_task_silence_seconds",
+            "Time since the last successful run (or since creation).",
+            |t| Value::Num(t.silence),
+        ),
+    ];
+    for (name, help, value) in gauges {
+        x.per_task(name, "gauge", help, |t| {
+            [Some(("", None, value(t))), None, None, None]
+        });
     }
-
-    header(
-        &mut out,
-        "pg_tide_task_consecutive_failures",
-        "gauge",
-        "Failed attempts since the last success.",
-    );
-    for (t, l) in tasks() {
-        task_line(&mut out, "pg_tide_task_consecutive_failures", l, None);
-        match t.consecutive_failures {
-            Some(n) => int(&mut out, n),
-            None => out.push_str("NaN"),
-        }
-        out.push('\n');
-    }
-
-    header(
-        &mut out,
-        "pg_tide_task_max_silence_seconds",
-        "gauge",
-        "Silence after which the task is late.",
-    );
-    for (t, l) in tasks() {
-        task_line(&mut out, "pg_tide_task_max_silence_seconds", l, None);
-        num(&mut out, t.max_silence);
-        out.push('\n');
-    }
-
-    header(
-        &mut out,
-        "pg_tide_task_silence_seconds",
-        "gauge",
-        "Time since the last successful run (or since creation).",
-    );
-    for (t, l) in tasks() {
-        task_line(&mut out, "pg_tide_task_silence_seconds", l, None);
-        num(&mut out, t.silence);
-        out.push('\n');
-    }
-
-    header(
-        &mut out,
+    x.per_task(
         "pg_tide_task_status",
         "gauge",
         "1 for the current status of each task.",
+        |t| {
+            [
+                Some(("", Some(("status", t.status.as_str())), Value::Int(1))),
+                None,
+                None,
+                None,
+            ]
+        },
     );
-    for (t, l) in tasks() {
-        task_line(
-            &mut out,
-            "pg_tide_task_status",
-            l,
-            Some(("status", &t.status)),
-        );
-        out.push_str("1\n");
-    }
-
-    header(
-        &mut out,
+    x.per_task(
         "pg_tide_task_unresolved_runs",
         "gauge",
         "Dead and need_check runs waiting for a person.",
+        |t| {
+            [
+                Some(("", Some(("state", "dead")), Value::Int(t.dead))),
+                Some(("", Some(("state", "need_check")), Value::Int(t.need_check))),
+                None,
+                None,
+            ]
+        },
     );
-    for (t, l) in tasks() {
-        for (state, n) in [("dead", t.dead), ("need_check", t.need_check)] {
-            task_line(
-                &mut out,
-                "pg_tide_task_unresolved_runs",
-                l,
-                Some(("state", state)),
-            );
-            int(&mut out, n);
-            out.push('\n');
-        }
-    }
-    out
+    x.out
 }
 
 #[cfg(test)]
