@@ -167,7 +167,11 @@ COMMENT ON FUNCTION tide._silence_level(interval, interval) IS
 --     next fold;
 --   - health takes a task's kept figures only when no touch row of the task is visible and the
 --     figures are still true at the instant asked (the 24-hour ones change when a counted run
---     leaves the day: valid_until); otherwise it computes them from the runs, as the fold does.
+--     leaves the day: valid_until); otherwise it computes them from the runs, as the fold does;
+--   - every task has kept figures or a touch row: a new task is noted (tide._task_touched), and
+--     the fold deletes a touch row only in the transaction that writes its task's figures. Health
+--     relies on it: it looks for figures that do not hold among the kept rows alone.
+--     (tide._monitor notes again, every monitor_interval, any task that lacks both.)
 -- Appending touch rows, rather than updating a row per task, keeps runs of one task finishing
 -- side by side from waiting on each other.
 -- (No foreign key to tide.task, here or in tide.run_count: the fold's upsert checked it, locking
@@ -471,12 +475,14 @@ WITH open_runs AS (
 ), touched AS MATERIALIZED (
     SELECT DISTINCT x.task_id FROM tide.task_touch x
 ), stale AS MATERIALIZED (
-    -- The tasks whose kept figures do not hold at p_now (none kept, out of date, or a visible
-    -- touch row; see above): computed from their runs below.
-    SELECT ARRAY(SELECT t.task_id FROM tide.task t
-                  WHERE NOT EXISTS (SELECT 1 FROM tide.task_stat s
-                                     WHERE s.task_id = t.task_id AND s.computed_at <= p_now
-                                       AND (s.valid_until IS NULL OR s.valid_until > p_now))
+    -- The tasks whose kept figures do not hold at p_now (a visible touch row, computed after
+    -- p_now, or out of date; see above): computed from their runs below. A task without kept
+    -- figures has a touch row: its creation notes it, and the fold deletes a touch row only
+    -- with the kept figures of its task written in the same transaction (tide._monitor notes
+    -- again any task that lacks both). So only the kept rows are read here, not every task
+    -- against its kept row (measured over 10,000 tasks: 9% of health, four alternating rounds).
+    SELECT ARRAY(SELECT s.task_id FROM tide.task_stat s
+                  WHERE s.computed_at > p_now OR s.valid_until <= p_now
                  UNION SELECT u.task_id FROM touched u) AS ids
 ), f AS (
     -- Each task with what health reads from its history: its kept figures, joined to it
@@ -1615,11 +1621,18 @@ BEGIN
         END IF;
         INSERT INTO tide.monitor_state (evaluated_at) VALUES (p_now);  -- the row was deleted
     END IF;
+    -- Task health reads kept figures only for tasks that have them or a touch row (see
+    -- tide._health). Both are pg_tide's own rows, but should a task lack both (its kept row
+    -- deleted by hand), it is noted again here, before the alerts are evaluated.
+    INSERT INTO tide.task_touch (task_id, owner)
+    SELECT t.task_id, t.owner FROM tide.task t
+     WHERE NOT EXISTS (SELECT 1 FROM tide.task_stat s WHERE s.task_id = t.task_id)
+       AND NOT EXISTS (SELECT 1 FROM tide.task_touch u WHERE u.task_id = t.task_id);
     RETURN tide._evaluate_alerts(p_now) || tide._prune(p_now, 5000);
 END
 $$;
 COMMENT ON FUNCTION tide._monitor(timestamptz) IS
-    'Internal: the tick''s monitoring: every pg_tide.monitor_interval, evaluates alerts and prunes a batch of old history.';
+    'Internal: the tick''s monitoring: every pg_tide.monitor_interval, notes again any task without kept health figures or a touch row, evaluates alerts and prunes a batch of old history.';
 
 -- ---------------------------------------------------------------------------------------------
 -- Row-level security and grants, as for the other tables: every role reads its own, and
