@@ -706,9 +706,6 @@ fn kept_health_figures_match_history(cluster: &Cluster) -> Result<(), Failed> {
     Ok(())
 }
 
-/// Parses Prometheus text with the reference parser (Python's prometheus_client); returns one
-/// line per sample: "name{label=value,...} value", labels sorted.
-
 /// Health looks for stale kept figures among the kept rows alone: every task has kept figures
 /// or a touch row. A new task shows before any fold; a task whose kept row went (deleted by
 /// hand here) is noted again by the next evaluation of the monitor step, which shows it in its
@@ -771,6 +768,9 @@ fn every_task_keeps_figures_or_a_touch_row(cluster: &Cluster) -> Result<(), Fail
     assert_eq!(row(&mut c, "k")?, kept);
     Ok(())
 }
+
+/// Parses Prometheus text with the reference parser (Python's prometheus_client); returns one
+/// line per sample: "name{label=value,...} value", labels sorted.
 fn parse_prometheus(text: &str) -> Result<Vec<String>, Failed> {
     const PARSER: &str = "
 import sys
