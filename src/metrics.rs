@@ -1,7 +1,9 @@
 //! `tide.metrics()`: reads the figures of the caller's tasks, checks and alerts (row-level
 //! security shows a role its own, a superuser every role's) and writes them as Prometheus text
-//! (src/prometheus.rs). Four queries, each one pass: task health with the counters, the run
-//! counts by outcome, the checks, the open alerts.
+//! (src/prometheus.rs). Four queries, each one pass: task health, the counters (joined to the
+//! tasks here), the checks, the open alerts.
+
+use std::collections::HashMap;
 
 use pgrx::prelude::*;
 use pgrx::spi::SpiHeapTupleData;
@@ -11,42 +13,26 @@ use crate::sqlerr::OrRaise;
 
 const F: &str = "tide.metrics";
 
-/// Each task's health, its duration and wait counters (folded, and added since the last fold)
-/// and, for a reconciliation, its latest comparison's row counts. Durations in seconds
-/// (`date_part` gives float8 directly, where `extract` computes a numeric first).
+/// Each task's health and, for a reconciliation, its latest comparison's row counts. Durations
+/// in seconds (`date_part` gives float8 directly, where `extract` computes a numeric first).
 const TASKS: &str = "
-WITH sums AS (
-    SELECT c.task_id,
-           sum(c.value) FILTER (WHERE c.metric = 'duration_sum') AS duration_sum,
-           sum(c.value) FILTER (WHERE c.metric = 'duration_count') AS duration_count,
-           sum(c.value) FILTER (WHERE c.metric = 'wait_sum') AS wait_sum,
-           sum(c.value) FILTER (WHERE c.metric = 'wait_count') AS wait_count
-      FROM (SELECT p.task_id, p.metric, p.value FROM tide.run_count p WHERE p.metric <> 'runs'
-            UNION ALL
-            SELECT d.task_id, d.metric, d.value FROM tide.count_delta d WHERE d.metric <> 'runs') c
-     GROUP BY c.task_id
-)
-SELECT h.owner::text, h.task, h.status, h.backlog, h.consecutive_failures, h.dead, h.need_check,
-       date_part('epoch', h.silence), date_part('epoch', h.max_silence),
+SELECT h.task_id, h.owner::text, h.task, h.status, h.backlog, h.consecutive_failures, h.dead,
+       h.need_check, date_part('epoch', h.silence), date_part('epoch', h.max_silence),
        date_part('epoch', h.p50_duration), date_part('epoch', h.p95_duration),
-       coalesce(s.duration_sum, 0), coalesce(s.duration_count, 0),
-       date_part('epoch', h.p95_queue_wait), coalesce(s.wait_sum, 0), coalesce(s.wait_count, 0),
-       h.open_differences, h.differences_for_a_person,
+       date_part('epoch', h.p95_queue_wait), h.open_differences, h.differences_for_a_person,
        (SELECT ARRAY[x.left_count, x.right_count] FROM tide.recon_result x
          WHERE h.open_differences IS NOT NULL AND x.task_id = h.task_id
          ORDER BY x.result_id DESC LIMIT 1)
-  FROM tide._health(now()) h
-  LEFT JOIN sums s ON s.task_id = h.task_id";
+  FROM tide._health(now()) h";
 
-/// Runs by task and outcome (the counters folded, and added since the last fold).
-const RUNS: &str = "
-SELECT t.owner::text, t.name, c.label, c.value
-  FROM (SELECT x.task_id, x.label, sum(x.value) AS value
-          FROM (SELECT p.task_id, p.label, p.value FROM tide.run_count p WHERE p.metric = 'runs'
-                UNION ALL
-                SELECT d.task_id, d.label, d.value FROM tide.count_delta d WHERE d.metric = 'runs') x
-         GROUP BY x.task_id, x.label) c
-  JOIN tide.task t ON t.task_id = c.task_id";
+/// The counters of every task: those folded and what was added since the last fold, read once
+/// for the runs by outcome and for the duration and wait sums and counts.
+const COUNTERS: &str = "
+SELECT c.task_id, c.metric, c.label, sum(c.value)
+  FROM (SELECT p.task_id, p.metric, p.label, p.value FROM tide.run_count p
+        UNION ALL
+        SELECT d.task_id, d.metric, d.label, d.value FROM tide.count_delta d) c
+ GROUP BY c.task_id, c.metric, c.label";
 
 const CHECKS: &str = "SELECT s.owner::text, s.name, s.status FROM tide._checks(now()) s";
 
@@ -74,31 +60,61 @@ fn bigint(row: &SpiHeapTupleData, n: usize) -> Option<i64> {
     row.get::<i64>(n).or_raise(F)
 }
 
-fn task_figures(row: &SpiHeapTupleData) -> TaskFigures {
-    let open = int(row, 17);
-    TaskFigures {
-        owner: text(row, 1),
-        task: text(row, 2),
-        status: text(row, 3),
-        backlog: int(row, 4).unwrap_or(0),
-        consecutive_failures: int(row, 5),
-        dead: int(row, 6).unwrap_or(0),
-        need_check: int(row, 7).unwrap_or(0),
-        silence: float(row, 8),
-        max_silence: float(row, 9),
-        p50_duration: float(row, 10),
-        p95_duration: float(row, 11),
-        duration_sum: float(row, 12).unwrap_or(0.0),
-        duration_count: float(row, 13).unwrap_or(0.0),
-        p95_queue_wait: float(row, 14),
-        wait_sum: float(row, 15).unwrap_or(0.0),
-        wait_count: float(row, 16).unwrap_or(0.0),
-        open_differences: open.map(|all| (all, int(row, 18).unwrap_or(0))),
+/// A task's id and its figures from health (its counters are added from `COUNTERS`).
+fn task_figures(row: &SpiHeapTupleData) -> (i64, TaskFigures) {
+    let id = bigint(row, 1).unwrap_or_default();
+    let figures = TaskFigures {
+        owner: text(row, 2),
+        task: text(row, 3),
+        status: text(row, 4),
+        backlog: int(row, 5).unwrap_or(0),
+        consecutive_failures: int(row, 6),
+        dead: int(row, 7).unwrap_or(0),
+        need_check: int(row, 8).unwrap_or(0),
+        silence: float(row, 9),
+        max_silence: float(row, 10),
+        p50_duration: float(row, 11),
+        p95_duration: float(row, 12),
+        p95_queue_wait: float(row, 13),
+        open_differences: int(row, 14).map(|all| (all, int(row, 15).unwrap_or(0))),
         recon_rows: row
-            .get::<Vec<i64>>(19)
+            .get::<Vec<i64>>(16)
             .or_raise(F)
             .and_then(|v| Some((*v.first()?, *v.get(1)?))),
+        ..TaskFigures::default()
+    };
+    (id, figures)
+}
+
+/// Adds the counters to the tasks they belong to: the runs by outcome, and the duration and
+/// wait sums and counts. Counters of a task not among them (deleted since, not yet pruned) are
+/// left out, as health leaves the task out.
+fn add_counters(
+    tasks: &mut [TaskFigures],
+    ids: &[i64],
+    counters: Vec<(i64, String, String, f64)>,
+) -> Vec<RunCount> {
+    let index: HashMap<i64, usize> = ids.iter().enumerate().map(|(i, id)| (*id, i)).collect();
+    let mut runs = Vec::new();
+    for (task_id, metric, outcome, value) in counters {
+        let Some(t) = index.get(&task_id).map(|&i| &mut tasks[i]) else {
+            continue;
+        };
+        match metric.as_str() {
+            "runs" => runs.push(RunCount {
+                owner: t.owner.clone(),
+                task: t.task.clone(),
+                outcome,
+                value,
+            }),
+            "duration_sum" => t.duration_sum += value,
+            "duration_count" => t.duration_count += value,
+            "wait_sum" => t.wait_sum += value,
+            "wait_count" => t.wait_count += value,
+            _ => {}
+        }
     }
+    runs
 }
 
 /// Every row of a query, each made into a `T`.
@@ -118,24 +134,32 @@ fn rows<T>(
 #[pg_extern(stable, schema = "tide", name = "metrics")]
 #[search_path(pg_catalog, pg_temp)]
 fn metrics() -> String {
-    let figures = Spi::connect(|client| Figures {
-        tasks: rows(client, TASKS, task_figures),
-        runs: rows(client, RUNS, |row| RunCount {
-            owner: text(row, 1),
-            task: text(row, 2),
-            outcome: text(row, 3),
-            value: float(row, 4).unwrap_or(0.0),
-        }),
-        checks: rows(client, CHECKS, |row| CheckStatus {
-            owner: text(row, 1),
-            check: text(row, 2),
-            status: text(row, 3),
-        }),
-        alerts: rows(client, ALERTS, |row| AlertCount {
-            kind: text(row, 1),
-            severity: text(row, 2),
-            open: bigint(row, 3).unwrap_or(0),
-        }),
+    let figures = Spi::connect(|client| {
+        let (ids, mut tasks): (Vec<i64>, Vec<TaskFigures>) =
+            rows(client, TASKS, task_figures).into_iter().unzip();
+        let counters = rows(client, COUNTERS, |row| {
+            (
+                bigint(row, 1).unwrap_or_default(),
+                text(row, 2),
+                text(row, 3),
+                float(row, 4).unwrap_or(0.0),
+            )
+        });
+        let runs = add_counters(&mut tasks, &ids, counters);
+        Figures {
+            tasks,
+            runs,
+            checks: rows(client, CHECKS, |row| CheckStatus {
+                owner: text(row, 1),
+                check: text(row, 2),
+                status: text(row, 3),
+            }),
+            alerts: rows(client, ALERTS, |row| AlertCount {
+                kind: text(row, 1),
+                severity: text(row, 2),
+                open: bigint(row, 3).unwrap_or(0),
+            }),
+        }
     });
     render(&figures)
 }
