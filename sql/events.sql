@@ -45,6 +45,8 @@ DECLARE
     -- tide_admin's, every role's.
     owners_ok name[] := tide._acts_for();
     g_owners name[];
+    -- Whether any event has a dedupe key of the caller's (else every key is pg_tide's own).
+    keyed boolean := coalesce(cardinality(array_remove(p_dedupe_keys, NULL)) > 0, false);
 BEGIN
     PERFORM tide._check_topic(p_topic, p_function);
     IF n > 100000 THEN
@@ -103,7 +105,14 @@ BEGIN
                                                  'ready_watermark', t.ready_watermark)) AS state
           FROM tide.task t
          WHERE t.topics @> ARRAY[p_topic] AND (owners_ok IS NULL OR t.owner = ANY (owners_ok) OR t.owner = ANY (g_owners))
-    ), created AS (
+        -- The tasks cannot be deleted under their new runs (tide.run has no foreign key): a task
+        -- deleted meanwhile is left out, and one being deleted is waited for.
+           FOR KEY SHARE OF t
+    ), own AS (
+        -- Without dedupe keys, every run's key is pg_tide's own (#id, new): inserted plainly.
+        -- With some, keys seen before are skipped (given). Only one of the two has rows; ON
+        -- CONFLICT costs a probe of the key's index and a speculative insertion per row
+        -- (measured: 13% of a bulk enqueue).
         INSERT INTO tide.run (task_id, trigger, dedupe_key, version, state, reason, executor, queue, priority,
                               args, owner, topic, event_key, payload, gate, lock_key, gated)
         SELECT t.task_id, 'event', coalesce(e.dedupe_key, '#' || e.ev), t.version, t.state,
@@ -113,9 +122,25 @@ BEGIN
           FROM events e
          CROSS JOIN tasks t
          CROSS JOIN LATERAL tide._gating_of(t.task_id, t.version, t.args, e.payload, e.event_key, NULL, NULL) g
+         WHERE NOT keyed
+        ORDER BY e.i, t.task_id
+        RETURNING run_id, task_id, state, reason, owner, executor, queue, priority, gate, lock_key, gated
+    ), given AS (
+        INSERT INTO tide.run (task_id, trigger, dedupe_key, version, state, reason, executor, queue, priority,
+                              args, owner, topic, event_key, payload, gate, lock_key, gated)
+        SELECT t.task_id, 'event', coalesce(e.dedupe_key, '#' || e.ev), t.version, t.state,
+               format('event %s on %s%s', e.ev, p_topic, coalesce(' (key ' || e.event_key || ')', '')),
+               tide._executor_of(t.command), t.queue, t.priority, t.args, t.owner,
+               p_topic, e.event_key, e.payload, g.gate, g.lock_key, g.gated
+          FROM events e
+         CROSS JOIN tasks t
+         CROSS JOIN LATERAL tide._gating_of(t.task_id, t.version, t.args, e.payload, e.event_key, NULL, NULL) g
+         WHERE keyed
         ORDER BY e.i, t.task_id
         ON CONFLICT (task_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
         RETURNING run_id, task_id, state, reason, owner, executor, queue, priority, gate, lock_key, gated
+    ), created AS (
+        SELECT * FROM own UNION ALL SELECT * FROM given
     ), history AS (
         INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
         SELECT c.run_id, NULL, c.state, c.reason, c.owner FROM created c ORDER BY c.run_id

@@ -197,7 +197,10 @@ BEGIN
             SELECT array_agg(c.run_id), array_agg(c.owner), array_agg(c.queue), bool_or(c.gated)
               INTO ids, owners, queues, gated FROM (
                 SELECT p.run_id, p.owner, p.queue, p.gated FROM tide.pending p JOIN tide.run r ON r.run_id = p.run_id
-                 WHERE p.state = 'ready' AND NOT p.parked AND p.executor = p_executor
+                 -- Without a queue, the claimer is an SQL executor (external workers must name
+                 -- one, above): written out, so that the plan kept for any executor uses the
+                 -- index of SQL runs, pending_claim_any_idx.
+                 WHERE p.state = 'ready' AND NOT p.parked AND p.executor = 'sql'
                    AND (p.due_at IS NULL OR p.due_at <= statement_timestamp())
                    AND (owners_ok IS NULL OR p.owner = ANY (owners_ok)
                         OR (g_owners IS NOT NULL AND (p.owner, p.queue) IN (SELECT u.o, u.q FROM unnest(g_owners, g_queues) u(o, q))))
@@ -909,14 +912,18 @@ DECLARE
     ids bigint[];
     bad integer;
 BEGIN
-    SELECT * INTO t FROM tide.task x WHERE x.task_id = r.task_id;
+    -- KEY SHARE: the task cannot be deleted under its new runs (tide.run has no foreign key).
+    SELECT * INTO t FROM tide.task x WHERE x.task_id = r.task_id FOR KEY SHARE;
+    IF NOT FOUND THEN
+        PERFORM tide.business_error(format('task %s was deleted', r.task_id));
+    END IF;
     topic := t.topics[1];
     SELECT count(*) FILTER (WHERE jsonb_typeof(e.item) <> 'object' OR coalesce(e.item->>'key', '') = ''
-                                  OR length(e.item->>'key') > 1000
+                                  OR length(e.item->>'key') > 1000 OR e.item->>'key' LIKE '#%'
                                   OR (e.item ? 'payload' AND jsonb_typeof(e.item->'payload') NOT IN ('object', 'null')))
       INTO bad FROM jsonb_array_elements(p_rows) AS e(item);
     IF bad > 0 THEN
-        PERFORM tide.business_error(format('the fallback query returned %s rows without a usable key (a non-empty text of at most 1000 characters) or with a payload that is not a JSON object', bad));
+        PERFORM tide.business_error(format('the fallback query returned %s rows without a usable key (a non-empty text of at most 1000 characters, not starting with #: those are pg_tide''s own) or with a payload that is not a JSON object', bad));
     END IF;
     WITH found AS (
         SELECT DISTINCT ON (e.item->>'key') e.item->>'key' AS key, coalesce(nullif(e.item->'payload', 'null'), '{}') AS payload, e.n
@@ -1380,7 +1387,12 @@ DECLARE
     t tide.task;
     id bigint;
 BEGIN
-    SELECT * INTO t FROM tide.task WHERE task_id = p_task_id;
+    -- KEY SHARE: the task cannot be deleted under its new run (tide.run has no foreign key).
+    SELECT * INTO t FROM tide.task x WHERE x.task_id = p_task_id FOR KEY SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'task % does not exist', p_task_id USING ERRCODE = 'undefined_object',
+            HINT = 'it was deleted meanwhile; list your tasks with: SELECT name FROM tide.task';
+    END IF;
     IF t.source_retention IS NOT NULL AND p_start < now() - t.source_retention THEN
         RAISE EXCEPTION 'business date % of task % is beyond its source_retention of %', p_biz_date, t.name, t.source_retention
             USING ERRCODE = 'invalid_parameter_value',

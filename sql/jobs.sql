@@ -102,21 +102,37 @@ BEGIN
                   CASE WHEN due IS NOT NULL
                        THEN ' to run at ' || to_char(due AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS" UTC"') ELSE '' END);
     -- One statement: the runs with their gating, their first history rows and their
-    -- tide.pending rows, as tide.emit writes them.
+    -- tide.pending rows, as tide.emit writes them. Runs with keys of pg_tide's own are inserted
+    -- plainly (own), those with the caller's keys skip the keys seen before (given): only one of
+    -- the two inserts has rows. ON CONFLICT costs a probe of the key's index before each row and
+    -- a speculative insertion (measured: 13% of a bulk enqueue of 20,000 runs).
     WITH input AS (
         SELECT e.i, t.args || e.v AS args,
                CASE WHEN one_key THEN key_of ELSE key_of || e.i END AS dedupe_key
           FROM jsonb_array_elements(items) WITH ORDINALITY AS e(v, i)
-    ), created AS (
+    ), own AS (
         INSERT INTO tide.run (task_id, trigger, dedupe_key, version, state, reason, executor, queue, priority,
                               args, run_after, owner, gate, lock_key, gated)
         SELECT t.task_id, 'enqueued', i.dedupe_key, t.version, open_state, why, exec_kind, t.queue, prio, i.args, due,
                t.owner, g.gate, g.lock_key, g.gated
           FROM input i
          CROSS JOIN LATERAL tide._gating_of(t.task_id, t.version, i.args, NULL, NULL, NULL, NULL) g
+         WHERE enqueue.dedupe_key IS NULL
+         ORDER BY i.i
+        RETURNING run_id, task_id, state, reason, owner, executor, queue, priority, run_after, gate, lock_key, gated
+    ), given AS (
+        INSERT INTO tide.run (task_id, trigger, dedupe_key, version, state, reason, executor, queue, priority,
+                              args, run_after, owner, gate, lock_key, gated)
+        SELECT t.task_id, 'enqueued', i.dedupe_key, t.version, open_state, why, exec_kind, t.queue, prio, i.args, due,
+               t.owner, g.gate, g.lock_key, g.gated
+          FROM input i
+         CROSS JOIN LATERAL tide._gating_of(t.task_id, t.version, i.args, NULL, NULL, NULL, NULL) g
+         WHERE enqueue.dedupe_key IS NOT NULL
          ORDER BY i.i
         ON CONFLICT (task_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
         RETURNING run_id, task_id, state, reason, owner, executor, queue, priority, run_after, gate, lock_key, gated
+    ), created AS (
+        SELECT * FROM own UNION ALL SELECT * FROM given
     ), history AS (
         INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
         SELECT c.run_id, NULL, c.state, c.reason, c.owner FROM created c ORDER BY c.run_id

@@ -1628,11 +1628,13 @@ BEGIN
     SELECT t.task_id, t.owner FROM tide.task t
      WHERE NOT EXISTS (SELECT 1 FROM tide.task_stat s WHERE s.task_id = t.task_id)
        AND NOT EXISTS (SELECT 1 FROM tide.task_touch u WHERE u.task_id = t.task_id);
+    -- Runs left of deleted tasks (see tide.task_gone).
+    PERFORM tide._sweep_gone();
     RETURN tide._evaluate_alerts(p_now) || tide._prune(p_now, 5000);
 END
 $$;
 COMMENT ON FUNCTION tide._monitor(timestamptz) IS
-    'Internal: the tick''s monitoring: every pg_tide.monitor_interval, notes again any task without kept health figures or a touch row, evaluates alerts and prunes a batch of old history.';
+    'Internal: the tick''s monitoring: every pg_tide.monitor_interval, notes again any task without kept health figures or a touch row, deletes runs left of deleted tasks, evaluates alerts and prunes a batch of old history.';
 
 -- ---------------------------------------------------------------------------------------------
 -- Row-level security and grants, as for the other tables: every role reads its own, and

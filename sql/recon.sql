@@ -646,7 +646,8 @@ BEGIN
             why := format('not compensated: the run found %s differences, more than max_diffs %s', p_found->>'differences', def->>'max_diffs');
             esc := cls <> 'human';
         ELSIF cls = 'auto_fix' THEN
-            SELECT * INTO ft FROM tide.task x WHERE x.name = v_rule->>'fix_task' AND x.owner = r.owner;
+            -- KEY SHARE: the task cannot be deleted under its new run (tide.run has no foreign key).
+            SELECT * INTO ft FROM tide.task x WHERE x.name = v_rule->>'fix_task' AND x.owner = r.owner FOR KEY SHARE;
             IF NOT FOUND THEN
                 esc := true;
                 why := format('fix_task %s does not exist', quote_literal(v_rule->>'fix_task'));

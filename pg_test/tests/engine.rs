@@ -2303,6 +2303,140 @@ fn a_claim_never_waits_for_a_run_being_changed(cluster: &Cluster) -> Result<(), 
     Ok(())
 }
 
+/// Deleting a task deletes its runs with their history and lines (tide.run has no foreign key
+/// to tide.task: a trigger does it), and no run is ever left without its task: a function that
+/// creates runs holds its task first, so while a task's deletion is uncommitted an emit or an
+/// enqueue for it waits, and after it creates nothing (the emit finds no task, the enqueue is
+/// refused). Runs that a deletion in REPEATABLE READ could not see are deleted by the tick's
+/// monitoring step.
+fn a_deleted_task_leaves_no_runs(cluster: &Cluster) -> Result<(), Failed> {
+    let db = "e_task_gone";
+    let mut c = cluster.fresh_db(db)?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('gone_w', '@hourly');
+         SELECT tide.schedule('gone_e', NULL, topics => ARRAY['gone.ev']);
+         SELECT tide.schedule('kept', NULL, topics => ARRAY['gone.ev']);
+         SELECT tide.run_now('gone_w');
+         SELECT count(*) FROM tide.enqueue('gone_e', '[{}, {}]');
+         SELECT tide.emit('gone.ev');
+         SELECT tide.emit('gone.ev', dedupe_key => 'k1');",
+    )?;
+    // One of them running, with its attempt in progress.
+    let claimed: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM tide.claim_runs('default', worker => 'w', n => 1)",
+    )?;
+    assert_eq!(claimed, 1);
+    let counts = |c: &mut Client| -> Result<(i64, i64, i64, i64), Failed> {
+        c.query_one(
+            "SELECT (SELECT count(*) FROM tide.run r WHERE NOT EXISTS (SELECT 1 FROM tide.task t WHERE t.task_id = r.task_id)),
+                    (SELECT count(*) FROM tide.run_event e WHERE NOT EXISTS (SELECT 1 FROM tide.run r WHERE r.run_id = e.run_id)),
+                    (SELECT count(*) FROM tide.pending p WHERE NOT EXISTS (SELECT 1 FROM tide.run r WHERE r.run_id = p.run_id)),
+                    (SELECT count(*) FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'kept')",
+            &[],
+        )
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .map_err(db_err)
+    };
+    let before: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name IN ('gone_w', 'gone_e')",
+    )?;
+    assert_eq!(before, 5, "a window, two enqueued, two emitted");
+    exec(
+        &mut c,
+        "SELECT tide.unschedule('gone_w'); SELECT tide.unschedule('gone_e')",
+    )?;
+    assert_eq!(
+        counts(&mut c)?,
+        (0, 0, 0, 2),
+        "no run, history row or line left of the deleted tasks; the other task's runs stay"
+    );
+    // An emit and an enqueue while the task's deletion is uncommitted.
+    for (call, refusal) in [
+        ("SELECT tide.emit('gone.ev')::text", None),
+        (
+            "SELECT tide.enqueue('kept', '{}')::text",
+            Some("task \"kept\" does not exist"),
+        ),
+    ] {
+        exec(
+            &mut c,
+            "SELECT tide.schedule('kept', NULL, topics => ARRAY['gone.ev'])
+              WHERE NOT EXISTS (SELECT 1 FROM tide.task WHERE name = 'kept')",
+        )?;
+        let mut deleter = cluster.connect(db)?;
+        exec(&mut deleter, "BEGIN; SELECT tide.unschedule('kept')")?;
+        let mut caller = cluster.connect(db)?;
+        let pid: i32 = one(&mut caller, "SELECT pg_backend_pid()")?;
+        let sql = call.to_string();
+        let waiter = std::thread::spawn(move || {
+            caller
+                .query_opt(&sql, &[])
+                .map(|row| row.and_then(|r| r.get::<_, Option<String>>(0)))
+                .map_err(|e| pg_tide_pg_test::describe(&e))
+        });
+        wait_for(
+            "the call to wait for the task's deletion",
+            Duration::from_secs(10),
+            || {
+                let waiting: bool = c
+                    .query_one(
+                        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                                         WHERE pid = $1 AND wait_event_type = 'Lock')",
+                        &[&pid],
+                    )
+                    .map_err(|e| pg_tide_pg_test::describe(&e))?
+                    .get(0);
+                Ok(waiting.then_some(()))
+            },
+        )?;
+        exec(&mut deleter, "COMMIT")?;
+        let answer = waiter.join().map_err(|_| "the caller's thread panicked")?;
+        match refusal {
+            None => assert_eq!(answer, Ok(Some("0".to_string())), "{call}"),
+            Some(message) => {
+                let error = answer.expect_err("the enqueue is refused");
+                assert!(error.contains(message), "{error}");
+            }
+        }
+        assert_eq!(
+            counts(&mut c)?,
+            (0, 0, 0, 0),
+            "{call}: no run without its task"
+        );
+    }
+    // A deletion in a REPEATABLE READ transaction whose snapshot is older than an emit that
+    // committed first: its trigger cannot see the emit's run. The tick's monitoring step
+    // deletes it.
+    exec(
+        &mut c,
+        "SELECT tide.schedule('kept', NULL, topics => ARRAY['gone.ev'])",
+    )?;
+    let mut deleter = cluster.connect(db)?;
+    exec(
+        &mut deleter,
+        "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM tide.task",
+    )?;
+    exec(&mut c, "SELECT tide.emit('gone.ev')")?;
+    exec(&mut deleter, "SELECT tide.unschedule('kept'); COMMIT")?;
+    assert_eq!(
+        counts(&mut c)?.0,
+        1,
+        "the deletion could not see the emit's run"
+    );
+    exec(&mut c, "SELECT tide._monitor(now())")?;
+    assert_eq!(
+        counts(&mut c)?,
+        (0, 0, 0, 0),
+        "the monitoring step deleted the run left"
+    );
+    let gone: i64 = one(&mut c, "SELECT count(*) FROM tide.task_gone")?;
+    assert_eq!(gone, 0, "and is done with the deleted tasks");
+    Ok(())
+}
+
 /// Run control never deadlocks with a claim. A claim locks a run's line in tide.pending first
 /// and the run second; pause_run, resume_run and cancel_run lock the run, then take its line
 /// without waiting (letting go of the run and trying again while a claim holds the line). The
@@ -2600,6 +2734,10 @@ fn main() {
         (
             "run_control_does_not_deadlock_with_a_claim",
             run_control_does_not_deadlock_with_a_claim,
+        ),
+        (
+            "a_deleted_task_leaves_no_runs",
+            a_deleted_task_leaves_no_runs,
         ),
         (
             "a_claim_never_waits_for_a_run_being_changed",

@@ -1093,6 +1093,45 @@ fn a_fallback_scan_finds_lost_events(cluster: &Cluster) -> Result<(), Failed> {
     Ok(())
 }
 
+/// A fallback scan's keys become dedupe keys of event runs: a key starting with # (pg_tide's
+/// own, the keys of events emitted without one) is refused, so that no emitted event is ever
+/// mistaken for a key the scan found. The scan is a business failure (dead at once) that names
+/// the rule, and it creates nothing.
+fn a_fallback_key_of_pg_tides_own_is_refused(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('fb_hash', '0 0 1 1 *', topics => ARRAY['fb.hash'], command => 'SELECT 1',
+             fallback => 'SELECT k AS key FROM (VALUES (''a''), (''#1'')) v(k)')",
+    )?;
+    let scan: i64 = one(&mut c, "SELECT tide.run_now('fb_hash')")?;
+    wait_for("the scan to end", Duration::from_secs(60), || {
+        let s = state(&mut c, scan)?;
+        Ok((s != "ready" && s != "running").then_some(s))
+    })
+    .and_then(|s| {
+        (s == "dead")
+            .then_some(())
+            .ok_or(format!("the scan ended {s}"))
+    })?;
+    let (error, kind, events): (String, String, i64) = c
+        .query_one(
+            &format!(
+                "SELECT last_error, last_error_kind::text,
+                        (SELECT count(*) FROM tide.run r JOIN tide.task t USING (task_id)
+                          WHERE t.name = 'fb_hash' AND r.window_start IS NULL)
+                   FROM tide.run WHERE run_id = {scan}"
+            ),
+            &[],
+        )
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .map_err(db_err)?;
+    assert!(error.contains("not starting with #"), "{error}");
+    assert_eq!((kind.as_str(), events), ("business", 0));
+    exec(&mut c, "SELECT tide.unschedule('fb_hash')")?;
+    Ok(())
+}
+
 fn main() {
     let tests: &[(&str, TestFn)] = &[
         (
@@ -1110,6 +1149,10 @@ fn main() {
         (
             "a_fallback_scan_finds_lost_events",
             a_fallback_scan_finds_lost_events,
+        ),
+        (
+            "a_fallback_key_of_pg_tides_own_is_refused",
+            a_fallback_key_of_pg_tides_own_is_refused,
         ),
         (
             "emit_creates_runs_in_the_callers_transaction",
