@@ -191,7 +191,12 @@ CREATE TABLE tide.task_stat (
     not_ready        integer,
     p50              interval,
     p95              interval,
-    wait95           interval
+    wait95           interval,
+    -- When the task goes late if no success comes: its latest success (or its creation) plus its
+    -- max_silence (tide._max_silence, counted in seconds as interval comparison counts them);
+    -- NULL: never. The alert evaluation's candidates read it (tide._alert_causes) instead of
+    -- every task's rules; a change of those rules notes the task (tide._task_touched).
+    quiet_at         timestamptz
 );
 COMMENT ON TABLE tide.task_stat IS
     'What task health reads from each task''s history, as of the last fold (each tick): latest success, last state, failures and skips in a row, the last 24 hours (true until valid_until). Maintained by pg_tide; read tide.health.';
@@ -231,7 +236,7 @@ CREATE TRIGGER run_touched_delete AFTER DELETE ON tide.run
     REFERENCING OLD TABLE AS changed FOR EACH STATEMENT EXECUTE FUNCTION tide._runs_touched();
 
 -- A new task, or one whose schedule changed (an event task's latest success is looked for
--- differently), is noted too.
+-- differently) or whose silence rules changed (its kept quiet_at), is noted too.
 CREATE FUNCTION tide._task_touched() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -242,8 +247,8 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide._task_touched() IS
-    'Trigger: notes a new task, or a task whose schedule changed, in tide.task_touch.';
-CREATE TRIGGER task_touched AFTER INSERT OR UPDATE OF schedule ON tide.task
+    'Trigger: notes a new task, or a task whose schedule or silence rules changed, in tide.task_touch.';
+CREATE TRIGGER task_touched AFTER INSERT OR UPDATE OF schedule, tz, dst_gap, dst_overlap, max_silence, timeout ON tide.task
     FOR EACH ROW EXECUTE FUNCTION tide._task_touched();
 
 -- What health reads from the history of some tasks, at an instant: computed from their runs.
@@ -409,16 +414,21 @@ BEGIN
         RETURN 0;  -- (the computation is not even planned)
     END IF;
     INSERT INTO tide.task_stat AS s (task_id, owner, computed_at, valid_until, last_success,
-                                     last_state, skips, failures, retries, catch_up_limited, not_ready, p50, p95, wait95)
+                                     last_state, skips, failures, retries, catch_up_limited, not_ready, p50, p95, wait95,
+                                     quiet_at)
     SELECT h.task_id, h.owner, p_now, h.valid_until, h.last_success, h.last_state, h.skips,
-           h.failures, h.retries, h.catch_up_limited, h.not_ready, h.p50, h.p95, h.wait95
+           h.failures, h.retries, h.catch_up_limited, h.not_ready, h.p50, h.p95, h.wait95,
+           coalesce(h.last_success, t.created_at)
+             + make_interval(secs => extract(epoch FROM tide._max_silence(t.max_silence, t.fire_gap, t.timeout))::float8)
       FROM tide._task_history(p_now, todo) h
+      JOIN tide.task t ON t.task_id = h.task_id
     ON CONFLICT (task_id) DO UPDATE
        SET owner = EXCLUDED.owner, computed_at = EXCLUDED.computed_at, valid_until = EXCLUDED.valid_until,
            last_success = EXCLUDED.last_success,
            last_state = EXCLUDED.last_state, skips = EXCLUDED.skips, failures = EXCLUDED.failures,
            retries = EXCLUDED.retries, catch_up_limited = EXCLUDED.catch_up_limited,
-           not_ready = EXCLUDED.not_ready, p50 = EXCLUDED.p50, p95 = EXCLUDED.p95, wait95 = EXCLUDED.wait95;
+           not_ready = EXCLUDED.not_ready, p50 = EXCLUDED.p50, p95 = EXCLUDED.p95, wait95 = EXCLUDED.wait95,
+           quiet_at = EXCLUDED.quiet_at;
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END
@@ -426,7 +436,7 @@ $$;
 COMMENT ON FUNCTION tide._fold(timestamptz, integer) IS
     'Internal: recomputes the kept health figures (tide.task_stat) of tasks whose runs changed or whose 24-hour figures expired, and adds new counts to the counters of tide.metrics() (every tick); notifies pg_tide_changed with the ids of the tasks whose runs changed.';
 
-CREATE FUNCTION tide._health(p_now timestamptz)
+CREATE FUNCTION tide._health(p_now timestamptz, p_task_ids bigint[] DEFAULT NULL)
 RETURNS TABLE (task text, status text, severity tide.severity, last_success timestamptz, silence interval,
                max_silence interval, last_state tide.run_state, consecutive_failures integer,
                consecutive_skips integer, retries_24h integer, backlog integer, oldest_ready interval,
@@ -438,7 +448,8 @@ RETURNS TABLE (task text, status text, severity tide.severity, last_success time
 -- PL/pgSQL, one RETURN QUERY, rather than SQL: a set-returning SQL function with SET clauses
 -- runs them around every row it returns (10,000 times per call over 10,000 tasks), and plans its
 -- query at every call; this one sets them once and its session keeps the plan (measured over
--- 10,000 tasks: 13% less per call, alternating rounds).
+-- 10,000 tasks: 13% less per call, alternating rounds). p_task_ids: these tasks only (the
+-- tick's alert evaluation asks for the few that may have something to report).
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 SET jit = off
@@ -464,6 +475,7 @@ WITH open_runs AS (
            min(p.run_id) FILTER (WHERE p.state = 'held') AS oldest_held_id,
            count(*) FILTER (WHERE p.state = 'held') AS held
       FROM tide.pending p
+     WHERE p_task_ids IS NULL OR p.task_id = ANY (p_task_ids)
      GROUP BY p.task_id) o
 ), diffs AS (
     -- A reconciliation's open differences (each counted once, however many runs saw it).
@@ -482,8 +494,9 @@ WITH open_runs AS (
     -- again any task that lacks both). So only the kept rows are read here, not every task
     -- against its kept row (measured over 10,000 tasks: 9% of health, four alternating rounds).
     SELECT ARRAY(SELECT s.task_id FROM tide.task_stat s
-                  WHERE s.computed_at > p_now OR s.valid_until <= p_now
-                 UNION SELECT u.task_id FROM touched u) AS ids
+                  WHERE (s.computed_at > p_now OR s.valid_until <= p_now)
+                    AND (p_task_ids IS NULL OR s.task_id = ANY (p_task_ids))
+                 UNION SELECT u.task_id FROM touched u WHERE p_task_ids IS NULL OR u.task_id = ANY (p_task_ids)) AS ids
 ), f AS (
     -- Each task with what health reads from its history: its kept figures, joined to it
     -- directly; for the stale tasks, computed from their runs (not even planned when there are
@@ -496,6 +509,7 @@ WITH open_runs AS (
       FROM tide.task t JOIN tide.task_stat s ON s.task_id = t.task_id
      WHERE s.computed_at <= p_now AND (s.valid_until IS NULL OR s.valid_until > p_now)
        AND s.task_id NOT IN (SELECT u.task_id FROM touched u)
+       AND (p_task_ids IS NULL OR t.task_id = ANY (p_task_ids))
     UNION ALL
     SELECT t.name, t.paused, t.severity, t.next_fire_at, t.task_id, t.owner, t.tick_error, t.tick_error_at,
            t.tick_retry_at, t.reconcile, t.max_silence, t.fire_gap, t.timeout, t.created_at,
@@ -533,7 +547,7 @@ SELECT h.name,
   FROM h;
 END
 $$;
-COMMENT ON FUNCTION tide._health(timestamptz) IS 'Internal: tide.health at an instant (the tick evaluates alerts with it).';
+COMMENT ON FUNCTION tide._health(timestamptz, bigint[]) IS 'Internal: tide.health at an instant, of every task or of the tasks given (the tick evaluates alerts with it).';
 
 -- ---------------------------------------------------------------------------------------------
 -- pg_tide itself: the scheduler's ticks (noted in shared memory, src/delivery.rs), its workers,
@@ -936,10 +950,27 @@ AS $$
                tide._setting('alert_retries', '10')::integer AS retries,
                tide._setting('alert_backlog', '1000')::integer AS backlog,
                tide._setting('alert_held_after', '1h')::interval AS held_after
+    ), cand AS MATERIALIZED (
+        -- The tasks that may have something to report, found from their kept figures, their
+        -- unfinished runs and their schedule errors alone (each condition below, or a superset
+        -- of it; the kept rows are narrow, the tasks' are not): health rows are made for those
+        -- only, not for every task. A task whose kept figures do not hold (computed after
+        -- p_now, expired, or a touch row: every task without kept figures has one) is always a
+        -- candidate, as health computes it from its runs.
+        SELECT ARRAY(
+            SELECT s.task_id FROM cfg, tide.task_stat s
+             WHERE s.computed_at > p_now OR s.valid_until <= p_now OR s.quiet_at <= p_now
+                OR s.failures >= cfg.failures OR coalesce(s.skips, 0) > cfg.skips
+                OR coalesce(s.retries, 0) >= cfg.retries OR s.catch_up_limited > 0 OR s.not_ready > 0
+            UNION SELECT t.task_id FROM tide.task t WHERE t.tick_error IS NOT NULL
+            UNION SELECT x.task_id FROM tide.task_touch x
+            UNION SELECT p.task_id FROM tide.pending p WHERE p.state IN ('dead', 'need_check', 'held')
+            UNION SELECT p.task_id FROM tide.pending p, cfg WHERE p.state IN ('waiting', 'ready')
+                   GROUP BY p.task_id, cfg.backlog HAVING count(*) >= cfg.backlog) AS ids
     ), h AS MATERIALIZED (
         -- Only the tasks with something to report (the details are built for those alone).
         SELECT h.*, CASE WHEN h.paused THEN 0 ELSE tide._silence_level(h.silence, h.max_silence) END AS level
-          FROM tide._health(p_now) h, cfg
+          FROM cand, tide._health(p_now, cand.ids) h, cfg
          WHERE (NOT h.paused AND tide._silence_level(h.silence, h.max_silence) > 0)
             OR h.consecutive_failures >= cfg.failures OR h.dead > 0 OR h.need_check > 0
             OR h.consecutive_skips > cfg.skips OR h.retries_24h >= cfg.retries OR h.backlog >= cfg.backlog

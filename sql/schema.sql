@@ -157,6 +157,11 @@ CREATE INDEX task_topics_idx ON tide.task USING gin (topics) WITH (fastupdate = 
 
 -- The scheduler looks up due tasks by next fire time; paused tasks never fire.
 CREATE INDEX task_next_fire_idx ON tide.task (next_fire_at) WHERE NOT paused;
+-- Tasks whose schedule fails (a schedule_error alert each): the alert evaluation finds them
+-- here rather than reading every task.
+CREATE INDEX task_tick_error_idx ON tide.task (task_id) WHERE tick_error IS NOT NULL;
+-- Event tasks with a fallback scan (an events_lost alert reads their latest scan).
+CREATE INDEX task_fallback_idx ON tide.task (task_id) WHERE fallback IS NOT NULL;
 
 CREATE TABLE tide.task_version (
     task_id    bigint NOT NULL REFERENCES tide.task ON DELETE CASCADE,

@@ -706,6 +706,121 @@ fn kept_health_figures_match_history(cluster: &Cluster) -> Result<(), Failed> {
     Ok(())
 }
 
+/// The tick's alert evaluation makes health rows only for the tasks that may have something to
+/// report, found from their kept figures and unfinished runs. What it finds is what every task's
+/// health says: at several instants (a later one has kept figures that no longer hold and tasks
+/// gone silent) and with every threshold at its lowest (1).
+fn alert_causes_match_every_tasks_health(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("m_causes")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('w', '0 0 1 1 *', max_attempts => 1);
+         SELECT tide.schedule('e', NULL, topics => '{e}', max_attempts => 5, backoff_base => '1 hour', jitter => 'none');
+         SELECT tide.schedule('p', '0 0 1 1 *'); SELECT tide.pause('p');
+         SELECT count(tide.schedule('idle_' || g, '0 0 1 1 *')) FROM generate_series(1, 20) g;",
+    )?;
+    // w: a success three years ago, then a dead window; e: a failure waiting for its retry, and
+    // three runs ready.
+    let ok = past_run(&mut c, "w", 3)?;
+    succeed(&mut c, ok)?;
+    let bad = past_run(&mut c, "w", 2)?;
+    let token = claim_run(&mut c, bad)?;
+    exec(
+        &mut c,
+        &format!("SELECT tide.fail_run({bad}, {token}, 'no such row', 'business')"),
+    )?;
+    exec(&mut c, "SELECT tide.emit('e')")?;
+    let failing: i64 = one(
+        &mut c,
+        "SELECT max(run_id) FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'e'",
+    )?;
+    let token = claim_run(&mut c, failing)?;
+    exec(
+        &mut c,
+        &format!("SELECT tide.fail_run({failing}, {token}, 'timeout')"),
+    )?;
+    exec(&mut c, "SELECT tide.emit('e') FROM generate_series(1, 3)")?;
+    let now: String = one(&mut c, "SELECT (now() + interval '1 second')::text")?;
+    let now = format!("'{now}'::timestamptz");
+    tick(&mut c, &now)?;
+    let kept: i64 = one(&mut c, "SELECT count(*) FROM tide.task_stat")?;
+    assert_eq!(kept, 23, "every task's figures are kept");
+
+    let compare = |c: &mut Client, at: &str| -> Result<String, Failed> {
+        let found: String = one(
+            c,
+            &format!(
+                "SELECT coalesce(string_agg(subject || ':' || kind, ' ' ORDER BY subject, kind::text), '')
+                   FROM tide._alert_causes({at}) WHERE subject_type = 'task'"
+            ),
+        )?;
+        let expected: String = one(
+            c,
+            &format!(
+                "SELECT coalesce(string_agg(h.task || ':' || v.k, ' ' ORDER BY h.task, v.k), '')
+                   FROM tide._health({at}) h
+                  CROSS JOIN LATERAL (VALUES
+                    ('silence', NOT h.paused AND tide._silence_level(h.silence, h.max_silence) >= 1),
+                    ('down', NOT h.paused AND tide._silence_level(h.silence, h.max_silence) = 2),
+                    ('consecutive_failures', h.consecutive_failures >= tide._setting('alert_failures', '3')::integer),
+                    ('dead_letter', h.dead > 0),
+                    ('need_check', h.need_check > 0),
+                    ('repeated_skips', h.consecutive_skips > tide._setting('alert_skips', '3')::integer),
+                    ('retries', h.retries_24h >= tide._setting('alert_retries', '10')::integer),
+                    ('backlog', h.backlog >= tide._setting('alert_backlog', '1000')::integer),
+                    ('catch_up_limit', h.catch_up_limited_24h > 0),
+                    ('not_ready', h.not_ready_24h > 0),
+                    ('schedule_error', h.tick_error IS NOT NULL),
+                    ('held', h.held_since <= {at} - tide._setting('alert_held_after', '1h')::interval))
+                    AS v(k, hit)
+                  WHERE v.hit"
+            ),
+        )?;
+        assert_eq!(found, expected, "at {at}");
+        Ok(found)
+    };
+    let found = compare(&mut c, &now)?;
+    assert_eq!(found, "w:dead_letter", "the defaults");
+    let later = format!("{now} + interval '3 years'");
+    let found = compare(&mut c, &later)?;
+    assert!(
+        found.contains("idle_7:down") && found.contains("w:down") && !found.contains("p:"),
+        "three years on, the yearly tasks are down, the paused one is not: {found}"
+    );
+    exec(
+        &mut c,
+        "SET pg_tide.alert_failures = 1; SET pg_tide.alert_skips = 1; SET pg_tide.alert_retries = 1;
+         SET pg_tide.alert_backlog = 1;",
+    )?;
+    let found = compare(&mut c, &now)?;
+    // (e's failed attempt was its first: no retry yet.)
+    for cause in [
+        "e:backlog",
+        "e:consecutive_failures",
+        "w:consecutive_failures",
+    ] {
+        assert!(found.contains(cause), "{cause} in {found}");
+    }
+    compare(&mut c, &later)?;
+    // A task whose max_silence is shortened is a candidate at once (its change notes it), and
+    // after the next fold by its kept figures.
+    exec(
+        &mut c,
+        "RESET ALL; SELECT tide.monitor('idle_3', max_silence => '1 minute')",
+    )?;
+    let soon = format!("{now} + interval '5 minutes'");
+    let found = compare(&mut c, &soon)?;
+    assert_eq!(
+        found, "idle_3:down idle_3:silence w:dead_letter",
+        "before the fold"
+    );
+    tick(&mut c, &now)?;
+    let touched: i64 = one(&mut c, "SELECT count(*) FROM tide.task_touch")?;
+    assert_eq!(touched, 0);
+    assert_eq!(compare(&mut c, &soon)?, found, "after the fold");
+    Ok(())
+}
+
 /// Health looks for stale kept figures among the kept rows alone: every task has kept figures
 /// or a touch row. A new task shows before any fold; a task whose kept row went (deleted by
 /// hand here) is noted again by the next evaluation of the monitor step, which shows it in its
@@ -1449,6 +1564,10 @@ fn main() {
         (
             "kept_health_figures_match_history",
             kept_health_figures_match_history,
+        ),
+        (
+            "alert_causes_match_every_tasks_health",
+            alert_causes_match_every_tasks_health,
         ),
         ("counters_match_history", counters_match_history),
     ];
