@@ -448,8 +448,9 @@ RETURNS TABLE (task text, status text, severity tide.severity, last_success time
 -- PL/pgSQL, one RETURN QUERY, rather than SQL: a set-returning SQL function with SET clauses
 -- runs them around every row it returns (10,000 times per call over 10,000 tasks), and plans its
 -- query at every call; this one sets them once and its session keeps the plan (measured over
--- 10,000 tasks: 13% less per call, alternating rounds). p_task_ids: these tasks only (the
--- tick's alert evaluation asks for the few that may have something to report).
+-- 10,000 tasks: 13% less per call, alternating rounds). p_task_ids: these tasks and every task
+-- with runs in tide.pending (whose counts health makes in any case, in one pass over the table)
+-- only: the tick's alert evaluation asks for those that may have something to report.
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 SET jit = off
@@ -475,7 +476,6 @@ WITH open_runs AS (
            min(p.run_id) FILTER (WHERE p.state = 'held') AS oldest_held_id,
            count(*) FILTER (WHERE p.state = 'held') AS held
       FROM tide.pending p
-     WHERE p_task_ids IS NULL OR p.task_id = ANY (p_task_ids)
      GROUP BY p.task_id) o
 ), diffs AS (
     -- A reconciliation's open differences (each counted once, however many runs saw it).
@@ -509,7 +509,7 @@ WITH open_runs AS (
       FROM tide.task t JOIN tide.task_stat s ON s.task_id = t.task_id
      WHERE s.computed_at <= p_now AND (s.valid_until IS NULL OR s.valid_until > p_now)
        AND s.task_id NOT IN (SELECT u.task_id FROM touched u)
-       AND (p_task_ids IS NULL OR t.task_id = ANY (p_task_ids))
+       AND (p_task_ids IS NULL OR t.task_id = ANY (p_task_ids) OR t.task_id IN (SELECT o.task_id FROM open_runs o))
     UNION ALL
     SELECT t.name, t.paused, t.severity, t.next_fire_at, t.task_id, t.owner, t.tick_error, t.tick_error_at,
            t.tick_retry_at, t.reconcile, t.max_silence, t.fire_gap, t.timeout, t.created_at,
@@ -547,7 +547,7 @@ SELECT h.name,
   FROM h;
 END
 $$;
-COMMENT ON FUNCTION tide._health(timestamptz, bigint[]) IS 'Internal: tide.health at an instant, of every task or of the tasks given (the tick evaluates alerts with it).';
+COMMENT ON FUNCTION tide._health(timestamptz, bigint[]) IS 'Internal: tide.health at an instant, of every task, or of the tasks given and those with unfinished or unresolved runs (the tick evaluates alerts with it).';
 
 -- ---------------------------------------------------------------------------------------------
 -- pg_tide itself: the scheduler's ticks (noted in shared memory, src/delivery.rs), its workers,
@@ -951,10 +951,11 @@ AS $$
                tide._setting('alert_backlog', '1000')::integer AS backlog,
                tide._setting('alert_held_after', '1h')::interval AS held_after
     ), cand AS MATERIALIZED (
-        -- The tasks that may have something to report, found from their kept figures, their
-        -- unfinished runs and their schedule errors alone (each condition below, or a superset
-        -- of it; the kept rows are narrow, the tasks' are not): health rows are made for those
-        -- only, not for every task. A task whose kept figures do not hold (computed after
+        -- The tasks that may have something to report, found from their kept figures and
+        -- their schedule errors alone (each condition below, or a superset of it; the kept
+        -- rows are narrow, the tasks' are not), and (by tide._health itself, from its one pass
+        -- over tide.pending) every task with unfinished or unresolved runs (dead, need_check,
+        -- held, backlog): health rows are made for those only, not for every task. A task whose kept figures do not hold (computed after
         -- p_now, expired, or a touch row: every task without kept figures has one) is always a
         -- candidate, as health computes it from its runs.
         SELECT ARRAY(
@@ -963,10 +964,7 @@ AS $$
                 OR s.failures >= cfg.failures OR coalesce(s.skips, 0) > cfg.skips
                 OR coalesce(s.retries, 0) >= cfg.retries OR s.catch_up_limited > 0 OR s.not_ready > 0
             UNION SELECT t.task_id FROM tide.task t WHERE t.tick_error IS NOT NULL
-            UNION SELECT x.task_id FROM tide.task_touch x
-            UNION SELECT p.task_id FROM tide.pending p WHERE p.state IN ('dead', 'need_check', 'held')
-            UNION SELECT p.task_id FROM tide.pending p, cfg WHERE p.state IN ('waiting', 'ready')
-                   GROUP BY p.task_id, cfg.backlog HAVING count(*) >= cfg.backlog) AS ids
+            UNION SELECT x.task_id FROM tide.task_touch x) AS ids
     ), h AS MATERIALIZED (
         -- Only the tasks with something to report (the details are built for those alone).
         SELECT h.*, CASE WHEN h.paused THEN 0 ELSE tide._silence_level(h.silence, h.max_silence) END AS level

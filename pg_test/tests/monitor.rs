@@ -66,6 +66,38 @@ fn backdate(c: &mut Client, run: i64, by: &str) -> Result<(), Failed> {
     )
 }
 
+/// Task `w` (yearly, max_attempts 1): its window of three years ago succeeded, and the one of
+/// two years ago failed as a business error (dead).
+fn success_then_dead_window(c: &mut Client) -> Result<(), Failed> {
+    let ok = past_run(c, "w", 3)?;
+    succeed(c, ok)?;
+    let bad = past_run(c, "w", 2)?;
+    let token = claim_run(c, bad)?;
+    exec(
+        c,
+        &format!("SELECT tide.fail_run({bad}, {token}, 'no such row', 'business')"),
+    )
+}
+
+/// The newest run of event task `e`.
+fn newest_of_e(c: &mut Client) -> Result<i64, Failed> {
+    one(
+        c,
+        "SELECT max(run_id) FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'e'",
+    )
+}
+
+/// Emits an event to task `e` and fails its run as transient: it waits for its retry.
+fn emit_and_fail(c: &mut Client) -> Result<(), Failed> {
+    exec(c, "SELECT tide.emit('e')")?;
+    let failing = newest_of_e(c)?;
+    let token = claim_run(c, failing)?;
+    exec(
+        c,
+        &format!("SELECT tide.fail_run({failing}, {token}, 'timeout')"),
+    )
+}
+
 fn status_at(c: &mut Client, task: &str, at: &str) -> Result<String, Failed> {
     one(
         c,
@@ -589,31 +621,12 @@ fn kept_health_figures_match_history(cluster: &Cluster) -> Result<(), Failed> {
     )?;
     // A window task: a success, then a dead window; an event task: a success, then a failure
     // waiting for its retry.
-    let ok = past_run(&mut c, "w", 3)?;
-    succeed(&mut c, ok)?;
-    let bad = past_run(&mut c, "w", 2)?;
-    let token = claim_run(&mut c, bad)?;
-    exec(
-        &mut c,
-        &format!("SELECT tide.fail_run({bad}, {token}, 'no such row', 'business')"),
-    )?;
+    success_then_dead_window(&mut c)?;
     let first: i64 = one(&mut c, "SELECT tide.emit('e')::bigint")?;
-    let emitted: i64 = one(
-        &mut c,
-        "SELECT max(run_id) FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'e'",
-    )?;
+    let emitted = newest_of_e(&mut c)?;
     assert_eq!(first, 1);
     succeed(&mut c, emitted)?;
-    exec(&mut c, "SELECT tide.emit('e')")?;
-    let failing: i64 = one(
-        &mut c,
-        "SELECT max(run_id) FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'e'",
-    )?;
-    let token = claim_run(&mut c, failing)?;
-    exec(
-        &mut c,
-        &format!("SELECT tide.fail_run({failing}, {token}, 'timeout')"),
-    )?;
+    emit_and_fail(&mut c)?;
 
     // The figures health shows at an instant, and the same computed from the runs alone (the
     // kept ones deleted and every task noted, in a transaction rolled back).
@@ -721,24 +734,8 @@ fn alert_causes_match_every_tasks_health(cluster: &Cluster) -> Result<(), Failed
     )?;
     // w: a success three years ago, then a dead window; e: a failure waiting for its retry, and
     // three runs ready.
-    let ok = past_run(&mut c, "w", 3)?;
-    succeed(&mut c, ok)?;
-    let bad = past_run(&mut c, "w", 2)?;
-    let token = claim_run(&mut c, bad)?;
-    exec(
-        &mut c,
-        &format!("SELECT tide.fail_run({bad}, {token}, 'no such row', 'business')"),
-    )?;
-    exec(&mut c, "SELECT tide.emit('e')")?;
-    let failing: i64 = one(
-        &mut c,
-        "SELECT max(run_id) FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'e'",
-    )?;
-    let token = claim_run(&mut c, failing)?;
-    exec(
-        &mut c,
-        &format!("SELECT tide.fail_run({failing}, {token}, 'timeout')"),
-    )?;
+    success_then_dead_window(&mut c)?;
+    emit_and_fail(&mut c)?;
     exec(&mut c, "SELECT tide.emit('e') FROM generate_series(1, 3)")?;
     let now: String = one(&mut c, "SELECT (now() + interval '1 second')::text")?;
     let now = format!("'{now}'::timestamptz");
