@@ -486,6 +486,11 @@ WITH open_runs AS (
      GROUP BY x.task_id
 ), touched AS MATERIALIZED (
     SELECT DISTINCT x.task_id FROM tide.task_touch x
+), shown AS MATERIALIZED (
+    -- With p_task_ids, the tasks shown: those given and every task with runs in tide.pending
+    -- (counted above in any case). Both the kept figures and the stale tasks below keep to them.
+    SELECT unnest(p_task_ids) AS task_id
+    UNION SELECT o.task_id FROM open_runs o WHERE p_task_ids IS NOT NULL
 ), stale AS MATERIALIZED (
     -- The tasks whose kept figures do not hold at p_now (a visible touch row, computed after
     -- p_now, or out of date; see above): computed from their runs below. A task without kept
@@ -493,10 +498,10 @@ WITH open_runs AS (
     -- with the kept figures of its task written in the same transaction (tide._monitor notes
     -- again any task that lacks both). So only the kept rows are read here, not every task
     -- against its kept row (measured over 10,000 tasks: 9% of health, four alternating rounds).
-    SELECT ARRAY(SELECT s.task_id FROM tide.task_stat s
-                  WHERE (s.computed_at > p_now OR s.valid_until <= p_now)
-                    AND (p_task_ids IS NULL OR s.task_id = ANY (p_task_ids))
-                 UNION SELECT u.task_id FROM touched u WHERE p_task_ids IS NULL OR u.task_id = ANY (p_task_ids)) AS ids
+    SELECT ARRAY(SELECT y.task_id
+                   FROM (SELECT s.task_id FROM tide.task_stat s WHERE s.computed_at > p_now OR s.valid_until <= p_now
+                         UNION SELECT u.task_id FROM touched u) y
+                  WHERE p_task_ids IS NULL OR y.task_id IN (SELECT x.task_id FROM shown x)) AS ids
 ), f AS (
     -- Each task with what health reads from its history: its kept figures, joined to it
     -- directly; for the stale tasks, computed from their runs (not even planned when there are
@@ -509,7 +514,7 @@ WITH open_runs AS (
       FROM tide.task t JOIN tide.task_stat s ON s.task_id = t.task_id
      WHERE s.computed_at <= p_now AND (s.valid_until IS NULL OR s.valid_until > p_now)
        AND s.task_id NOT IN (SELECT u.task_id FROM touched u)
-       AND (p_task_ids IS NULL OR t.task_id = ANY (p_task_ids) OR t.task_id IN (SELECT o.task_id FROM open_runs o))
+       AND (p_task_ids IS NULL OR t.task_id IN (SELECT x.task_id FROM shown x))
     UNION ALL
     SELECT t.name, t.paused, t.severity, t.next_fire_at, t.task_id, t.owner, t.tick_error, t.tick_error_at,
            t.tick_retry_at, t.reconcile, t.max_silence, t.fire_gap, t.timeout, t.created_at,
