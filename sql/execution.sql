@@ -151,6 +151,7 @@ DECLARE
     -- Whether a queue this claim may take from has limits (tide.queue): then its candidates
     -- go through tide._queue_admit.
     limited boolean;
+    n_claimed bigint;
 BEGIN
     IF p_queue IS NULL AND p_executor = 'external' THEN
         RAISE EXCEPTION 'queue must not be NULL' USING ERRCODE = 'null_value_not_allowed',
@@ -298,7 +299,22 @@ BEGIN
         RETURNING r.run_id, r.lease_token, r.lease_expires_at, t.name, r.args, r.window_start, r.window_end,
                   r.biz_date, r.attempts, r.version, r.checkpoint, r.trigger, r.dedupe_key, r.priority, r.owner,
                   (v.rules->>'timeout')::interval, r.topic, r.event_key, r.payload;
+    GET DIAGNOSTICS n_claimed = ROW_COUNT;
     ignored := set_config('tide.history', '', true);
+    IF n_claimed < cardinality(ids) THEN
+        -- Runs the update left: their task was deleted (with its versions) by a REPEATABLE
+        -- READ transaction that could not see them (tide._sweep_gone would delete them at the
+        -- next monitoring step). They are deleted now, with their lines, their locks and the
+        -- room their queues counted (the trigger run_deleted), and nothing is recorded of them.
+        candidates := ids;
+        SELECT coalesce(array_agg(r.run_id ORDER BY u.n), '{}'), array_agg(r.owner ORDER BY u.n) INTO ids, owners
+          FROM unnest(candidates) WITH ORDINALITY AS u(id, n) JOIN tide.run r ON r.run_id = u.id
+         WHERE r.lease_token = token AND r.state = 'running';
+        DELETE FROM tide.run r WHERE r.run_id = ANY (candidates) AND r.run_id <> ALL (ids);
+        IF cardinality(ids) = 0 THEN
+            RETURN;
+        END IF;
+    END IF;
     -- The history rows, counted here rather than by the trigger (src/counted.rs): the tasks
     -- touched, and the wait from fire (or creation) of each run's first start.
     PERFORM tide._counted_next();

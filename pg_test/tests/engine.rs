@@ -2308,7 +2308,8 @@ fn a_claim_never_waits_for_a_run_being_changed(cluster: &Cluster) -> Result<(), 
 /// creates runs holds its task first, so while a task's deletion is uncommitted an emit or an
 /// enqueue for it waits, and after it creates nothing (the emit finds no task, the enqueue is
 /// refused). Runs that a deletion in REPEATABLE READ could not see are deleted by the tick's
-/// monitoring step.
+/// monitoring step, or by a claim that picks them first (which claims and records nothing of
+/// them).
 fn a_deleted_task_leaves_no_runs(cluster: &Cluster) -> Result<(), Failed> {
     let db = "e_task_gone";
     let mut c = cluster.fresh_db(db)?;
@@ -2408,30 +2409,64 @@ fn a_deleted_task_leaves_no_runs(cluster: &Cluster) -> Result<(), Failed> {
         );
     }
     // A deletion in a REPEATABLE READ transaction whose snapshot is older than an emit that
-    // committed first: its trigger cannot see the emit's run. The tick's monitoring step
-    // deletes it.
-    exec(
-        &mut c,
-        "SELECT tide.schedule('kept', NULL, topics => ARRAY['gone.ev'])",
-    )?;
-    let mut deleter = cluster.connect(db)?;
-    exec(
-        &mut deleter,
-        "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM tide.task",
-    )?;
-    exec(&mut c, "SELECT tide.emit('gone.ev')")?;
-    exec(&mut deleter, "SELECT tide.unschedule('kept'); COMMIT")?;
-    assert_eq!(
-        counts(&mut c)?.0,
-        1,
-        "the deletion could not see the emit's run"
-    );
+    // committed first: its trigger cannot see the emit's run.
+    let rr_race = |c: &mut Client| -> Result<(), Failed> {
+        exec(
+            c,
+            "SELECT tide.schedule('kept', NULL, topics => ARRAY['gone.ev'])",
+        )?;
+        let mut deleter = cluster.connect(db)?;
+        exec(
+            &mut deleter,
+            "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM tide.task",
+        )?;
+        exec(c, "SELECT tide.emit('gone.ev')")?;
+        exec(&mut deleter, "SELECT tide.unschedule('kept'); COMMIT")?;
+        assert_eq!(counts(c)?.0, 1, "the deletion could not see the emit's run");
+        Ok(())
+    };
+    // The tick's monitoring step deletes it.
+    rr_race(&mut c)?;
     exec(&mut c, "SELECT tide._monitor(now())")?;
     assert_eq!(
         counts(&mut c)?,
         (0, 0, 0, 0),
         "the monitoring step deleted the run left"
     );
+    // A claim that picks it before then (its queue limited to one run at a time) claims nothing
+    // of it and deletes it, with its line, giving back the room it counted: records nothing of
+    // it.
+    rr_race(&mut c)?;
+    exec(
+        &mut c,
+        "SELECT tide.create_queue('default', max_concurrency => 1);
+         SELECT tide.schedule('other', NULL, topics => ARRAY['other.ev']);",
+    )?;
+    let claimed: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM tide.claim_runs('default', worker => 'w', n => 1)",
+    )?;
+    assert_eq!(claimed, 0, "the run of a deleted task is not claimed");
+    assert_eq!(
+        counts(&mut c)?,
+        (0, 0, 0, 0),
+        "the claim deleted the run left, its history and its line"
+    );
+    exec(&mut c, "SELECT tide.emit('other.ev')")?;
+    let claimed: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM tide.claim_runs('default', worker => 'w', n => 1)",
+    )?;
+    assert_eq!(claimed, 1, "the queue's room was given back");
+    let started: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM tide.run_event WHERE to_state = 'running'
+            AND run_id IN (SELECT run_id FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'other')",
+    )?;
+    assert_eq!(started, 1, "the other task's run is running, recorded once");
+    // (A second monitoring step within pg_tide.monitor_interval does not sweep: called directly.)
+    let swept: i32 = one(&mut c, "SELECT tide._sweep_gone()")?;
+    assert_eq!(swept, 0, "the sweep finds nothing left to delete");
     let gone: i64 = one(&mut c, "SELECT count(*) FROM tide.task_gone")?;
     assert_eq!(gone, 0, "and is done with the deleted tasks");
     Ok(())
