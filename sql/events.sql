@@ -92,8 +92,8 @@ BEGIN
         SELECT array_agg(g.owner) INTO g_owners FROM tide._granted('emit') g WHERE g.object = p_topic;
     END IF;
     -- One statement: the runs (with their gating, so the insert trigger has nothing to look up),
-    -- their first history rows and their tide.pending rows, as tide._record_created would
-    -- write them (measured: about half the cost of creating and then re-reading them). Each
+    -- their first history rows, their tide.pending rows and their tasks' touch rows, as
+    -- tide._record_created would write them (measured: about half the cost of creating and then re-reading them). Each
     -- event gets its id (its dedupe key when none is given: #id).
     WITH events AS (
         SELECT e.i, coalesce(e.p, '{}') AS payload, e.ek AS event_key, e.dk AS dedupe_key,
@@ -148,6 +148,10 @@ BEGIN
         INSERT INTO tide.pending (run_id, task_id, state, executor, queue, priority, owner, gate, lock_key, gated)
         SELECT c.run_id, c.task_id, c.state, c.executor, c.queue, c.priority, c.owner, c.gate, c.lock_key, c.gated
           FROM created c
+    ), touched AS (
+        -- Task health recomputes the subscribed tasks (one row each, whether or not a key seen
+        -- before left one without a new run).
+        INSERT INTO tide.task_touch (task_id, owner) SELECT t.task_id, t.owner FROM tasks t
     )
     SELECT count(*), array_agg(DISTINCT c.queue) FILTER (WHERE c.state = 'ready'),
            bool_or(c.state = 'ready' AND c.executor = 'sql')

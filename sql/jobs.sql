@@ -101,8 +101,8 @@ BEGIN
     why := format('enqueued by %s%s', tide._caller(),
                   CASE WHEN due IS NOT NULL
                        THEN ' to run at ' || to_char(due AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS" UTC"') ELSE '' END);
-    -- One statement: the runs with their gating, their first history rows and their
-    -- tide.pending rows, as tide.emit writes them. Runs with keys of pg_tide's own are inserted
+    -- One statement: the runs with their gating, their first history rows, their
+    -- tide.pending rows and the task's touch row, as tide.emit writes them. Runs with keys of pg_tide's own are inserted
     -- plainly (own), those with the caller's keys skip the keys seen before (given): only one of
     -- the two inserts has rows. ON CONFLICT costs a probe of the key's index before each row and
     -- a speculative insertion (measured: 13% of a bulk enqueue of 20,000 runs).
@@ -141,6 +141,9 @@ BEGIN
         SELECT c.run_id, c.task_id, c.state, c.executor, c.queue, c.priority, c.run_after, c.owner, c.gate, c.lock_key,
                coalesce(c.gated, false)
           FROM created c
+    ), touched AS (
+        -- Task health recomputes the task.
+        INSERT INTO tide.task_touch (task_id, owner) VALUES (t.task_id, t.owner)
     )
     SELECT array_agg(DISTINCT c.queue) FILTER (WHERE c.state = 'ready' AND c.run_after IS NULL),
            bool_or(c.state = 'ready' AND c.executor = 'sql'), array_agg(c.run_id ORDER BY c.run_id)

@@ -511,6 +511,9 @@ BEGIN
     INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
     SELECT r.run_id, NULL, r.state, r.reason, r.owner
       FROM tide.run r WHERE r.run_id = ANY (p_run_ids) ORDER BY r.run_id;
+    -- Task health recomputes their tasks (tide.run has no INSERT trigger for it).
+    INSERT INTO tide.task_touch (task_id, owner)
+    SELECT DISTINCT r.task_id, r.owner FROM tide.run r WHERE r.run_id = ANY (p_run_ids);
     INSERT INTO tide.pending (run_id, task_id, state, executor, queue, priority, due_at, owner, gate, lock_key, gated)
     SELECT r.run_id, r.task_id, r.state, r.executor, r.queue, r.priority, r.run_after, r.owner,
            r.gate, r.lock_key, coalesce(r.gated, false)
@@ -529,7 +532,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide._record_created(bigint[]) IS
-    'Internal: records the creation of new runs in tide.run_event and tide.pending, and wakes claimers of ready ones.';
+    'Internal: records the creation of new runs in tide.run_event and tide.pending, notes their tasks in tide.task_touch, and wakes claimers of ready ones.';
 
 CREATE FUNCTION tide._run_event_immutable() RETURNS trigger
 LANGUAGE plpgsql

@@ -881,6 +881,84 @@ fn every_task_keeps_figures_or_a_touch_row(cluster: &Cluster) -> Result<(), Fail
     Ok(())
 }
 
+/// Every way of creating runs notes the task, so that task health recomputes it: the tick's
+/// fire (tide._record_created, as tide.rerun, fallback scans and reconciliations use it),
+/// tide.enqueue and tide.emit (with pg_tide's keys and with the caller's), tide.emit_many.
+/// (tide.run has no INSERT trigger for it.) Each creation follows a fold that kept the task's
+/// last run as succeeded (or none): health at that instant shows the new run's state only if the task was
+/// noted.
+fn every_way_of_creating_runs_notes_its_task(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("m_created")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('y', '0 0 1 1 *');
+         SELECT tide.schedule('j', NULL, topics => ARRAY['m.unused']);
+         SELECT tide.schedule('ev', NULL, topics => ARRAY['m.ev']);",
+    )?;
+    // Half a minute after the yearly task's next fire.
+    let at: String = one(
+        &mut c,
+        "SELECT ((date_trunc('year', now() AT TIME ZONE 'UTC') + interval '1 year' + interval '30 seconds')
+                 AT TIME ZONE 'UTC')::text",
+    )?;
+    let at = format!("'{at}'::timestamptz");
+    let last_state = |c: &mut Client, task: &str| -> Result<Option<String>, Failed> {
+        one(
+            c,
+            &format!(
+                "SELECT (SELECT last_state::text FROM tide._health({at}) WHERE task = '{task}')"
+            ),
+        )
+    };
+    // Folded with no run yet; then the tick at the fire creates the window's run.
+    tick(&mut c, "now()")?;
+    assert_eq!(last_state(&mut c, "y")?, None);
+    tick(&mut c, &at)?;
+    let fired: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'y'",
+    )?;
+    assert_eq!(fired, 1, "the tick fired the yearly task");
+    assert_eq!(
+        last_state(&mut c, "y")?.as_deref(),
+        Some("ready"),
+        "the tick's fire"
+    );
+    for (task, call) in [
+        ("j", "SELECT count(*) FROM tide.enqueue('j', '{}')"),
+        (
+            "j",
+            "SELECT count(*) FROM tide.enqueue('j', '[{}, {}]', dedupe_key => 'k1')",
+        ),
+        ("ev", "SELECT tide.emit('m.ev')"),
+        ("ev", "SELECT tide.emit('m.ev', dedupe_key => 'e1')"),
+        (
+            "ev",
+            "SELECT tide.emit_many('m.ev', ARRAY['{}', '{}']::jsonb[])",
+        ),
+    ] {
+        // Everything ready run and succeeded, and folded.
+        exec(
+            &mut c,
+            "SELECT tide.complete_runs(array_agg(run_id), array_agg(lease_token))
+               FROM tide.claim_runs('default', worker => 'w', n => 1000)",
+        )?;
+        tick(&mut c, &at)?;
+        let before = last_state(&mut c, task)?;
+        assert!(
+            matches!(before.as_deref(), None | Some("succeeded")),
+            "before {call}: {before:?}"
+        );
+        exec(&mut c, call)?;
+        assert_eq!(
+            last_state(&mut c, task)?.as_deref(),
+            Some("ready"),
+            "{call}"
+        );
+    }
+    Ok(())
+}
+
 /// Parses Prometheus text with the reference parser (Python's prometheus_client); returns one
 /// line per sample: "name{label=value,...} value", labels sorted.
 fn parse_prometheus(text: &str) -> Result<Vec<String>, Failed> {
@@ -1557,6 +1635,10 @@ fn main() {
         (
             "every_task_keeps_figures_or_a_touch_row",
             every_task_keeps_figures_or_a_touch_row,
+        ),
+        (
+            "every_way_of_creating_runs_notes_its_task",
+            every_way_of_creating_runs_notes_its_task,
         ),
         (
             "kept_health_figures_match_history",
