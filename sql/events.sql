@@ -93,8 +93,8 @@ BEGIN
     END IF;
     -- One statement: the runs (with their gating, so the insert trigger has nothing to look up),
     -- their first history rows, their tide.pending rows and their tasks' touch rows, as
-    -- tide._record_created would write them (measured: about half the cost of creating and then re-reading them). Each
-    -- event gets its id (its dedupe key when none is given: #id).
+    -- tide._record_created would write them (measured: about half the cost of creating and then
+    -- re-reading them). Each event gets its id (its dedupe key when none is given: #id).
     WITH events AS (
         SELECT e.i, coalesce(e.p, '{}') AS payload, e.ek AS event_key, e.dk AS dedupe_key,
                nextval('tide.event_seq') AS ev

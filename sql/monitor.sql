@@ -222,8 +222,8 @@ $$;
 COMMENT ON FUNCTION tide._runs_touched() IS
     'Trigger: notes in tide.task_touch the tasks whose runs a statement changed, so that task health recomputes them.';
 -- New runs are noted by their creators (tide.enqueue, tide._emit, tide._record_created), not by
--- an INSERT trigger: its transition table copied every new run (measured: 6-13% of a bulk
--- enqueue or emit of 20,000 runs, three alternating rounds).
+-- an INSERT trigger: its transition table copied every new run (measured: a 20,000-run
+-- tide.enqueue 741 ms against 847 on average, eight alternating calls).
 -- The hot paths (claims, completions, failures: tide.history = 'written' while they update)
 -- write history rows right after, and the trigger on those notes their tasks: one trigger call
 -- per statement instead of two (measured: a fifth of claim + complete at batch 1 for two).
