@@ -108,6 +108,18 @@ BEGIN
         -- The tasks cannot be deleted under their new runs (tide.run has no foreign key): a task
         -- deleted meanwhile is left out, and one being deleted is waited for.
            FOR KEY SHARE OF t
+    ), made AS NOT MATERIALIZED (
+        -- The runs, in the order of the events (run ids follow it), written out once and
+        -- inserted by one of the two statements below (inlined into it, not stored).
+        SELECT t.task_id, 'event'::tide.run_trigger AS trigger, coalesce(e.dedupe_key, '#' || e.ev) AS dedupe_key,
+               t.version, t.state,
+               format('event %s on %s%s', e.ev, p_topic, coalesce(' (key ' || e.event_key || ')', '')) AS reason,
+               tide._executor_of(t.command) AS executor, t.queue, t.priority, t.args, t.owner,
+               p_topic AS topic, e.event_key, e.payload, g.gate, g.lock_key, g.gated
+          FROM events e
+         CROSS JOIN tasks t
+         CROSS JOIN LATERAL tide._gating_of(t.task_id, t.version, t.args, e.payload, e.event_key, NULL, NULL) g
+         ORDER BY e.i, t.task_id
     ), own AS (
         -- Without dedupe keys, every run's key is pg_tide's own (#id, new): inserted plainly.
         -- With some, keys seen before are skipped (given). Only one of the two has rows; ON
@@ -115,28 +127,12 @@ BEGIN
         -- (measured: 13% of a bulk enqueue).
         INSERT INTO tide.run (task_id, trigger, dedupe_key, version, state, reason, executor, queue, priority,
                               args, owner, topic, event_key, payload, gate, lock_key, gated)
-        SELECT t.task_id, 'event', coalesce(e.dedupe_key, '#' || e.ev), t.version, t.state,
-               format('event %s on %s%s', e.ev, p_topic, coalesce(' (key ' || e.event_key || ')', '')),
-               tide._executor_of(t.command), t.queue, t.priority, t.args, t.owner,
-               p_topic, e.event_key, e.payload, g.gate, g.lock_key, g.gated
-          FROM events e
-         CROSS JOIN tasks t
-         CROSS JOIN LATERAL tide._gating_of(t.task_id, t.version, t.args, e.payload, e.event_key, NULL, NULL) g
-         WHERE NOT keyed
-        ORDER BY e.i, t.task_id
+        SELECT * FROM made WHERE NOT keyed
         RETURNING run_id, task_id, state, reason, owner, executor, queue, priority, gate, lock_key, gated
     ), given AS (
         INSERT INTO tide.run (task_id, trigger, dedupe_key, version, state, reason, executor, queue, priority,
                               args, owner, topic, event_key, payload, gate, lock_key, gated)
-        SELECT t.task_id, 'event', coalesce(e.dedupe_key, '#' || e.ev), t.version, t.state,
-               format('event %s on %s%s', e.ev, p_topic, coalesce(' (key ' || e.event_key || ')', '')),
-               tide._executor_of(t.command), t.queue, t.priority, t.args, t.owner,
-               p_topic, e.event_key, e.payload, g.gate, g.lock_key, g.gated
-          FROM events e
-         CROSS JOIN tasks t
-         CROSS JOIN LATERAL tide._gating_of(t.task_id, t.version, t.args, e.payload, e.event_key, NULL, NULL) g
-         WHERE keyed
-        ORDER BY e.i, t.task_id
+        SELECT * FROM made WHERE keyed
         ON CONFLICT (task_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
         RETURNING run_id, task_id, state, reason, owner, executor, queue, priority, gate, lock_key, gated
     ), created AS (

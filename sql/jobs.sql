@@ -110,25 +110,24 @@ BEGIN
         SELECT e.i, t.args || e.v AS args,
                CASE WHEN one_key THEN key_of ELSE key_of || e.i END AS dedupe_key
           FROM jsonb_array_elements(items) WITH ORDINALITY AS e(v, i)
-    ), own AS (
-        INSERT INTO tide.run (task_id, trigger, dedupe_key, version, state, reason, executor, queue, priority,
-                              args, run_after, owner, gate, lock_key, gated)
-        SELECT t.task_id, 'enqueued', i.dedupe_key, t.version, open_state, why, exec_kind, t.queue, prio, i.args, due,
+    ), made AS NOT MATERIALIZED (
+        -- The runs, in the order of the elements (run ids follow it), written out once and
+        -- inserted by one of the two statements below (inlined into it, not stored).
+        SELECT t.task_id, 'enqueued'::tide.run_trigger AS trigger, i.dedupe_key, t.version, open_state AS state,
+               why AS reason, exec_kind AS executor, t.queue, prio AS priority, i.args, due AS run_after,
                t.owner, g.gate, g.lock_key, g.gated
           FROM input i
          CROSS JOIN LATERAL tide._gating_of(t.task_id, t.version, i.args, NULL, NULL, NULL, NULL) g
-         WHERE enqueue.dedupe_key IS NULL
          ORDER BY i.i
+    ), own AS (
+        INSERT INTO tide.run (task_id, trigger, dedupe_key, version, state, reason, executor, queue, priority,
+                              args, run_after, owner, gate, lock_key, gated)
+        SELECT * FROM made WHERE enqueue.dedupe_key IS NULL
         RETURNING run_id, task_id, state, reason, owner, executor, queue, priority, run_after, gate, lock_key, gated
     ), given AS (
         INSERT INTO tide.run (task_id, trigger, dedupe_key, version, state, reason, executor, queue, priority,
                               args, run_after, owner, gate, lock_key, gated)
-        SELECT t.task_id, 'enqueued', i.dedupe_key, t.version, open_state, why, exec_kind, t.queue, prio, i.args, due,
-               t.owner, g.gate, g.lock_key, g.gated
-          FROM input i
-         CROSS JOIN LATERAL tide._gating_of(t.task_id, t.version, i.args, NULL, NULL, NULL, NULL) g
-         WHERE enqueue.dedupe_key IS NOT NULL
-         ORDER BY i.i
+        SELECT * FROM made WHERE enqueue.dedupe_key IS NOT NULL
         ON CONFLICT (task_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
         RETURNING run_id, task_id, state, reason, owner, executor, queue, priority, run_after, gate, lock_key, gated
     ), created AS (
