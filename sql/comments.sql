@@ -76,10 +76,6 @@ COMMENT ON FUNCTION tide._caller_is_superuser() IS
     'Internal: whether the caller is a superuser (who sees and claims every role''s runs).';
 COMMENT ON FUNCTION tide._bounded(text, interval, boolean) IS
     'Internal: an interval argument checked with tide.schedule''s rules (one sign, within the documented maximum), else 22023.';
-COMMENT ON FUNCTION tide._counted_next() IS
-    'Internal: marks the next insert of history rows as counted by the claim or completion that writes it (src/counted.rs).';
-COMMENT ON FUNCTION tide._counted_taken() IS
-    'Internal: the counting trigger''s condition: true, once, when its statement''s history rows were counted by their writer.';
 COMMENT ON FUNCTION tide._backend_start() IS
     'Internal: when this backend process started (pg_stat_activity.backend_start): with its pid, how a run names the executor running it.';
 

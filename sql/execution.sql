@@ -315,9 +315,8 @@ BEGIN
             RETURN;
         END IF;
     END IF;
-    -- The history rows, counted here rather than by the trigger (src/counted.rs): the tasks
-    -- touched, and the wait from fire (or creation) of each run's first start.
-    PERFORM tide._counted_next();
+    -- The history rows, and what they count: the tasks touched, and the wait from fire (or
+    -- creation) of each run's first start.
     INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
     SELECT u.id, 'ready', 'running', why, u.who FROM unnest(ids, owners) AS u(id, who) ORDER BY u.id;
     WITH e AS MATERIALIZED (
@@ -503,9 +502,8 @@ BEGIN
         -- A run its queue's max_concurrency counted gives the room back (tide.queue).
         PERFORM tide._queue_ended(in_owner, in_queue, 1);
     END IF;
-    -- The history row, counted here (src/counted.rs): the task touched, the outcome, and a
-    -- success's duration.
-    PERFORM tide._counted_next();
+    -- The history row, and what it counts: the task touched, the outcome, and a success's
+    -- duration.
     INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner, attempt, worker, lease_token,
                                 claimed_at, outcome)
     VALUES (complete_run.run_id, 'running', done, why, who, attempt_no, worker, complete_run.lease_token, claimed,
@@ -560,7 +558,6 @@ BEGIN
     -- All runs and their history (with the attempts they end) in one statement: the batch path
     -- of a busy worker.
     ignored := set_config('tide.history', 'written', true);
-    PERFORM tide._counted_next();
     WITH input AS (
         SELECT i.run_id, i.token, complete_runs.results[i.n] AS result
           FROM unnest(complete_runs.run_ids, complete_runs.lease_tokens) WITH ORDINALITY AS i(run_id, token, n)
@@ -588,8 +585,7 @@ BEGIN
                d.claimed_at, 'succeeded'
           FROM done_run d ORDER BY d.run_id
     ), touched AS (
-        -- The history rows, counted here (src/counted.rs): the tasks touched, the successes
-        -- and their durations.
+        -- What the history rows count: the tasks touched, the successes and their durations.
         INSERT INTO tide.task_touch (task_id, owner) SELECT DISTINCT d.task_id, d.owner FROM done_run d
     ), counted AS (
         INSERT INTO tide.count_delta (task_id, metric, label, value, owner)
@@ -711,6 +707,13 @@ BEGIN
                                 claimed_at, outcome, error_kind, sqlstate, error)
     VALUES (p_run_id, 'running', new_state, why, r.owner, p_now, r.attempts, r.lease_owner, r.lease_token,
             coalesce(r.claimed_at, p_now), p_outcome, p_kind, p_sqlstate, error_text);
+    -- What it counts, here as on every path that writes history: the task touched, and a dead
+    -- letter among the outcomes of tide.metrics().
+    INSERT INTO tide.task_touch (task_id, owner) VALUES (r.task_id, r.owner);
+    INSERT INTO tide.count_delta (task_id, metric, label, value, owner)
+    SELECT r.task_id, m.metric, m.label, m.value, r.owner
+      FROM tide._counts_of(new_state, changed.attempts, changed.claimed_at, changed.finished_at, changed.started_at,
+                           changed.fire_at, changed.created_at) m;
     IF new_state = 'retry' THEN
         PERFORM tide._wake(true);  -- the scheduler sleeps until the retry is due, not its next poll
     END IF;

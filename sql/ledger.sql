@@ -366,6 +366,18 @@ BEGIN
     IF OLD.state <> NEW.state OR OLD.reason IS DISTINCT FROM NEW.reason THEN
         INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
         VALUES (NEW.run_id, OLD.state, NEW.state, NEW.reason, NEW.owner);
+        -- What it counts (there is no trigger on tide.run_event): an outcome reached, not a
+        -- new reason in the same state. The task is noted by the statement trigger
+        -- run_touched_update, except in a statement of the hot paths (tide.history = 'written').
+        IF OLD.state <> NEW.state THEN
+            INSERT INTO tide.count_delta (task_id, metric, label, value, owner)
+            SELECT NEW.task_id, m.metric, m.label, m.value, NEW.owner
+              FROM tide._counts_of(NEW.state, NEW.attempts, NEW.claimed_at, NEW.finished_at, NEW.started_at,
+                                   NEW.fire_at, NEW.created_at) m;
+        END IF;
+        IF NOT tide._history_unwritten() THEN
+            INSERT INTO tide.task_touch (task_id, owner) VALUES (NEW.task_id, NEW.owner);
+        END IF;
     END IF;
     PERFORM tide._sync_pending(NEW, OLD.state = 'running');
     IF NEW.state = 'skipped' AND OLD.state <> 'skipped' THEN
@@ -511,9 +523,23 @@ BEGIN
     INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
     SELECT r.run_id, NULL, r.state, r.reason, r.owner
       FROM tide.run r WHERE r.run_id = ANY (p_run_ids) ORDER BY r.run_id;
-    -- Task health recomputes their tasks (tide.run has no INSERT trigger for it).
-    INSERT INTO tide.task_touch (task_id, owner)
-    SELECT DISTINCT r.task_id, r.owner FROM tide.run r WHERE r.run_id = ANY (p_run_ids);
+    -- Task health recomputes their tasks (tide.run has no INSERT trigger for it), and runs
+    -- created finished (a window skipped at its fire) count among the outcomes of
+    -- tide.metrics() (tide.run_event has no trigger either).
+    WITH made AS MATERIALIZED (
+        SELECT r.task_id, r.owner, r.state, r.attempts, r.claimed_at, r.finished_at, r.started_at, r.fire_at,
+               r.created_at
+          FROM tide.run r WHERE r.run_id = ANY (p_run_ids)
+    ), touched AS (
+        INSERT INTO tide.task_touch (task_id, owner) SELECT DISTINCT m.task_id, m.owner FROM made m
+    )
+    INSERT INTO tide.count_delta (task_id, metric, label, value, owner)
+    SELECT m.task_id, c.metric, c.label, sum(c.value), min(m.owner)
+      FROM made m
+     CROSS JOIN LATERAL tide._counts_of(m.state, m.attempts, m.claimed_at, m.finished_at, m.started_at, m.fire_at,
+                                        m.created_at) c
+     WHERE m.state IN ('succeeded', 'need_check', 'dead', 'skipped', 'cancelled')
+     GROUP BY 1, 2, 3;
     INSERT INTO tide.pending (run_id, task_id, state, executor, queue, priority, due_at, owner, gate, lock_key, gated)
     SELECT r.run_id, r.task_id, r.state, r.executor, r.queue, r.priority, r.run_after, r.owner,
            r.gate, r.lock_key, coalesce(r.gated, false)
@@ -532,7 +558,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide._record_created(bigint[]) IS
-    'Internal: records the creation of new runs in tide.run_event and tide.pending, notes their tasks in tide.task_touch, and wakes claimers of ready ones.';
+    'Internal: records the creation of new runs in tide.run_event and tide.pending, notes their tasks in tide.task_touch, counts those created finished for tide.metrics(), and wakes claimers of ready ones.';
 
 CREATE FUNCTION tide._run_event_immutable() RETURNS trigger
 LANGUAGE plpgsql

@@ -159,8 +159,9 @@ COMMENT ON FUNCTION tide._silence_level(interval, interval) IS
 -- dashboard, the tick's alert evaluation and tide.metrics() do not grow with history or with the
 -- number of tasks. It stays exact:
 --   - every statement that changes runs adds a row per task it changed to tide.task_touch
---     (statement triggers on tide.run, and on tide.run_event for the hot paths, whose run
---     updates skip the first), in the same transaction as the change;
+--     (statement triggers on updates and deletions of tide.run; the creators of runs, and the
+--     hot paths, whose run updates the trigger skips, write theirs with their history rows),
+--     in the same transaction as the change;
 --   - every tick folds (tide._fold): it deletes the touch rows it sees, then, with a later
 --     snapshot, recomputes those tasks' figures from their runs; every change whose touch row
 --     it deleted is in that snapshot, and one committed after the deletion keeps its row for the
@@ -207,7 +208,7 @@ CREATE TABLE tide.task_touch (
     owner   name NOT NULL
 );
 COMMENT ON TABLE tide.task_touch IS
-    'Tasks whose runs changed since the last fold, one row per changing statement (appended by the functions that create runs and by triggers on tide.run and tide.run_event, deleted by the fold). Maintained by pg_tide.';
+    'Tasks whose runs changed since the last fold, one row per changing statement (appended by the functions that create runs or write their history, and by triggers on tide.run, deleted by the fold). Maintained by pg_tide.';
 CREATE INDEX task_touch_task_idx ON tide.task_touch (task_id);
 
 CREATE FUNCTION tide._runs_touched() RETURNS trigger
@@ -225,8 +226,9 @@ COMMENT ON FUNCTION tide._runs_touched() IS
 -- an INSERT trigger: its transition table copied every new run (measured: a 20,000-run
 -- tide.enqueue 741 ms against 847 on average, eight alternating calls).
 -- The hot paths (claims, completions, failures: tide.history = 'written' while they update)
--- write history rows right after, and the trigger on those notes their tasks: one trigger call
--- per statement instead of two (measured: a fifth of claim + complete at batch 1 for two).
+-- note their tasks themselves with the history rows they write right after, and this trigger
+-- is not called for them (measured: a fifth of claim + complete at batch 1 for two trigger
+-- calls per statement).
 -- (The clause is a C function, src/run_change.rs: PostgreSQL reads a WHEN clause again from its
 -- text at every statement, and the call is the shortest text.)
 CREATE TRIGGER run_touched_update AFTER UPDATE ON tide.run
@@ -1441,7 +1443,7 @@ COMMENT ON FUNCTION tide.explain(bigint) IS
 -- Prometheus metrics.
 -- The counters, kept up to date as runs change rather than counted from history (which pruning
 -- shortens and which grows without bound): every statement that adds history rows appends what
--- they count to tide.count_delta (a statement trigger on tide.run_event), and the fold (every
+-- they count to tide.count_delta (the functions that write them, below), and the fold (every
 -- tick) moves those into tide.run_count. tide.metrics() reads both.
 CREATE TABLE tide.run_count (
     task_id bigint NOT NULL,
@@ -1461,12 +1463,12 @@ CREATE TABLE tide.count_delta (
     owner   name NOT NULL
 );
 COMMENT ON TABLE tide.count_delta IS
-    'Counts added since the last fold (appended by a trigger on tide.run_event, moved into tide.run_count each tick). Maintained by pg_tide.';
+    'Counts added since the last fold (appended by the functions that write history rows, moved into tide.run_count each tick). Maintained by pg_tide.';
 
 -- What one history row adds to the counters of tide.metrics(), from the run it ends in: an
 -- outcome reached (a replayed run counts again), with the duration of a success (its last
--- attempt); a run's first start, with its wait from fire (or creation). The one definition the
--- trigger below and the claims and completions that count their own rows share. Inlined into
+-- attempt); a run's first start, with its wait from fire (or creation). The one definition every
+-- writer of history rows counts them with (below). Inlined into
 -- its callers, so it has no SET clause, which would forbid inlining: its body names everything
 -- with its schema instead, so it is safe under any search_path (scripts/pgspot.sh lists it).
 CREATE FUNCTION tide._counts_of(p_to tide.run_state, p_attempts integer, p_claimed timestamptz,
@@ -1492,52 +1494,13 @@ $$;
 COMMENT ON FUNCTION tide._counts_of(tide.run_state, integer, timestamptz, timestamptz, timestamptz, timestamptz, timestamptz) IS
     'Internal: what a history row that brings a run to a state adds to the counters of tide.metrics() (metric, label, value).';
 
--- New history rows: their tasks are noted in tide.task_touch (every state change writes one,
--- so this covers the hot paths, which write the same rows themselves: src/counted.rs), and what
--- they count is appended to tide.count_delta: an
--- outcome reached (a replayed run counts again), with the duration of a success (its last
--- attempt); a run's first start, with its wait from fire (or creation). One join for both.
-CREATE FUNCTION tide._events_counted() RETURNS trigger
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    -- A restore (pg_dump's COPY of tide.run_event) brings the counters with it
-    -- (tide.run_count and tide.count_delta are dumped too), and its runs' COPY notes their
-    -- tasks: the restored history is not new. Only a COPY into tide.run_event itself, which
-    -- roles cannot run: a COPY (SELECT tide.complete_run(...)) TO ... counts like any call.
-    IF pg_catalog.current_query() ~* '^\s*COPY\s+(tide|"tide")\.("?)run_event\2[\s(]' THEN
-        RETURN NULL;
-    END IF;
-    -- A run's creation (no from_state) counts only when the run is created finished (a window
-    -- skipped at its fire); the run's creator noted its task already.
-    -- Leaving the others out before the join keeps a bulk enqueue or emit from reading back every
-    -- run it made (measured: a third of a 20,000-run tide.enqueue).
-    WITH e AS MATERIALIZED (
-        SELECT r.task_id, r.owner, a.to_state, r.attempts, r.claimed_at, r.finished_at, r.started_at,
-               r.fire_at, r.created_at
-          FROM added a JOIN tide.run r ON r.run_id = a.run_id
-         WHERE a.from_state IS NOT NULL OR a.to_state IN ('succeeded', 'need_check', 'dead', 'skipped', 'cancelled')
-    ), touched AS (
-        INSERT INTO tide.task_touch (task_id, owner) SELECT DISTINCT e.task_id, e.owner FROM e
-    )
-    INSERT INTO tide.count_delta (task_id, metric, label, value, owner)
-    SELECT e.task_id, m.metric, m.label, sum(m.value), min(e.owner)
-      FROM e
-     CROSS JOIN LATERAL tide._counts_of(e.to_state, e.attempts, e.claimed_at, e.finished_at, e.started_at,
-                                        e.fire_at, e.created_at) m
-     GROUP BY 1, 2, 3;
-    RETURN NULL;
-END
-$$;
-COMMENT ON FUNCTION tide._events_counted() IS
-    'Trigger: notes the tasks of new history rows in tide.task_touch and appends what they add to the counters of tide.metrics() to tide.count_delta.';
--- Claims and completions count their own history rows (src/counted.rs): the insert they mark
--- is left out here, once.
-CREATE TRIGGER run_event_counted AFTER INSERT ON tide.run_event
-    REFERENCING NEW TABLE AS added FOR EACH STATEMENT
-    WHEN (NOT tide._counted_taken())
-    EXECUTE FUNCTION tide._events_counted();
+-- There is no trigger on tide.run_event: every path that writes history rows writes what they
+-- count itself, in the same transaction (tide.claim_runs, tide.complete_run(s), tide._fail,
+-- tide._run_changed, tide._record_created; tide.enqueue and tide._emit create runs that count
+-- nothing). A statement trigger's transition table copied every history row, even those the
+-- hot paths counted themselves (measured: about 7% of a 20,000-run tide.enqueue, 15% of one
+-- tide.emit per transaction). A restore's COPY into tide.run_event counts nothing again: the
+-- counters are restored with it (tide.run_count and tide.count_delta are dumped).
 
 -- tide.metrics() reads tide.run_count and tide.count_delta with task health and writes the
 -- Prometheus text in Rust (src/metrics.rs, src/prometheus.rs).

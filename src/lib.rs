@@ -23,7 +23,6 @@ pub mod notify;
 
 // The SQL surface.
 mod catalog;
-mod counted;
 mod jsonarg;
 mod ledger;
 mod metrics;
@@ -128,7 +127,6 @@ mod tide {}
         "queues",
         "backfill",
         "recon",
-        counted::counted_taken,
         run_change::history_unwritten
     ]
 );
@@ -154,7 +152,6 @@ pub extern "C-unwind" fn _PG_init() {
     }
     settings::define();
     caller::install();
-    counted::install();
     worker::register();
     queue_count::init_shared();
     delivery::init_shared();
