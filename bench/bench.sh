@@ -538,7 +538,9 @@ console_http=$(for _ in $(seq 20); do
 done | awk '{ s += $1 } END { printf "%.1f", s / NR * 1000 }')
 console_rows=$(grep -o 'class="task"' "$tmp/overview.html" | wc -l)
 { echo '\timing on'; for _ in $(seq 20); do
-      echo "PREPARE o(bigint, bigint) AS $(grep -v '^--' console/sql/overview.sql | tr '\n' ' ' | sed 's/; *$//');"
+      # Whole-line comments dropped, indented ones too: joined into one line, a comment would
+      # swallow the rest of the query.
+      echo "PREPARE o(bigint, bigint) AS $(sed -e 's/^[[:space:]]*--.*$//' console/sql/overview.sql | tr '\n' ' ' | sed 's/; *$//');"
       echo 'EXECUTE o(100, 0);'; echo 'DEALLOCATE o;'
   done; } > "$tmp/overview_psql.sql"
 console_sql=$("${PSQL[@]}" -d "$DB" -f "$tmp/overview_psql.sql" | sed -nE 's/^Time: ([0-9.]+) ms.*/\1/p' \

@@ -1498,8 +1498,8 @@ COMMENT ON FUNCTION tide._counts_of(tide.run_state, integer, timestamptz, timest
 -- count itself, in the same transaction (tide.claim_runs, tide.complete_run(s), tide._fail,
 -- tide._run_changed, tide._record_created; tide.enqueue and tide._emit create runs that count
 -- nothing). A statement trigger's transition table copied every history row, even those the
--- hot paths counted themselves (measured: about 7% of a 20,000-run tide.enqueue, 15% of one
--- tide.emit per transaction). A restore's COPY into tide.run_event counts nothing again: the
+-- hot paths counted themselves (measured by hand: 17% of one tide.emit per transaction from one
+-- client with asynchronous commit; bulk enqueue within the noise). A restore's COPY into tide.run_event counts nothing again: the
 -- counters are restored with it (tide.run_count and tide.count_delta are dumped).
 
 -- tide.metrics() reads tide.run_count and tide.count_delta with task health and writes the

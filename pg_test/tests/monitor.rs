@@ -544,8 +544,6 @@ fn failures_skips_need_check_and_dead_letters_alert(cluster: &Cluster) -> Result
     Ok(())
 }
 
-/// What health reads from history, as the tick keeps it (tide.task_stat), is what the runs say:
-/// right after a fold, after runs changed with no fold since, and a day later.
 /// The counters of `tide.metrics()` as runs are claimed and finished through every path (claims
 /// of one and of many, `complete_run` and a short completion, `complete_runs`, failures and
 /// their retries, a run cancelled before it started, a short completion accepted, windows
@@ -622,6 +620,8 @@ fn counters_match_history(cluster: &Cluster) -> Result<(), Failed> {
     Ok(())
 }
 
+/// What health reads from history, as the tick keeps it (tide.task_stat), is what the runs say:
+/// right after a fold, after runs changed with no fold since, and a day later.
 fn kept_health_figures_match_history(cluster: &Cluster) -> Result<(), Failed> {
     let mut c = cluster.fresh_db("m_kept")?;
     exec(
