@@ -7,19 +7,24 @@ COMMENT ON SEQUENCE tide.event_seq IS 'Ids of emitted events (the idempotency ke
 -- Restored with the runs: ids of a restored database must not start over (#1 would be taken).
 SELECT pg_catalog.pg_extension_config_dump('tide.event_seq', '');
 
-CREATE FUNCTION tide._check_topic(p_topic text, p_function text) RETURNS void
+-- Returns true, so that tide._emit calls it in an assignment, evaluated without the executor
+-- (2.5 µs a call, against 4.4 for a PERFORM). The length is checked apart from the pattern: a
+-- bounded repetition ({1,100}) made each match cost about 5.6 µs, the unbounded one 0.6 (a
+-- PERFORM of the old check took 10 µs, about 3% of one emit).
+CREATE FUNCTION tide._check_topic(p_topic text, p_function text) RETURNS boolean
 LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF p_topic IS NULL OR p_topic !~ '^[A-Za-z0-9_.:-]{1,100}$' THEN
+    IF p_topic IS NULL OR length(p_topic) > 100 OR p_topic !~ '^[A-Za-z0-9_.:-]+$' THEN
         RAISE EXCEPTION '%: topic % is not valid', p_function, coalesce(quote_literal(left(p_topic, 100)), 'NULL')
             USING ERRCODE = CASE WHEN p_topic IS NULL THEN 'null_value_not_allowed' ELSE 'invalid_parameter_value' END,
                   HINT = 'a topic is 1 to 100 characters: letters, digits, ''_'', ''-'', ''.'' or '':'', such as ''order.created''';
     END IF;
+    RETURN true;
 END
 $$;
-COMMENT ON FUNCTION tide._check_topic(text, text) IS 'Internal: refuses a malformed topic.';
+COMMENT ON FUNCTION tide._check_topic(text, text) IS 'Internal: refuses a malformed topic; true otherwise.';
 
 -- Emits events, one or many, in the caller's transaction: the work of tide.emit and
 -- tide.emit_many. Element i is payloads[i] with event_keys[i] and dedupe_keys[i] (NULL arrays:
@@ -47,8 +52,9 @@ DECLARE
     g_owners name[];
     -- Whether any event has a dedupe key of the caller's (else every key is pg_tide's own).
     keyed boolean := coalesce(cardinality(array_remove(p_dedupe_keys, NULL)) > 0, false);
+    checked boolean;
 BEGIN
-    PERFORM tide._check_topic(p_topic, p_function);
+    checked := tide._check_topic(p_topic, p_function);
     IF n > 100000 THEN
         RAISE EXCEPTION '%: % events in one call, at most 100000', p_function, n USING ERRCODE = 'invalid_parameter_value',
             HINT = 'emit in several calls of up to 100000 events';

@@ -326,6 +326,16 @@ fn emit_many_emits_each_event_once(cluster: &Cluster) -> Result<(), Failed> {
         "SELECT tide.emit_many('bad topic!', ARRAY['{}']::jsonb[])",
     )?;
     assert_eq!(code, "22023");
+    // A topic is 1 to 100 characters: 101 and none are refused, 100 is a topic (none subscribes).
+    for bad in ["repeat('t', 101)", "''"] {
+        let (code, message, _) = refused(&mut c, &format!("SELECT tide.emit({bad})"))?;
+        assert_eq!(code, "22023", "{bad}");
+        assert!(message.contains("is not valid"), "{bad}: {message}");
+    }
+    let (code, _, _) = refused(&mut c, "SELECT tide.emit(NULL)")?;
+    assert_eq!(code, "22004");
+    let none: i32 = one(&mut c, "SELECT tide.emit(repeat('t', 100))")?;
+    assert_eq!(none, 0, "a topic of 100 characters is valid");
     let after: i64 = one(&mut c, "SELECT count(*) FROM tide.run")?;
     assert_eq!(after, before, "refused calls write nothing");
     // An empty array is no events.
