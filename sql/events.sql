@@ -54,7 +54,7 @@ DECLARE
     keyed boolean := coalesce(cardinality(array_remove(p_dedupe_keys, NULL)) > 0, false);
     checked boolean;
 BEGIN
-    checked := tide._check_topic(p_topic, p_function);
+    checked := tide._check_topic(p_topic, p_function);  -- an assignment, not a PERFORM: see there
     IF n > 100000 THEN
         RAISE EXCEPTION '%: % events in one call, at most 100000', p_function, n USING ERRCODE = 'invalid_parameter_value',
             HINT = 'emit in several calls of up to 100000 events';

@@ -520,18 +520,26 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
-    SELECT r.run_id, NULL, r.state, r.reason, r.owner
-      FROM tide.run r WHERE r.run_id = ANY (p_run_ids) ORDER BY r.run_id;
-    -- Task health recomputes their tasks (tide.run has no INSERT trigger for it), and runs
-    -- created finished (a window skipped at its fire) count among the outcomes of
-    -- tide.metrics() (tide.run_event has no trigger either).
+    -- The new runs read once for all they write: their history rows, their tasks' touch rows
+    -- (tide.run has no INSERT trigger for it), what runs created finished (a window skipped at
+    -- its fire) count among the outcomes of tide.metrics() (tide.run_event has no trigger
+    -- either), and the lines of those unfinished or unresolved.
     WITH made AS MATERIALIZED (
-        SELECT r.task_id, r.owner, r.state, r.attempts, r.claimed_at, r.finished_at, r.started_at, r.fire_at,
+        SELECT r.run_id, r.task_id, r.owner, r.state, r.reason, r.executor, r.queue, r.priority, r.run_after,
+               r.gate, r.lock_key, r.gated, r.attempts, r.claimed_at, r.finished_at, r.started_at, r.fire_at,
                r.created_at
           FROM tide.run r WHERE r.run_id = ANY (p_run_ids)
+    ), history AS (
+        INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
+        SELECT m.run_id, NULL, m.state, m.reason, m.owner FROM made m ORDER BY m.run_id
     ), touched AS (
         INSERT INTO tide.task_touch (task_id, owner) SELECT DISTINCT m.task_id, m.owner FROM made m
+    ), line AS (
+        INSERT INTO tide.pending (run_id, task_id, state, executor, queue, priority, due_at, owner, gate, lock_key, gated)
+        SELECT m.run_id, m.task_id, m.state, m.executor, m.queue, m.priority, m.run_after, m.owner,
+               m.gate, m.lock_key, coalesce(m.gated, false)
+          FROM made m
+         WHERE m.state IN ('waiting', 'ready', 'running', 'retry', 'held', 'paused', 'dead', 'need_check')
     )
     INSERT INTO tide.count_delta (task_id, metric, label, value, owner)
     SELECT m.task_id, c.metric, c.label, sum(c.value), min(m.owner)
@@ -540,11 +548,6 @@ BEGIN
                                         m.created_at) c
      WHERE m.state IN ('succeeded', 'need_check', 'dead', 'skipped', 'cancelled')
      GROUP BY 1, 2, 3;
-    INSERT INTO tide.pending (run_id, task_id, state, executor, queue, priority, due_at, owner, gate, lock_key, gated)
-    SELECT r.run_id, r.task_id, r.state, r.executor, r.queue, r.priority, r.run_after, r.owner,
-           r.gate, r.lock_key, coalesce(r.gated, false)
-      FROM tide.run r
-     WHERE r.run_id = ANY (p_run_ids) AND r.state IN ('waiting', 'ready', 'running', 'retry', 'held', 'paused', 'dead', 'need_check');
     -- One NOTIFY per queue with ready runs; SQL runs among them wake an executor at commit, as
     -- do waiting runs (an executor evaluates their readiness checks).
     PERFORM CASE WHEN q.ready THEN pg_notify('pg_tide_ready', q.queue) END,
