@@ -116,6 +116,8 @@ COMMENT ON FUNCTION tide._window_of_date(bigint, date) IS
     'Internal: the window (with its fire) of a task, of any owner, whose business date is a date: what a reconciliation''s replay reruns.';
 COMMENT ON FUNCTION tide._wake(boolean) IS
     'Internal: at the commit of this transaction, sets the latches of the executors (a ready SQL run) or of the scheduler (true: a schedule changed); nothing on abort.';
+COMMENT ON FUNCTION tide._ready(text[]) IS
+    'Internal: runs of these queues were made ready: at the commit of this transaction their waiting workers get NOTIFY pg_tide_ready (payload: the queue), sent by pg_tide''s notifier worker in the database it serves (a NOTIFY in the committing transaction would make notifying transactions commit one at a time), and in the caller''s transaction elsewhere; nothing on abort.';
 COMMENT ON FUNCTION tide._history_unwritten() IS
     'Internal: the WHEN clause of the trigger run_touched_update: whether the transaction-local setting tide.history is not ''written'' (the hot paths note their tasks with their own history rows).';
 COMMENT ON FUNCTION tide.metrics() IS

@@ -169,7 +169,7 @@ BEGIN
         END IF;
         RETURN 0;
     END IF;
-    PERFORM pg_notify('pg_tide_ready', q) FROM unnest(queues) q;
+    PERFORM tide._ready(queues);  -- waiting workers are notified after the commit (src/wake.rs)
     IF sql_ready THEN
         PERFORM tide._wake(false);  -- an idle executor claims at this commit (src/wake.rs)
     END IF;

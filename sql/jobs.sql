@@ -147,7 +147,7 @@ BEGIN
     SELECT array_agg(DISTINCT c.queue) FILTER (WHERE c.state = 'ready' AND c.run_after IS NULL),
            bool_or(c.state = 'ready' AND c.executor = 'sql'), array_agg(c.run_id ORDER BY c.run_id)
       INTO queues, sql_ready, ids FROM created c;
-    PERFORM pg_notify('pg_tide_ready', q) FROM unnest(queues) q;
+    PERFORM tide._ready(queues);  -- waiting workers are notified after the commit (src/wake.rs)
     IF sql_ready THEN
         -- An idle executor claims at this commit, or (run_at ahead) sleeps until the run is due
         -- rather than until its next poll (src/wake.rs, tide._executor_wake).

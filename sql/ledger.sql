@@ -384,7 +384,7 @@ BEGIN
         PERFORM tide._log_runs('skip', ARRAY[NEW.run_id]);
     END IF;
     IF NEW.state = 'ready' AND OLD.state <> 'ready' THEN
-        PERFORM pg_notify('pg_tide_ready', NEW.queue);
+        PERFORM tide._ready(ARRAY[NEW.queue]);
         IF NEW.executor = 'sql' THEN
             PERFORM tide._wake(false);  -- a retry, readiness, a replay: an executor claims at commit
         END IF;
@@ -397,7 +397,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide._run_changed() IS
-    'Trigger: refuses run state changes not in tide.run_transition, records them in tide.run_event, keeps tide.pending in step, NOTIFYs pg_tide_ready with the queue of newly ready runs.';
+    'Trigger: refuses run state changes not in tide.run_transition, records them in tide.run_event, keeps tide.pending in step, notes the queue of newly ready runs for NOTIFY pg_tide_ready (tide._ready).';
 -- The trigger's WHEN clause, in C (src/run_change.rs): whether an update of a run calls
 -- tide._run_changed. It does when the run's state, reason, run_after, queue, priority or
 -- executor changed (IS DISTINCT FROM), unless tide.history = 'written' and the change is ready
@@ -548,9 +548,10 @@ BEGIN
                                         m.created_at) c
      WHERE m.state IN ('succeeded', 'need_check', 'dead', 'skipped', 'cancelled')
      GROUP BY 1, 2, 3;
-    -- One NOTIFY per queue with ready runs; SQL runs among them wake an executor at commit, as
-    -- do waiting runs (an executor evaluates their readiness checks).
-    PERFORM CASE WHEN q.ready THEN pg_notify('pg_tide_ready', q.queue) END,
+    -- One NOTIFY per queue with ready runs (after the commit, tide._ready); SQL runs among them
+    -- wake an executor at commit, as do waiting runs (an executor evaluates their readiness
+    -- checks).
+    PERFORM CASE WHEN q.ready THEN tide._ready(ARRAY[q.queue]) END,
             CASE WHEN q.sql THEN tide._wake(false) END
        FROM (SELECT r.queue, bool_or(r.state = 'ready') AS ready,
                     bool_or(r.executor = 'sql' OR r.state = 'waiting') AS sql FROM tide.run r

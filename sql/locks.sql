@@ -253,7 +253,7 @@ BEGIN
         woken := woken || coalesce(more, '{}');
     END LOOP;
     IF cardinality(woken) > 0 THEN
-        PERFORM pg_notify('pg_tide_ready', q.queue), CASE WHEN q.sql THEN tide._wake(false) END
+        PERFORM tide._ready(ARRAY[q.queue]), CASE WHEN q.sql THEN tide._wake(false) END
            FROM (SELECT p.queue, bool_or(p.executor = 'sql') AS sql FROM tide.pending p
                   WHERE p.run_id = ANY (woken) GROUP BY p.queue) q;
     END IF;

@@ -564,7 +564,7 @@ COMMENT ON FUNCTION tide._health(timestamptz, bigint[]) IS 'Internal: tide.healt
 CREATE FUNCTION tide._self(p_now timestamptz)
 RETURNS TABLE (status text, last_tick timestamptz, since_last_tick interval, stalled_after interval, tick_errors bigint,
                last_tick_error text, last_tick_error_at timestamptz, scheduler_alive boolean, executors_alive integer,
-               executors_expected integer, delivery_alive boolean, ready_runs integer, oldest_ready interval,
+               executors_expected integer, delivery_alive boolean, notifier_alive boolean, ready_runs integer, oldest_ready interval,
                deliveries_pending integer, deliveries_dead_24h integer, ping_configured boolean,
                last_ping_at timestamptz, last_ping_status integer, owner name)
 LANGUAGE plpgsql STABLE
@@ -596,7 +596,8 @@ BEGIN
     executors_expected := tide._setting('executors', '2')::integer;
     SELECT count(*) FILTER (WHERE a.backend_type = 'pg_tide scheduler') AS scheduler,
            count(*) FILTER (WHERE a.backend_type = 'pg_tide executor') AS executors,
-           count(*) FILTER (WHERE a.backend_type = 'pg_tide delivery') AS delivery
+           count(*) FILTER (WHERE a.backend_type = 'pg_tide delivery') AS delivery,
+           count(*) FILTER (WHERE a.backend_type = 'pg_tide notifier') AS notifier
       INTO procs
       FROM pg_stat_activity a WHERE a.datname = current_database() AND a.backend_type LIKE 'pg\_tide %';
     -- The ready runs (from tide.pending alone) and the wait of the oldest (by id, as task
@@ -615,7 +616,7 @@ BEGIN
     status := CASE WHEN idle_at > coalesce(ok_at, '-infinity') AND idle_at > p_now - stalled_after THEN 'paused'
                    WHEN procs.scheduler = 0 OR alive_at < p_now - stalled_after THEN 'down'
                    WHEN (w->>'failing')::boolean THEN 'failing'
-                   WHEN procs.executors < executors_expected OR procs.delivery = 0 OR dl.dead > 0 THEN 'late'
+                   WHEN procs.executors < executors_expected OR procs.delivery = 0 OR procs.notifier = 0 OR dl.dead > 0 THEN 'late'
                    ELSE 'ok' END;
     last_tick := ok_at;
     since_last_tick := p_now - alive_at;
@@ -625,6 +626,7 @@ BEGIN
     scheduler_alive := procs.scheduler > 0;
     executors_alive := procs.executors;
     delivery_alive := procs.delivery > 0;
+    notifier_alive := procs.notifier > 0;
     ready_runs := ready.n;
     oldest_ready := ready.oldest;
     deliveries_pending := dl.pending;
@@ -641,7 +643,7 @@ COMMENT ON FUNCTION tide._self(timestamptz) IS
 
 CREATE VIEW tide.self_health WITH (security_invoker = true) AS SELECT * FROM tide._self(now());
 COMMENT ON VIEW tide.self_health IS
-    'pg_tide itself: status (ok, late, failing, down, paused), the last successful tick and the time since, tick errors since the server started and the last one, whether the scheduler, executors and delivery worker run, ready runs and the oldest one''s wait, alert deliveries pending and dead in 24 h, the ping. Shown in the database pg_tide serves, to superusers and members of tide_admin.';
+    'pg_tide itself: status (ok, late, failing, down, paused), the last successful tick and the time since, tick errors since the server started and the last one, whether the scheduler, executors, delivery worker and notifier run, ready runs and the oldest one''s wait, alert deliveries pending and dead in 24 h, the ping. Shown in the database pg_tide serves, to superusers and members of tide_admin.';
 GRANT SELECT ON tide.self_health TO PUBLIC;
 
 CREATE VIEW tide.health WITH (security_invoker = true) AS

@@ -263,7 +263,7 @@ BEGIN
     UPDATE tide.pending p SET parked = false, due_at = NULL FROM target t WHERE p.run_id = t.run_id;
     GET DIAGNOSTICS n = ROW_COUNT;
     IF n > 0 THEN
-        PERFORM pg_notify('pg_tide_ready', p_queue);
+        PERFORM tide._ready(ARRAY[p_queue]);
         PERFORM tide._wake(false);
     END IF;
     RETURN n;

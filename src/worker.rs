@@ -1,4 +1,5 @@
-//! The background workers: one scheduler, `pg_tide.executors` executors.
+//! The background workers: one scheduler, `pg_tide.executors` executors (the delivery worker is
+//! in src/delivery.rs, the notifier in src/wake.rs).
 //!
 //! Both are thin loops: wait on the latch, open a short transaction, call one SQL function,
 //! record errors, loop. All logic lives in SQL-callable functions (`tide.tick`, `tide._claim`,
@@ -58,6 +59,14 @@ pub fn register() {
             .set_restart_time(Some(RESTART))
             .load();
     }
+    BackgroundWorkerBuilder::new("pg_tide notifier")
+        .set_type("pg_tide notifier")
+        .set_library("pg_tide")
+        .set_function("pg_tide_notifier_main")
+        .enable_spi_access()
+        .set_start_time(BgWorkerStartTime::RecoveryFinished)
+        .set_restart_time(Some(RESTART))
+        .load();
     BackgroundWorkerBuilder::new("pg_tide delivery")
         .set_type("pg_tide delivery")
         .set_library("pg_tide")

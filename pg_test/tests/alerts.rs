@@ -541,17 +541,17 @@ fn the_watchdog_and_the_ping_notice_a_stopped_scheduler(cluster: &Cluster) -> Re
             .any(|q| q.path == "/ping/uuid-1")
             .then_some(()))
     })?;
-    let row: (String, bool, i32, bool) = {
+    let row: (String, bool, i32, bool, bool) = {
         let row = wait_for("self_health ok", Duration::from_secs(30), || {
             let row = db
-                .query_one("SELECT status, scheduler_alive, executors_alive, delivery_alive FROM tide.self_health", &[])
+                .query_one("SELECT status, scheduler_alive, executors_alive, delivery_alive, notifier_alive FROM tide.self_health", &[])
                 .map_err(|e| describe(&e))?;
             let s: String = row.get(0);
             Ok((s == "ok").then_some(row))
         })?;
-        (row.get(0), row.get(1), row.get(2), row.get(3))
+        (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4))
     };
-    assert_eq!(row, ("ok".to_string(), true, 2, true));
+    assert_eq!(row, ("ok".to_string(), true, 2, true, true));
     let health: String = one(
         &mut db,
         "SELECT status FROM tide.health WHERE task = 'pg_tide'",

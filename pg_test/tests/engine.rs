@@ -869,6 +869,92 @@ fn ready_runs_notify_waiting_claimers(cluster: &Cluster) -> Result<(), Failed> {
     Ok(())
 }
 
+/// The `pg_tide_ready` notifications of the queues named `prefix...` that `listener` receives,
+/// with the pid that sent each, read until `done` holds of them (at most 20 s).
+fn ready_notes(
+    listener: &mut Client,
+    prefix: &str,
+    done: impl Fn(&[(String, i32)]) -> bool,
+) -> Result<Vec<(String, i32)>, Failed> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut got = Vec::new();
+    while !done(&got) {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(format!("the notifications of {prefix}* so far: {got:?}").into());
+        }
+        let mut notes = listener.notifications();
+        let next = notes.timeout_iter(left).next().map_err(db_err)?;
+        if let Some(n) = next {
+            if n.channel() == "pg_tide_ready" && n.payload().starts_with(prefix) {
+                got.push((n.payload().to_string(), n.process_id()));
+            }
+        }
+    }
+    Ok(got)
+}
+
+/// In the database pg_tide serves, the notifier sends `pg_tide_ready` for the runs made ready
+/// once their transaction commits (none for one rolled back); for more queues at once than it
+/// notes one by one, every queue with ready runs; and it comes back after a SIGTERM, sending what
+/// committed while it was gone.
+fn the_notifier_sends_ready_notifications(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "SELECT count(tide.schedule('nq_' || g, NULL, queue => 'nq_' || g, topics => ARRAY['nq.all']))
+           FROM generate_series(1, 40) g",
+    )?;
+    let mut listener = cluster.workers_db()?;
+    exec(&mut listener, "LISTEN pg_tide_ready")?;
+    // (Started with the server, as the other workers: it may not be up yet.)
+    let notifier = wait_for("the notifier", Duration::from_secs(30), || {
+        Ok(Some(cluster.pids("pg_tide notifier")?).filter(|p| !p.is_empty()))
+    })?;
+    assert_eq!(notifier.len(), 1, "one notifier: {notifier:?}");
+
+    // Rolled back, then committed: only the committed queue is notified, by the notifier.
+    exec(
+        &mut c,
+        "BEGIN; SELECT tide.enqueue('nq_1', '{}'); ROLLBACK;
+         SELECT tide.enqueue('nq_2', '{}')",
+    )?;
+    let got = ready_notes(&mut listener, "nq_", |g| g.iter().any(|(q, _)| q == "nq_2"))?;
+    assert_eq!(got, vec![("nq_2".to_string(), notifier[0])]);
+
+    // One event for 40 queues: more than the notifier notes one by one (32), so it notifies
+    // every queue with ready runs: all 40 of them (nq_2's run is still ready).
+    exec(&mut c, "SELECT tide.emit('nq.all', '{}')")?;
+    let got = ready_notes(&mut listener, "nq_", |g| {
+        (1..=40).all(|i| g.iter().any(|(q, _)| *q == format!("nq_{i}")))
+    })?;
+    assert!(got.iter().all(|(_, pid)| *pid == notifier[0]), "{got:?}");
+
+    // SIGTERM: the notifier ends, and is started again; what committed meanwhile is sent by
+    // the new one.
+    let terminated: i64 = one(
+        &mut c,
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE backend_type = 'pg_tide notifier'",
+    )?;
+    assert_eq!(terminated, 1);
+    wait_for("the notifier to end", Duration::from_secs(10), || {
+        Ok((!cluster.pids("pg_tide notifier")?.contains(&notifier[0])).then_some(()))
+    })?;
+    exec(&mut c, "SELECT tide.enqueue('nq_3', '{}')")?;
+    let got = ready_notes(&mut listener, "nq_3", |g| !g.is_empty())?;
+    let again = cluster.pids("pg_tide notifier")?;
+    assert_eq!(again.len(), 1, "one notifier again: {again:?}");
+    assert_ne!(again[0], notifier[0]);
+    assert_eq!(got, vec![("nq_3".to_string(), again[0])]);
+    let alive: bool = one(&mut c, "SELECT notifier_alive FROM tide.self_health")?;
+    assert!(alive);
+    exec(
+        &mut c,
+        "SELECT count(tide.unschedule('nq_' || g)) FROM generate_series(1, 40) g",
+    )?;
+    Ok(())
+}
+
 fn only_the_scheduler_moves_time(cluster: &Cluster) -> Result<(), Failed> {
     let mut c = cluster.fresh_db("t_tick_rights")?;
     exec(&mut c, "DROP ROLE IF EXISTS bob; CREATE ROLE bob LOGIN")?;
@@ -2820,6 +2906,10 @@ fn main() {
         (
             "ready_runs_notify_waiting_claimers",
             ready_runs_notify_waiting_claimers,
+        ),
+        (
+            "workers_the_notifier_sends_ready_notifications",
+            the_notifier_sends_ready_notifications,
         ),
         (
             "small_functions_happy_paths_and_bad_input",
