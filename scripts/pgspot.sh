@@ -29,6 +29,7 @@ inlined=(
     "tide._gate(p_task_id bigint,p_overlap text,p_window_start timestamptz,p_event_key text,p_long boolean)"
     "tide._gated(p_gate text,p_lock_key text,p_overlap text,p_window_start timestamptz,p_max_concurrency integer)"
     "tide._gating_of(p_task_id bigint,p_version integer,p_args jsonb,p_payload jsonb,p_event_key text,p_biz_date date,p_window_start timestamptz,gate text,lock_key text,gated boolean)"
+    "tide._gating_by(p_lock_rule text,p_overlap text,p_long boolean,p_max_concurrency integer,p_task_id bigint,p_task_name text,p_args jsonb,p_payload jsonb,p_event_key text,p_biz_date date,p_window_start timestamptz,gate text,lock_key text,gated boolean)"
     "tide._max_silence(max_silence interval,fire_gap interval,timeout interval)"
     "tide._silence_level(silence interval,max_silence interval)"
     "tide._logfmt(v text)"

@@ -106,10 +106,14 @@ BEGIN
                nextval('tide.event_seq') AS ev
           FROM unnest(p_payloads, p_event_keys, p_dedupe_keys) WITH ORDINALITY AS e(p, ek, dk, i)
     ), tasks AS MATERIALIZED (
-        SELECT t.task_id, t.version, t.owner, t.queue, t.priority, t.args, t.command,
+        -- With what the runs' gating reads of the task's rules (tide._gating_by), read once.
+        SELECT t.task_id, t.version, t.owner, t.queue, t.priority, t.args, t.command, t.name,
                tide._open_state(jsonb_build_object('ready_dataset', t.ready_dataset, 'ready_check', t.ready_check,
-                                                 'ready_watermark', t.ready_watermark)) AS state
+                                                 'ready_watermark', t.ready_watermark)) AS state,
+               v.rules->>'lock_key' AS lock_rule, v.rules->>'overlap' AS overlap, (v.rules->>'long')::boolean AS long,
+               (v.rules->>'max_concurrency')::integer AS max_concurrency
           FROM tide.task t
+          JOIN tide.task_version v ON v.task_id = t.task_id AND v.version = t.version
          WHERE t.topics @> ARRAY[p_topic] AND (owners_ok IS NULL OR t.owner = ANY (owners_ok) OR t.owner = ANY (g_owners))
         -- The tasks cannot be deleted under their new runs (tide.run has no foreign key): a task
         -- deleted meanwhile is left out, and one being deleted is waited for.
@@ -124,7 +128,8 @@ BEGIN
                p_topic AS topic, e.event_key, e.payload, g.gate, g.lock_key, g.gated
           FROM events e
          CROSS JOIN tasks t
-         CROSS JOIN LATERAL tide._gating_of(t.task_id, t.version, t.args, e.payload, e.event_key, NULL, NULL) g
+         CROSS JOIN LATERAL tide._gating_by(t.lock_rule, t.overlap, t.long, t.max_concurrency, t.task_id, t.name,
+                                            t.args, e.payload, e.event_key, NULL, NULL) g
          ORDER BY e.i, t.task_id
     ), own AS (
         -- Without dedupe keys, every run's key is pg_tide's own (#id, new): inserted plainly.

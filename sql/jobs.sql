@@ -30,6 +30,7 @@ DECLARE
     due timestamptz;
     queues text[];
     sql_ready boolean;
+    rule record;
 BEGIN
     PERFORM tide._text_arg('task', enqueue.task, 200, 'pass the name of one of your tasks');
     -- KEY SHARE: the task cannot be deleted under the new runs; changes of it may go on.
@@ -98,6 +99,11 @@ BEGIN
     open_state := tide._open_state(jsonb_build_object('ready_dataset', t.ready_dataset, 'ready_check', t.ready_check,
                                                       'ready_watermark', t.ready_watermark));
     exec_kind := tide._executor_of(t.command);
+    -- What the runs' gating reads of the task's rules, read once (tide._gating_by).
+    SELECT v.rules->>'lock_key' AS lock_rule, v.rules->>'overlap' AS overlap, (v.rules->>'long')::boolean AS long,
+           (v.rules->>'max_concurrency')::integer AS max_concurrency
+      INTO STRICT rule
+      FROM tide.task_version v WHERE v.task_id = t.task_id AND v.version = t.version;
     why := format('enqueued by %s%s', tide._caller(),
                   CASE WHEN due IS NOT NULL
                        THEN ' to run at ' || to_char(due AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS" UTC"') ELSE '' END);
@@ -117,7 +123,8 @@ BEGIN
                why AS reason, exec_kind AS executor, t.queue, prio AS priority, i.args, due AS run_after,
                t.owner, g.gate, g.lock_key, g.gated
           FROM input i
-         CROSS JOIN LATERAL tide._gating_of(t.task_id, t.version, i.args, NULL, NULL, NULL, NULL) g
+         CROSS JOIN LATERAL tide._gating_by(rule.lock_rule, rule.overlap, rule.long, rule.max_concurrency, t.task_id,
+                                            t.name, i.args, NULL, NULL, NULL, NULL) g
          ORDER BY i.i
     ), own AS (
         INSERT INTO tide.run (task_id, trigger, dedupe_key, version, state, reason, executor, queue, priority,

@@ -356,7 +356,10 @@ mod tests {
         r.note("billing");
         r.note("mail");
         r.note("billing");
-        assert_eq!(r.take(), (vec!["billing".to_string(), "mail".to_string()], false));
+        assert_eq!(
+            r.take(),
+            (vec!["billing".to_string(), "mail".to_string()], false)
+        );
         assert_eq!(r.take(), (Vec::new(), false));
     }
 

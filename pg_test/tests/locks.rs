@@ -227,6 +227,64 @@ fn a_wake_up_never_starts_a_run_enqueued_for_later(cluster: &Cluster) -> Result<
     Ok(())
 }
 
+/// The bulk paths (tide.enqueue, tide.emit) work out a run's gating from its task's rules read
+/// once per call: each run's serial group, lock key and gated flag are those its rule version
+/// gives it, as the insert trigger and a rule change's regating compute them.
+fn bulk_paths_gate_runs_as_their_rules_say(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("l_gating")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('g_args', '0 0 1 1 *', lock_key => 'acct:{args.account}');
+         SELECT tide.schedule('g_plain', '0 0 1 1 *');
+         SELECT tide.schedule('g_mc', '0 0 1 1 *', overlap => 'allow', max_concurrency => 2);
+         SELECT tide.schedule('g_pay', NULL, topics => ARRAY['g.ev'], lock_key => 'p:{payload.id}:{key}');
+         SELECT tide.schedule('g_ev', NULL, topics => ARRAY['g.ev']);
+         SELECT tide.enqueue('g_args', '[{\"account\": 1}, {\"account\": 2}, {}]');
+         SELECT tide.enqueue('g_plain', '[{}, {}]');
+         SELECT tide.enqueue('g_mc', '{}');
+         SELECT tide.emit('g.ev', '{\"id\": 5}', event_key => 'k1');
+         SELECT tide.emit_many('g.ev', ARRAY['{\"id\": 6}', '{}']::jsonb[]);",
+    )?;
+    let shown: String = one(
+        &mut c,
+        "SELECT string_agg(t.name || ' ' || coalesce(r.gate, '-') || ' ' || coalesce(r.lock_key, '-') || ' ' || r.gated,
+                           ', ' ORDER BY r.run_id)
+           FROM tide.run r JOIN tide.task t USING (task_id)
+          WHERE t.name IN ('g_args', 'g_plain', 'g_mc')",
+    )?;
+    // Enqueued runs have no serial group (no window, no event key); the lock key renders a
+    // missing field empty; max_concurrency alone gates.
+    assert_eq!(
+        shown,
+        "g_args - acct:1 true, g_args - acct:2 true, g_args - acct: true, g_plain - - false, \
+         g_plain - - false, g_mc - - true"
+    );
+    let keyed: String = one(
+        &mut c,
+        "SELECT string_agg(coalesce(r.gate, '-') || ' ' || coalesce(r.lock_key, '-') || ' ' || r.gated, ', ' ORDER BY r.run_id)
+           FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'g_pay'",
+    )?;
+    // An event with a key is serial with the task's other events of that key (task:key).
+    let pay: i64 = one(&mut c, "SELECT task_id FROM tide.task WHERE name = 'g_pay'")?;
+    assert_eq!(
+        keyed,
+        format!("{pay}:k1 p:5:k1 true, - p:6: true, - p:: true")
+    );
+    // Every run, of every task, as its rule version says (the insert trigger's computation).
+    let differ: String = one(
+        &mut c,
+        "SELECT coalesce(string_agg(r.run_id::text, ','), '')
+           FROM tide.run r
+          CROSS JOIN LATERAL tide._gating_of(r.task_id, r.version, r.args, r.payload, r.event_key, r.biz_date,
+                                             r.window_start) g
+          WHERE (r.gate, r.lock_key, r.gated) IS DISTINCT FROM (g.gate, g.lock_key, g.gated)",
+    )?;
+    assert_eq!(differ, "", "runs whose gating differs from their rules'");
+    let runs: i64 = one(&mut c, "SELECT count(*) FROM tide.run")?;
+    assert_eq!(runs, 12);
+    Ok(())
+}
+
 fn an_expired_lock_is_taken_over_and_its_holder_fenced(cluster: &Cluster) -> Result<(), Failed> {
     let mut c = cluster.fresh_db("l_fence")?;
     exec(
@@ -562,6 +620,10 @@ fn main() {
         (
             "a_wake_up_never_starts_a_run_enqueued_for_later",
             a_wake_up_never_starts_a_run_enqueued_for_later,
+        ),
+        (
+            "bulk_paths_gate_runs_as_their_rules_say",
+            bulk_paths_gate_runs_as_their_rules_say,
         ),
         (
             "an_expired_lock_is_taken_over_and_its_holder_fenced",
