@@ -40,37 +40,38 @@ extern "C-unwind" {
 
 /// Registers the workers; called from `_PG_init` while shared_preload_libraries loads.
 pub fn register() {
-    BackgroundWorkerBuilder::new("pg_tide scheduler")
-        .set_type("pg_tide scheduler")
-        .set_library("pg_tide")
-        .set_function("pg_tide_scheduler_main")
-        .enable_spi_access()
-        .set_start_time(BgWorkerStartTime::RecoveryFinished)
-        .set_restart_time(Some(RESTART))
-        .load();
+    load(
+        "pg_tide scheduler",
+        "pg_tide scheduler",
+        "pg_tide_scheduler_main",
+        None,
+    );
     for i in 1..=settings::EXECUTORS.get() {
-        BackgroundWorkerBuilder::new(&format!("pg_tide executor {i}"))
-            .set_type("pg_tide executor")
-            .set_library("pg_tide")
-            .set_function("pg_tide_executor_main")
-            .set_argument(Some(pg_sys::Datum::from(i)))
-            .enable_spi_access()
-            .set_start_time(BgWorkerStartTime::RecoveryFinished)
-            .set_restart_time(Some(RESTART))
-            .load();
+        let name = format!("pg_tide executor {i}");
+        load(&name, "pg_tide executor", "pg_tide_executor_main", Some(i));
     }
-    BackgroundWorkerBuilder::new("pg_tide notifier")
-        .set_type("pg_tide notifier")
+    load(
+        "pg_tide notifier",
+        "pg_tide notifier",
+        "pg_tide_notifier_main",
+        None,
+    );
+    load(
+        "pg_tide delivery",
+        "pg_tide delivery",
+        "pg_tide_delivery_main",
+        None,
+    );
+}
+
+/// Registers one worker of pg_tide's library: with SPI, started once recovery is over, and
+/// started again RESTART after it ends.
+fn load(name: &str, kind: &str, function: &str, argument: Option<i32>) {
+    BackgroundWorkerBuilder::new(name)
+        .set_type(kind)
         .set_library("pg_tide")
-        .set_function("pg_tide_notifier_main")
-        .enable_spi_access()
-        .set_start_time(BgWorkerStartTime::RecoveryFinished)
-        .set_restart_time(Some(RESTART))
-        .load();
-    BackgroundWorkerBuilder::new("pg_tide delivery")
-        .set_type("pg_tide delivery")
-        .set_library("pg_tide")
-        .set_function("pg_tide_delivery_main")
+        .set_function(function)
+        .set_argument(argument.map(pg_sys::Datum::from))
         .enable_spi_access()
         .set_start_time(BgWorkerStartTime::RecoveryFinished)
         .set_restart_time(Some(RESTART))
