@@ -151,6 +151,8 @@ DECLARE
     -- Whether a queue this claim may take from has limits (tide.queue): then its candidates
     -- go through tide._queue_admit.
     limited boolean;
+    -- Whether this claim woke runs parked for room already (tide._wake_parked).
+    rechecked boolean := false;
     n_claimed bigint;
 BEGIN
     IF p_queue IS NULL AND p_executor = 'external' THEN
@@ -222,6 +224,12 @@ BEGIN
                  LIMIT p_n FOR UPDATE OF p, r SKIP LOCKED) c;
         END IF;
         IF ids IS NULL THEN
+            -- Nothing claimable: runs parked for room in a queue that has room now missed their
+            -- wake-up (tide._wake_parked); they are woken and looked at once more.
+            IF limited AND NOT rechecked AND tide._wake_parked(p_executor, p_queue, owners_ok, g_owners) > 0 THEN
+                rechecked := true;
+                CONTINUE;
+            END IF;
             RETURN;
         END IF;
         IF limited THEN

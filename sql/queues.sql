@@ -272,6 +272,31 @@ $$;
 COMMENT ON FUNCTION tide._wake_queue(name, text) IS
     'Internal: unparks the runs of a queue that may start now (up to its free room).';
 
+-- Runs parked for want of room wait for a run of their queue to end, which wakes them
+-- (tide._queue_ended). A run that ended while the claim parking them had not committed yet did
+-- not see them, and they would wait for their fallback (up to 5 seconds, tide._queue_admit). So a
+-- claim that finds nothing to claim wakes the runs parked in those of its queues that have
+-- room now (their parking committed by then, or still held by a claim in progress, and skipped).
+CREATE FUNCTION tide._wake_parked(p_executor tide.executor, p_queue text, p_owners name[], p_g_owners name[])
+RETURNS integer
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce(sum(tide._wake_queue(q.owner, q.name)), 0)::integer
+      FROM tide.queue q
+     WHERE (p_queue IS NULL OR q.name = p_queue)
+       AND (p_owners IS NULL OR q.owner = ANY (p_owners) OR q.owner = ANY (p_g_owners))
+       AND q.max_concurrency IS NOT NULL AND NOT q.paused
+       -- A count not known (after a restart or new limits) is left to the claims, which count
+       -- again: waking on it would let claims race to count again.
+       AND tide._queue_running(q.owner, q.name) < q.max_concurrency
+       AND EXISTS (SELECT 1 FROM tide.pending p
+                    WHERE p.parked AND p.state = 'ready' AND p.queue = q.name AND p.owner = q.owner
+                      AND p.executor = p_executor)
+$$;
+COMMENT ON FUNCTION tide._wake_parked(tide.executor, text, name[], name[]) IS
+    'Internal: for a claim that found nothing: unparks the runs parked for room in its queues that have room now (a wake-up missed while their parking was being committed).';
+
 -- Which claimed candidates their queues let start now: not paused, a start token each (rate),
 -- room each (max_concurrency). The others are parked: until their token is due, until room is
 -- given back (the run that ends wakes them), until resume_queue. Room is reserved in the

@@ -181,7 +181,7 @@ pub fn wake_now(executors: bool, scheduler: bool) {
         set_latch(procs.procno[0]);
     }
     if executors {
-        for p in &procs.procno[1..] {
+        for p in &procs.procno[1..NOTIFIER] {
             set_latch(*p);
         }
     }

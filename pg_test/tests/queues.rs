@@ -512,6 +512,45 @@ fn a_full_queue_claims_nothing(cluster: &Cluster) -> Result<(), Failed> {
     Ok(())
 }
 
+/// A run parked for room by a claim that commits after a run of its queue ended goes with the
+/// next claim. The end looked for parked runs to wake before that parking was visible, so it woke
+/// none; the run would have waited for its fallback (seconds). A claim that finds nothing wakes
+/// the parked runs of its queues that have room.
+fn a_run_parked_while_another_ended_goes_with_the_next_claim(
+    cluster: &Cluster,
+) -> Result<(), Failed> {
+    let mut c = limited_queue(cluster, "q_race", "race", 1, 2)?;
+    let held = claim(&mut c, "race", 1)?;
+    assert_eq!(held.len(), 1);
+    // Another worker's claim parks the second run (the queue is full), and has not committed.
+    let mut parker = cluster.connect("q_race")?;
+    exec(&mut parker, "BEGIN")?;
+    assert!(claim(&mut parker, "race", 1)?.is_empty());
+    let parked: bool = one(
+        &mut parker,
+        "SELECT bool_and(parked) FROM tide.pending WHERE queue = 'race' AND state = 'ready'",
+    )?;
+    assert!(parked, "the claim in progress parked the second run");
+    // The first run ends, then the parking commits: the run is parked for a while yet.
+    complete(&mut c, &held)?;
+    exec(&mut parker, "COMMIT")?;
+    let waits: bool = one(
+        &mut c,
+        "SELECT bool_and(parked AND due_at > now() + interval '1 second')
+           FROM tide.pending WHERE queue = 'race' AND state = 'ready'",
+    )?;
+    assert!(
+        waits,
+        "the end woke nothing: the run waits for its fallback"
+    );
+    // The next claim takes it at once.
+    let next = claim(&mut c, "race", 1)?;
+    assert_eq!(next.len(), 1, "the parked run goes with the next claim");
+    assert_eq!(running(&mut c, "race")?, 1);
+    complete(&mut c, &next)?;
+    Ok(())
+}
+
 /// A queue's running count (kept in shared memory) follows rollbacks, whole and to a savepoint,
 /// is counted again after a crash (kill -9 sends the server through crash recovery, which
 /// clears shared memory) and after new limits, and a transaction left open by one of the
@@ -687,6 +726,10 @@ fn main() {
         ),
         ("bad_queue_input_is_refused", bad_queue_input_is_refused),
         ("a_full_queue_claims_nothing", a_full_queue_claims_nothing),
+        (
+            "a_run_parked_while_another_ended_goes_with_the_next_claim",
+            a_run_parked_while_another_ended_goes_with_the_next_claim,
+        ),
         (
             "running_count_survives_rollback_and_crash",
             running_count_survives_rollback_and_crash,
