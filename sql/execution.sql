@@ -226,7 +226,7 @@ BEGIN
         IF ids IS NULL THEN
             -- Nothing claimable: runs parked for room in a queue that has room now missed their
             -- wake-up (tide._wake_parked); they are woken and looked at once more.
-            IF limited AND NOT rechecked AND tide._wake_parked(p_executor, p_queue, owners_ok, g_owners) > 0 THEN
+            IF limited AND NOT rechecked AND tide._wake_parked(p_executor, p_queue, owners_ok, g_owners, g_queues) > 0 THEN
                 rechecked := true;
                 CONTINUE;
             END IF;

@@ -277,7 +277,10 @@ COMMENT ON FUNCTION tide._wake_queue(name, text) IS
 -- not see them, and they would wait for their fallback (up to 5 seconds, tide._queue_admit). So a
 -- claim that finds nothing to claim wakes the runs parked in those of its queues that have
 -- room now (their parking committed by then, or still held by a claim in progress, and skipped).
-CREATE FUNCTION tide._wake_parked(p_executor tide.executor, p_queue text, p_owners name[], p_g_owners name[])
+-- The queues are those the claim may take from: the roles it acts for, and the queues granted
+-- to it (owner and queue, as the claim's candidates).
+CREATE FUNCTION tide._wake_parked(p_executor tide.executor, p_queue text, p_owners name[], p_g_owners name[],
+                                  p_g_queues text[])
 RETURNS integer
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
@@ -285,7 +288,8 @@ AS $$
     SELECT coalesce(sum(tide._wake_queue(q.owner, q.name)), 0)::integer
       FROM tide.queue q
      WHERE (p_queue IS NULL OR q.name = p_queue)
-       AND (p_owners IS NULL OR q.owner = ANY (p_owners) OR q.owner = ANY (p_g_owners))
+       AND (p_owners IS NULL OR q.owner = ANY (p_owners)
+            OR (q.owner, q.name) IN (SELECT u.o, u.q FROM unnest(p_g_owners, p_g_queues) u(o, q)))
        AND q.max_concurrency IS NOT NULL AND NOT q.paused
        -- A count not known (after a restart or new limits) is left to the claims, which count
        -- again: waking on it would let claims race to count again.
@@ -294,8 +298,8 @@ AS $$
                     WHERE p.parked AND p.state = 'ready' AND p.queue = q.name AND p.owner = q.owner
                       AND p.executor = p_executor)
 $$;
-COMMENT ON FUNCTION tide._wake_parked(tide.executor, text, name[], name[]) IS
-    'Internal: for a claim that found nothing: unparks the runs parked for room in its queues that have room now (a wake-up missed while their parking was being committed).';
+COMMENT ON FUNCTION tide._wake_parked(tide.executor, text, name[], name[], text[]) IS
+    'Internal: for a claim that found nothing: unparks the runs parked for room in the queues it may take from (of the roles it acts for, or granted to it) that have room now (a wake-up missed while their parking was being committed).';
 
 -- Which claimed candidates their queues let start now: not paused, a start token each (rate),
 -- room each (max_concurrency). The others are parked: until their token is due, until room is

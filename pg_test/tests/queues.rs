@@ -512,6 +512,44 @@ fn a_full_queue_claims_nothing(cluster: &Cluster) -> Result<(), Failed> {
     Ok(())
 }
 
+/// Leaves the second run of a `max_concurrency 1` queue (of two) parked although the queue has
+/// room: another session's claim parks it (the queue is full) and commits only after the first
+/// run ended, which therefore woke nothing. The run waits for its fallback, seconds away.
+fn park_behind_an_ended_run(
+    cluster: &Cluster,
+    c: &mut Client,
+    db: &str,
+    queue: &str,
+) -> Result<(), Failed> {
+    let held = claim(c, queue, 1)?;
+    assert_eq!(held.len(), 1);
+    let mut parker = cluster.connect(db)?;
+    exec(&mut parker, "BEGIN")?;
+    assert!(claim(&mut parker, queue, 1)?.is_empty());
+    let parked: bool = one(
+        &mut parker,
+        &format!(
+            "SELECT bool_and(parked) FROM tide.pending WHERE queue = '{queue}' AND state = 'ready'"
+        ),
+    )?;
+    assert!(parked, "the claim in progress parked the second run");
+    complete(c, &held)?;
+    exec(&mut parker, "COMMIT")?;
+    let waits: bool = one(
+        c,
+        &format!(
+            "SELECT bool_and(parked AND due_at > now() + interval '1 second')
+               FROM tide.pending WHERE queue = '{queue}' AND state = 'ready'"
+        ),
+    )?;
+    assert!(
+        waits,
+        "the end woke nothing: the run waits for its fallback"
+    );
+    assert_eq!(running(c, queue)?, 0);
+    Ok(())
+}
+
 /// A run parked for room by a claim that commits after a run of its queue ended goes with the
 /// next claim. The end looked for parked runs to wake before that parking was visible, so it woke
 /// none; the run would have waited for its fallback (seconds). A claim that finds nothing wakes
@@ -520,34 +558,38 @@ fn a_run_parked_while_another_ended_goes_with_the_next_claim(
     cluster: &Cluster,
 ) -> Result<(), Failed> {
     let mut c = limited_queue(cluster, "q_race", "race", 1, 2)?;
-    let held = claim(&mut c, "race", 1)?;
-    assert_eq!(held.len(), 1);
-    // Another worker's claim parks the second run (the queue is full), and has not committed.
-    let mut parker = cluster.connect("q_race")?;
-    exec(&mut parker, "BEGIN")?;
-    assert!(claim(&mut parker, "race", 1)?.is_empty());
-    let parked: bool = one(
-        &mut parker,
-        "SELECT bool_and(parked) FROM tide.pending WHERE queue = 'race' AND state = 'ready'",
-    )?;
-    assert!(parked, "the claim in progress parked the second run");
-    // The first run ends, then the parking commits: the run is parked for a while yet.
-    complete(&mut c, &held)?;
-    exec(&mut parker, "COMMIT")?;
-    let waits: bool = one(
-        &mut c,
-        "SELECT bool_and(parked AND due_at > now() + interval '1 second')
-           FROM tide.pending WHERE queue = 'race' AND state = 'ready'",
-    )?;
-    assert!(
-        waits,
-        "the end woke nothing: the run waits for its fallback"
-    );
+    park_behind_an_ended_run(cluster, &mut c, "q_race", "race")?;
     // The next claim takes it at once.
     let next = claim(&mut c, "race", 1)?;
     assert_eq!(next.len(), 1, "the parked run goes with the next claim");
     assert_eq!(running(&mut c, "race")?, 1);
     complete(&mut c, &next)?;
+    Ok(())
+}
+
+/// That wake-up keeps to the queues the claimer may take from: a role granted one queue of an
+/// owner, claiming from another queue of that owner, gets nothing and wakes nothing there.
+fn a_claim_wakes_parked_runs_only_in_its_own_queues(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = limited_queue(cluster, "q_race_grant", "race_b", 1, 2)?;
+    exec(
+        &mut c,
+        "DROP ROLE IF EXISTS q_granted; CREATE ROLE q_granted LOGIN;
+         SELECT tide.create_queue('race_a', max_concurrency => 1);
+         SELECT tide.grant('claim', 'race_a', 'q_granted');",
+    )?;
+    park_behind_an_ended_run(cluster, &mut c, "q_race_grant", "race_b")?;
+    let mut granted = cluster.connect_as("q_race_grant", "q_granted")?;
+    assert!(claim(&mut granted, "race_b", 1)?.is_empty());
+    let still: bool = one(
+        &mut c,
+        "SELECT bool_and(parked) FROM tide.pending WHERE queue = 'race_b' AND state = 'ready'",
+    )?;
+    assert!(
+        still,
+        "a queue not granted to the claimer: its parked run is left alone"
+    );
+    // Its owner's claim takes it.
+    assert_eq!(claim(&mut c, "race_b", 1)?.len(), 1);
     Ok(())
 }
 
@@ -729,6 +771,10 @@ fn main() {
         (
             "a_run_parked_while_another_ended_goes_with_the_next_claim",
             a_run_parked_while_another_ended_goes_with_the_next_claim,
+        ),
+        (
+            "a_claim_wakes_parked_runs_only_in_its_own_queues",
+            a_claim_wakes_parked_runs_only_in_its_own_queues,
         ),
         (
             "running_count_survives_rollback_and_crash",
