@@ -42,6 +42,15 @@ if ! cargo pgrx --version 2>/dev/null | grep -q " $PGRX_VERSION\$"; then
     cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
 fi
 
+# CI checks format and lints (scripts/test.sh): rustfmt and clippy come with rustup's default
+# profile; add them where a minimal profile left them out.
+for component in rustfmt clippy; do
+    if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then
+        say "adding the Rust component $component"
+        rustup component add "$component"
+    fi
+done
+
 pgrx_config="${PGRX_HOME:-$HOME/.pgrx}/config.toml"
 if ! grep -qs "^pg15 = \"$PG_CONFIG\"" "$pgrx_config"; then
     say "pointing pgrx at Debian's PostgreSQL 15"

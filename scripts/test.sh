@@ -25,6 +25,9 @@ run_tier() {
     fi
 }
 
+# 0. Format and lints: what CI refuses before any test runs.
+run_tier fmt cargo fmt --all -- --check
+run_tier clippy cargo clippy --workspace --all-targets -- -D warnings
 # 1. Pure logic: the calendar, rules, errors. No PostgreSQL.
 run_tier unit cargo test --lib -- --skip sql_tests
 # 2. The SQL API inside PostgreSQL, one rolled-back transaction per test.
