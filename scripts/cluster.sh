@@ -7,7 +7,7 @@ as_pg() { sudo -u postgres "$@"; }
 # install_release: builds pg_tide in release mode and installs it into PostgreSQL 15.
 install_release() {
     echo "==> building and installing pg_tide (release)"
-    cargo pgrx install --release --pg-config "$BIN/pg_config" >/dev/null
+    bash scripts/install.sh --release >/dev/null
 }
 
 # start_cluster DATA PORT DB [extra postgresql.conf lines]: replaces any cluster in DATA.

@@ -38,24 +38,35 @@ inlined=(
     "tide._status_rank(status text)"
     "tide._log_on()"
     "tide._setting(name text,fallback text)"
+    "tide._le(seconds double precision)"
     "tide._counts_of(p_to tide.run_state,p_attempts integer,p_claimed timestamptz,p_finished timestamptz,p_started timestamptz,p_fire timestamptz,p_created timestamptz,metric text,label text,value double precision)"
 )
 args=()
 for f in "${inlined[@]}"; do args+=(--proc-without-search-path "$f"); done
-out=$("$VENV/bin/pgspot" "${args[@]}" "$script" 2>&1) || true
-echo "$out" | grep -v '^\s*$' | sed 's/^/pgspot: /'
-summary=$(echo "$out" | grep -E 'Errors: [0-9]+ Warnings: [0-9]+ Unknown: [0-9]+' | tail -1)
-if [ -z "$summary" ]; then
-    echo "pgspot did not report a summary" >&2
-    exit 1
-fi
-# pgspot stops checking at what it cannot parse (it then still prints a summary): any line but
-# the summary is a finding.
-others=$(echo "$out" | grep -v '^\s*$' | grep -vcE 'Errors: [0-9]+ Warnings: [0-9]+ Unknown: [0-9]+' || true)
-# A clean script is one with no finding at all.
-if [ "$others" = 0 ] && echo "$summary" | grep -q 'Errors: 0 Warnings: 0 Unknown: 0'; then
-    echo "test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out ($script)"
+# The install script, then each upgrade script (sql/pg_tide--A--B.sql): ALTER EXTENSION UPDATE
+# runs them as the superuser too.
+scripts=("$script")
+for f in sql/pg_tide--*--*.sql; do [ -f "$f" ] && scripts+=("$f"); done
+failed=0
+for s in "${scripts[@]}"; do
+    out=$("$VENV/bin/pgspot" "${args[@]}" "$s" 2>&1) || true
+    echo "$out" | grep -v '^\s*$' | sed "s|^|pgspot ($(basename "$s")): |"
+    summary=$(echo "$out" | grep -E 'Errors: [0-9]+ Warnings: [0-9]+ Unknown: [0-9]+' | tail -1)
+    if [ -z "$summary" ]; then
+        echo "pgspot did not report a summary for $s" >&2
+        exit 1
+    fi
+    # pgspot stops checking at what it cannot parse (it then still prints a summary): any line
+    # but the summary is a finding.
+    others=$(echo "$out" | grep -v '^\s*$' | grep -vcE 'Errors: [0-9]+ Warnings: [0-9]+ Unknown: [0-9]+' || true)
+    # A clean script is one with no finding at all.
+    if [ "$others" != 0 ] || ! echo "$summary" | grep -q 'Errors: 0 Warnings: 0 Unknown: 0'; then
+        failed=1
+    fi
+done
+if [ "$failed" = 0 ]; then
+    echo "test result: ok. ${#scripts[@]} passed; 0 failed; 0 ignored; 0 measured; 0 filtered out (${scripts[*]})"
 else
-    echo "test result: FAILED. 0 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out ($summary)"
+    echo "test result: FAILED. 0 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out"
     exit 1
 fi

@@ -33,10 +33,13 @@ run_tier unit cargo test --lib -- --skip sql_tests
 # 2. The SQL API inside PostgreSQL, one rolled-back transaction per test.
 run_tier pg_test cargo pgrx test pg15 sql_tests --runas postgres --pgdata "$PGDATA_TEST"
 # 3. A real cluster with pg_tide preloaded, real connections (the extension as users get it).
-run_tier install cargo pgrx install --pg-config /usr/lib/postgresql/15/bin/pg_config
+run_tier install bash scripts/install.sh
 # The installed extension script, as pgspot (the security linter) reads it: no findings.
 run_tier pgspot bash scripts/pgspot.sh
 run_tier cluster cargo test -p pg_tide_pg_test --test cluster
+# Upgrades: each frozen version (sql/pg_tide--X.Y.Z.sql) with data, ALTER EXTENSION pg_tide
+# UPDATE, the same schema as a fresh install (pg_dump), every row kept, the workers going on.
+run_tier upgrade cargo test -p pg_tide_pg_test --test upgrade
 run_tier engine cargo test -p pg_tide_pg_test --test engine
 run_tier monitor cargo test -p pg_tide_pg_test --test monitor
 run_tier guarantees cargo test -p pg_tide_pg_test --test guarantees

@@ -121,4 +121,6 @@ COMMENT ON FUNCTION tide._ready(text[]) IS
 COMMENT ON FUNCTION tide._history_unwritten() IS
     'Internal: the WHEN clause of the trigger run_touched_update: whether the transaction-local setting tide.history is not ''written'' (the hot paths note their tasks with their own history rows).';
 COMMENT ON FUNCTION tide.metrics() IS
-    'metrics(): Prometheus text exposition of the caller''s tasks and checks (a superuser''s: every role''s), labelled by owner and name: runs by task and outcome (counters), duration and queue wait (summaries), backlog, silence, failures, unresolved runs, task and check status, open alerts (gauges).';
+    'metrics(): Prometheus text exposition of the caller''s tasks and checks (a superuser''s: every role''s), labelled by owner and name: runs by task and outcome (counters), duration and queue wait (histograms, with 24-hour percentiles as gauges), backlog, silence, failures, unresolved runs, task and check status, open alerts (gauges).';
+COMMENT ON FUNCTION tide._metric_samples() IS
+    'Internal: the samples of tide.metrics() read back as rows (what the view tide.metric shows): family, kind, metric, owner, task, the other labels, value.';

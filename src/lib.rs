@@ -130,6 +130,12 @@ mod tide {}
         run_change::history_unwritten
     ]
 );
+// The samples of tide.metrics() as rows (the view tide.metric).
+::pgrx::extension_sql_file!(
+    "../sql/metric.sql",
+    name = "metric",
+    requires = ["monitor", metrics::metric_samples]
+);
 // Comments on the generated functions, once they exist.
 ::pgrx::extension_sql_file!("../sql/comments.sql", name = "comments", finalize);
 

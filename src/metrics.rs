@@ -8,7 +8,9 @@ use std::collections::HashMap;
 use pgrx::prelude::*;
 use pgrx::spi::SpiHeapTupleData;
 
-use crate::prometheus::{render, AlertCount, CheckStatus, Figures, RunCount, TaskFigures};
+use crate::prometheus::{
+    bucket_of, render, samples, AlertCount, CheckStatus, Figures, RunCount, TaskFigures,
+};
 use crate::sqlerr::OrRaise;
 
 const F: &str = "tide.metrics";
@@ -111,6 +113,16 @@ fn add_counters(
             "duration_count" => t.duration_count += value,
             "wait_sum" => t.wait_sum += value,
             "wait_count" => t.wait_count += value,
+            "duration_bucket" => {
+                if let Some(i) = bucket_of(&outcome) {
+                    t.duration_buckets[i] += value;
+                }
+            }
+            "wait_bucket" => {
+                if let Some(i) = bucket_of(&outcome) {
+                    t.wait_buckets[i] += value;
+                }
+            }
             _ => {}
         }
     }
@@ -134,6 +146,11 @@ fn rows<T>(
 #[pg_extern(stable, schema = "tide", name = "metrics")]
 #[search_path(pg_catalog, pg_temp)]
 fn metrics() -> String {
+    exposition()
+}
+
+/// The exposition of what the caller may see.
+fn exposition() -> String {
     let figures = Spi::connect(|client| {
         let (ids, mut tasks): (Vec<i64>, Vec<TaskFigures>) =
             rows(client, TASKS, task_figures).into_iter().unzip();
@@ -162,4 +179,47 @@ fn metrics() -> String {
         }
     });
     render(&figures)
+}
+
+/// The samples of `tide.metrics()` as rows, for the view `tide.metric` (see sql/comments.sql):
+/// the exposition read back (src/prometheus.rs `samples`), so the two never differ. A task's
+/// `owner` and `task` labels are columns; its other labels are in `labels`.
+#[pg_extern(stable, schema = "tide", name = "_metric_samples")]
+#[search_path(pg_catalog, pg_temp)]
+#[allow(clippy::type_complexity)]
+fn metric_samples() -> TableIterator<
+    'static,
+    (
+        name!(family, String),
+        name!(kind, String),
+        name!(metric, String),
+        name!(owner, Option<String>),
+        name!(task, Option<String>),
+        name!(labels, pgrx::JsonB),
+        name!(value, f64),
+    ),
+> {
+    let rows = samples(&exposition()).into_iter().map(|s| {
+        let (mut owner, mut task) = (None, None);
+        let mut labels = serde_json::Map::new();
+        for (k, v) in s.labels {
+            match k.as_str() {
+                "owner" if owner.is_none() => owner = Some(v),
+                "task" if task.is_none() => task = Some(v),
+                _ => {
+                    labels.insert(k, serde_json::Value::String(v));
+                }
+            }
+        }
+        (
+            s.family,
+            s.kind,
+            s.name,
+            owner,
+            task,
+            pgrx::JsonB(serde_json::Value::Object(labels)),
+            s.value,
+        )
+    });
+    TableIterator::new(rows.collect::<Vec<_>>())
 }

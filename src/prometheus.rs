@@ -9,6 +9,29 @@
 
 use std::fmt::Write;
 
+/// The histogram buckets of run durations and queue waits: each `le` label as SQL writes it
+/// (`tide._le` in sql/monitor.sql, the same list) and its bound in seconds.
+pub const BUCKETS: [(&str, f64); 13] = [
+    ("0.01", 0.01),
+    ("0.05", 0.05),
+    ("0.1", 0.1),
+    ("0.5", 0.5),
+    ("1", 1.0),
+    ("5", 5.0),
+    ("10", 10.0),
+    ("30", 30.0),
+    ("60", 60.0),
+    ("300", 300.0),
+    ("900", 900.0),
+    ("3600", 3600.0),
+    ("21600", 21600.0),
+];
+
+/// The index in `BUCKETS` of an `le` label, if it is one.
+pub fn bucket_of(le: &str) -> Option<usize> {
+    BUCKETS.iter().position(|(l, _)| *l == le)
+}
+
 /// What one task contributes: its health (tide.health) and its counters (tide.run_count).
 /// Durations are in seconds.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -26,9 +49,13 @@ pub struct TaskFigures {
     pub p95_duration: Option<f64>,
     pub duration_sum: f64,
     pub duration_count: f64,
+    /// Successes counted in each bucket of `BUCKETS` (each once: not cumulative).
+    pub duration_buckets: [f64; 13],
     pub p95_queue_wait: Option<f64>,
     pub wait_sum: f64,
     pub wait_count: f64,
+    /// First starts counted in each bucket of `BUCKETS` by their wait.
+    pub wait_buckets: [f64; 13],
     /// A reconciliation's open differences (all, for a person); None for other tasks.
     pub open_differences: Option<(i64, i64)>,
     /// Rows of each side in a reconciliation's latest comparison, when there was one.
@@ -180,6 +207,47 @@ impl Text<'_> {
     }
 }
 
+impl Text<'_> {
+    /// A histogram family: for each task with observations, its cumulative buckets, the +Inf
+    /// bucket (the count: observations above the largest bound, or counted before buckets were,
+    /// are only there), `_sum` and `_count`; a task with none has `+Inf`, `_sum` and `_count` 0.
+    fn histogram(
+        &mut self,
+        name: &str,
+        help: &str,
+        of: fn(&TaskFigures) -> (&[f64; 13], f64, f64),
+    ) {
+        self.family(name, "histogram", help);
+        let Text { out, tasks } = self;
+        for (t, labels) in tasks.iter() {
+            let (buckets, sum, count) = of(t);
+            let mut line = |suffix: &str, le: Option<&str>, value: f64| {
+                out.push_str(name);
+                out.push_str(suffix);
+                out.push_str(labels);
+                if let Some(le) = le {
+                    out.push_str(",le=\"");
+                    out.push_str(le);
+                    out.push('"');
+                }
+                out.push_str("} ");
+                Value::Num(Some(value)).write(out);
+                out.push('\n');
+            };
+            if count > 0.0 {
+                let mut cumulative = 0.0;
+                for ((le, _), n) in BUCKETS.iter().zip(buckets) {
+                    cumulative += n;
+                    line("_bucket", Some(le), cumulative);
+                }
+            }
+            line("_bucket", Some("+Inf"), count);
+            line("_sum", None, sum);
+            line("_count", None, count);
+        }
+    }
+}
+
 /// The whole exposition, ending with a newline.
 pub fn render(f: &Figures) -> String {
     // About 75 bytes per sample line, 14 lines per task.
@@ -210,18 +278,10 @@ pub fn render(f: &Figures) -> String {
         ];
         x.sample("pg_tide_check_status", &labels, Value::Int(1));
     }
-    x.per_task(
+    x.histogram(
         "pg_tide_queue_wait_seconds",
-        "summary",
-        "Time from fire (or creation) to first claim; quantile over 24 h.",
-        |t| {
-            [
-                Some(("", Some(("quantile", "0.95")), Value::Num(t.p95_queue_wait))),
-                Some(("_sum", None, Value::Num(Some(t.wait_sum)))),
-                Some(("_count", None, Value::Num(Some(t.wait_count)))),
-                None,
-            ]
-        },
+        "Time from fire (or creation) to first claim.",
+        |t| (&t.wait_buckets, t.wait_sum, t.wait_count),
     );
     x.per_task(
         "pg_tide_reconciliation_open_differences",
@@ -251,18 +311,10 @@ pub fn render(f: &Figures) -> String {
             ]
         },
     );
-    x.per_task(
+    x.histogram(
         "pg_tide_run_duration_seconds",
-        "summary",
-        "Duration of successful runs (last attempt); quantiles over 24 h.",
-        |t| {
-            [
-                Some(("", Some(("quantile", "0.5")), Value::Num(t.p50_duration))),
-                Some(("", Some(("quantile", "0.95")), Value::Num(t.p95_duration))),
-                Some(("_sum", None, Value::Num(Some(t.duration_sum)))),
-                Some(("_count", None, Value::Num(Some(t.duration_count)))),
-            ]
-        },
+        "Duration of successful runs (last attempt).",
+        |t| (&t.duration_buckets, t.duration_sum, t.duration_count),
     );
     x.family(
         "pg_tide_runs_total",
@@ -278,7 +330,7 @@ pub fn render(f: &Figures) -> String {
         x.sample("pg_tide_runs_total", &labels, Value::Num(Some(r.value)));
     }
     type Gauge = (&'static str, &'static str, fn(&TaskFigures) -> Value);
-    let gauges: [Gauge; 4] = [
+    let gauges: [Gauge; 7] = [
         ("pg_tide_task_backlog", "Runs ready or waiting.", |t| {
             Value::Int(t.backlog)
         }),
@@ -288,9 +340,24 @@ pub fn render(f: &Figures) -> String {
             |t| t.consecutive_failures.map_or(Value::Num(None), Value::Int),
         ),
         (
+            "pg_tide_task_duration_p50_seconds",
+            "Median duration of the successful runs of the last 24 h (NaN: none).",
+            |t| Value::Num(t.p50_duration),
+        ),
+        (
+            "pg_tide_task_duration_p95_seconds",
+            "95th percentile of the durations of the successful runs of the last 24 h.",
+            |t| Value::Num(t.p95_duration),
+        ),
+        (
             "pg_tide_task_max_silence_seconds",
             "Silence after which the task is late.",
             |t| Value::Num(t.max_silence),
+        ),
+        (
+            "pg_tide_task_queue_wait_p95_seconds",
+            "95th percentile of the queue waits of the runs started in the last 24 h.",
+            |t| Value::Num(t.p95_queue_wait),
         ),
         (
             "pg_tide_task_silence_seconds",
@@ -330,6 +397,91 @@ pub fn render(f: &Figures) -> String {
         },
     );
     x.out
+}
+
+/// One sample of an exposition, as rows give it (`tide.metric`): its family, the family's type,
+/// the sample's name (a family's name, or with `_bucket`, `_sum`, `_count`), its labels in
+/// order, and its value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub family: String,
+    pub kind: String,
+    pub name: String,
+    pub labels: Vec<(String, String)>,
+    pub value: f64,
+}
+
+/// A label value's text after its opening quote, unescaped, and what follows its closing quote.
+fn unquote(s: &str) -> Option<(String, &str)> {
+    let mut value = String::new();
+    let mut chars = s.char_indices();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '"' => return Some((value, &s[i + 1..])),
+            '\\' => match chars.next()?.1 {
+                'n' => value.push('\n'),
+                c => value.push(c),
+            },
+            c => value.push(c),
+        }
+    }
+    None
+}
+
+/// The samples of an exposition that `render` wrote, read back: the rows of `tide.metric`, so
+/// that they can never say other than `tide.metrics()`. A line it cannot read is left out.
+pub fn samples(text: &str) -> Vec<Sample> {
+    let mut out = Vec::new();
+    let (mut family, mut kind) = ("", "");
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut words = rest.split(' ');
+            family = words.next().unwrap_or("");
+            kind = words.next().unwrap_or("");
+            continue;
+        }
+        if line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        let Some(end) = line.find(['{', ' ']) else {
+            continue;
+        };
+        let name = &line[..end];
+        let mut rest = &line[end..];
+        let mut labels = Vec::new();
+        if let Some(mut inner) = rest.strip_prefix('{') {
+            while let Some((key, after)) = inner.split_once("=\"") {
+                let Some((value, after)) = unquote(after) else {
+                    break;
+                };
+                labels.push((key.to_string(), value));
+                match after.strip_prefix(',') {
+                    Some(next) => inner = next,
+                    None => {
+                        inner = after;
+                        break;
+                    }
+                }
+            }
+            rest = inner.strip_prefix('}').unwrap_or(inner);
+        }
+        let value = match rest.trim() {
+            "+Inf" => f64::INFINITY,
+            "-Inf" => f64::NEG_INFINITY,
+            v => match v.parse::<f64>() {
+                Ok(v) => v,
+                Err(_) => continue,
+            },
+        };
+        out.push(Sample {
+            family: family.to_string(),
+            kind: kind.to_string(),
+            name: name.to_string(),
+            labels,
+            value,
+        });
+    }
+    out
 }
 
 #[cfg(test)]
@@ -384,8 +536,8 @@ mod tests {
             ..Figures::default()
         });
         for line in [
-            "pg_tide_run_duration_seconds{owner=\"alice\",task=\"t\",quantile=\"0.5\"} 0.25",
-            "pg_tide_run_duration_seconds{owner=\"alice\",task=\"t\",quantile=\"0.95\"} NaN",
+            "pg_tide_task_duration_p50_seconds{owner=\"alice\",task=\"t\"} 0.25",
+            "pg_tide_task_duration_p95_seconds{owner=\"alice\",task=\"t\"} NaN",
             "pg_tide_run_duration_seconds_sum{owner=\"alice\",task=\"t\"} 12.5",
             "pg_tide_run_duration_seconds_count{owner=\"alice\",task=\"t\"} 3",
             "pg_tide_task_max_silence_seconds{owner=\"alice\",task=\"t\"} +Inf",
@@ -432,7 +584,7 @@ mod tests {
         sorted.sort_unstable();
         sorted.dedup();
         assert_eq!(families, sorted, "families once each, in name order");
-        assert_eq!(families.len(), 13);
+        assert_eq!(families.len(), 16);
         assert!(
             families.contains(&"pg_tide_check_status"),
             "an empty family keeps its header"
@@ -461,5 +613,99 @@ mod tests {
         assert!(!text.contains("task=\"plain\",for="));
         assert!(!text.contains("task=\"new_recon\",side="));
         assert!(text.ends_with('\n'));
+    }
+
+    #[test]
+    fn histograms_are_cumulative_and_end_with_the_count() {
+        let mut t = task("h");
+        // Two successes of at most 10 ms, one of at most 1 s, one of two days (above every
+        // bound: only in +Inf).
+        t.duration_buckets[0] = 2.0;
+        t.duration_buckets[4] = 1.0;
+        t.duration_sum = 172_801.5;
+        t.duration_count = 4.0;
+        let idle = task("idle");
+        let text = render(&Figures {
+            tasks: vec![t, idle],
+            ..Figures::default()
+        });
+        let bucket = |task: &str, le: &str| {
+            let prefix =
+                format!("pg_tide_run_duration_seconds_bucket{{owner=\"alice\",task=\"{task}\",le=\"{le}\"}} ");
+            lines(&text)
+                .into_iter()
+                .find_map(|l| l.strip_prefix(prefix.as_str()).map(str::to_string))
+        };
+        assert_eq!(bucket("h", "0.01").as_deref(), Some("2"));
+        assert_eq!(bucket("h", "0.5").as_deref(), Some("2"));
+        assert_eq!(bucket("h", "1").as_deref(), Some("3"));
+        assert_eq!(bucket("h", "21600").as_deref(), Some("3"));
+        assert_eq!(bucket("h", "+Inf").as_deref(), Some("4"));
+        // A task with nothing observed: +Inf, _sum and _count, no finite buckets.
+        assert_eq!(bucket("idle", "+Inf").as_deref(), Some("0"));
+        assert_eq!(bucket("idle", "0.01"), None);
+        assert!(text.contains("# TYPE pg_tide_run_duration_seconds histogram\n"));
+        assert!(text.contains("# TYPE pg_tide_queue_wait_seconds histogram\n"));
+        // Every bound has its label, in increasing order, and the labels read back as them.
+        for pair in BUCKETS.windows(2) {
+            assert!(pair[0].1 < pair[1].1);
+        }
+        for (le, bound) in BUCKETS {
+            assert_eq!(le.parse::<f64>(), Ok(bound));
+            assert_eq!(bucket_of(le).map(|i| BUCKETS[i].1), Some(bound));
+        }
+        assert_eq!(bucket_of("+Inf"), None);
+    }
+
+    #[test]
+    fn samples_read_back_what_render_wrote() {
+        let mut t = task("odd \"one\" \\ with, commas={x}\nand a break");
+        t.duration_buckets[1] = 1.0;
+        t.duration_sum = 0.04;
+        t.duration_count = 1.0;
+        t.max_silence = Some(f64::INFINITY);
+        let figures = Figures {
+            alerts: vec![AlertCount {
+                kind: "dead_letter".into(),
+                severity: "warning".into(),
+                open: 2,
+            }],
+            tasks: vec![t.clone()],
+            ..Figures::default()
+        };
+        let text = render(&figures);
+        let rows = samples(&text);
+        // One row per sample line.
+        let sample_lines = lines(&text).iter().filter(|l| !l.starts_with('#')).count();
+        assert_eq!(rows.len(), sample_lines);
+        let find = |name: &str, extra: Option<(&str, &str)>| {
+            rows.iter().find(|r| {
+                r.name == name
+                    && extra.is_none_or(|(k, v)| r.labels.iter().any(|(a, b)| a == k && b == v))
+            })
+        };
+        let alerts = find("pg_tide_alerts_open", None).expect("alerts row");
+        assert_eq!(alerts.kind, "gauge");
+        assert_eq!(
+            alerts.labels,
+            vec![
+                ("kind".into(), "dead_letter".into()),
+                ("severity".into(), "warning".into())
+            ]
+        );
+        assert_eq!(alerts.value, 2.0);
+        let b =
+            find("pg_tide_run_duration_seconds_bucket", Some(("le", "0.05"))).expect("bucket row");
+        assert_eq!(b.family, "pg_tide_run_duration_seconds");
+        assert_eq!(b.kind, "histogram");
+        assert_eq!(b.labels[0], ("owner".to_string(), "alice".to_string()));
+        assert_eq!(b.labels[1], ("task".to_string(), t.task.clone()));
+        assert_eq!(b.value, 1.0);
+        let silence = find("pg_tide_task_max_silence_seconds", None).expect("gauge row");
+        assert_eq!(silence.value, f64::INFINITY);
+        let p50 = find("pg_tide_task_duration_p50_seconds", None).expect("p50 row");
+        assert!(p50.value.is_nan());
+        // Lines it cannot read are left out, not guessed at.
+        assert!(samples("# TYPE x gauge\nx{a=\"unclosed} 1\nx not_a_number\n").is_empty());
     }
 }

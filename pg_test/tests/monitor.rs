@@ -9,8 +9,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use pg_tide_pg_test::{
-    blocks_read, db_err, notifications_until_sentinel, one, refused, run_tests, Client, Cluster,
-    Failed, TestFn,
+    blocks_read, db_err, describe, notifications_until_sentinel, one, refused, run_tests, Client,
+    Cluster, Failed, TestFn,
 };
 
 fn exec(c: &mut Client, sql: &str) -> Result<(), Failed> {
@@ -604,7 +604,13 @@ fn counters_match_history(cluster: &Cluster) -> Result<(), Failed> {
                            SELECT 'wait_count', '', count(*) FROM tide.run r WHERE r.started_at IS NOT NULL
                            UNION ALL
                            SELECT 'wait_sum', '', sum(extract(epoch FROM greatest(r.started_at - r.created_at, interval '0')))
-                             FROM tide.run r WHERE r.started_at IS NOT NULL) y";
+                             FROM tide.run r WHERE r.started_at IS NOT NULL
+                           UNION ALL
+                           SELECT 'duration_bucket', tide._le(extract(epoch FROM r.finished_at - r.claimed_at)), count(*)
+                             FROM tide.run r WHERE r.state = 'succeeded' GROUP BY 2
+                           UNION ALL
+                           SELECT 'wait_bucket', tide._le(extract(epoch FROM greatest(r.started_at - r.created_at, interval '0'))), count(*)
+                             FROM tide.run r WHERE r.started_at IS NOT NULL GROUP BY 2) y";
     let want: String = one(&mut c, history)?;
     assert!(
         want.contains("runs/succeeded=27")
@@ -614,7 +620,23 @@ fn counters_match_history(cluster: &Cluster) -> Result<(), Failed> {
             && want.contains("runs/skipped="),
         "the scenario: {want}"
     );
+    assert!(
+        want.contains("duration_bucket/") && want.contains("wait_bucket/"),
+        "the scenario's buckets: {want}"
+    );
     assert_eq!(one::<String>(&mut c, counted)?, want, "before the fold");
+    // The buckets' bounds: a value goes to the smallest bound it is at most; above the
+    // largest, to none (the +Inf bucket is the count).
+    let les: String = one(
+        &mut c,
+        "SELECT string_agg(coalesce(tide._le(x), '-'), ' ' ORDER BY x)
+           FROM unnest(ARRAY[0, 0.01, 0.0101, 0.05, 0.1, 0.2, 0.5, 1, 1.5, 5, 10, 30, 45, 60, 300, 900, 901,
+                             3600, 21600, 21600.5, 1e9]::float8[]) x",
+    )?;
+    assert_eq!(
+        les,
+        "0.01 0.01 0.05 0.05 0.1 0.5 0.5 1 5 5 10 30 60 60 300 900 3600 3600 21600 - -"
+    );
     tick(&mut c, "now() + interval '2 minutes'")?;
     assert_eq!(one::<String>(&mut c, counted)?, want, "after the fold");
     Ok(())
@@ -1051,7 +1073,8 @@ fn metrics_parse_as_prometheus_text(cluster: &Cluster) -> Result<(), Failed> {
         "counter|pg_tide_runs_total{outcome=succeeded,owner=postgres,task=plain} 3.0",
         r#"counter|pg_tide_runs_total{outcome=dead,owner=postgres,task=odd "name" \ here} 1.0"#,
         "gauge|pg_tide_task_unresolved_runs{owner=postgres,state=dead,task=odd \"name\" \\ here} 1.0",
-        "summary|pg_tide_run_duration_seconds_count{owner=postgres,task=plain} 3.0",
+        "histogram|pg_tide_run_duration_seconds_count{owner=postgres,task=plain} 3.0",
+        "histogram|pg_tide_run_duration_seconds_bucket{le=+Inf,owner=postgres,task=plain} 3.0",
         "gauge|pg_tide_check_status{check=backup,owner=postgres,status=new} 1.0",
         "gauge|pg_tide_alerts_open{kind=dead_letter,severity=warning} 1.0",
         "gauge|pg_tide_task_status{owner=postgres,status=ok,task=plain} 1.0",
@@ -1063,13 +1086,87 @@ fn metrics_parse_as_prometheus_text(cluster: &Cluster) -> Result<(), Failed> {
         "pg_tide_queue_wait_seconds",
         "pg_tide_task_backlog",
         "pg_tide_task_silence_seconds",
+        "pg_tide_task_duration_p95_seconds",
     ] {
         assert!(
             samples.iter().any(|s| s.contains(&format!("|{family}"))),
             "no {family} samples"
         );
     }
+    // The three successes of `plain` took well under 10 ms each (the claims and completions
+    // above, in one transaction each): every bucket holds all three, cumulative.
+    let plain_buckets: Vec<&String> = samples
+        .iter()
+        .filter(|s| {
+            s.starts_with("histogram|pg_tide_run_duration_seconds_bucket{")
+                && s.contains("task=plain}")
+        })
+        .collect();
+    assert_eq!(
+        plain_buckets.len(),
+        14,
+        "13 bounds and +Inf: {plain_buckets:?}"
+    );
+    assert!(
+        plain_buckets.iter().all(|s| s.ends_with(" 3.0")),
+        "{plain_buckets:?}"
+    );
+
+    // The view tide.metric holds the same samples as rows: the reference parser's reading of
+    // the text, compared in SQL with the view (labels with owner and task put back).
+    // One transaction: the same now() for both (silences are measured to it).
+    let mut tx = c.transaction().map_err(db_err)?;
+    let text: String = tx
+        .query_one("SELECT tide.metrics()", &[])
+        .map_err(db_err)?
+        .get(0);
+    let parsed = parse_prometheus_json(&text)?;
+    let compare = "
+        WITH parsed AS (
+            SELECT e->>0 AS kind, e->>1 AS metric, e->2 AS labels, (e->>3)::float8 AS value
+              FROM jsonb_array_elements($1::text::jsonb) e),
+        viewed AS (
+            SELECT kind, metric, labels || jsonb_strip_nulls(jsonb_build_object('owner', owner, 'task', task)) AS labels, value
+              FROM tide.metric)
+        SELECT format('%s parsed, %s in the view; only parsed: %s; only in the view: %s',
+                      (SELECT count(*) FROM parsed), (SELECT count(*) FROM viewed),
+                      (SELECT coalesce(string_agg(x::text, ', '), '-') FROM (SELECT * FROM parsed EXCEPT ALL SELECT * FROM viewed) x),
+                      (SELECT coalesce(string_agg(x::text, ', '), '-') FROM (SELECT * FROM viewed EXCEPT ALL SELECT * FROM parsed) x))";
+    let got: String = tx.query_one(compare, &[&parsed]).map_err(db_err)?.get(0);
+    tx.rollback().map_err(db_err)?;
+    let n = samples.len();
+    assert_eq!(
+        got,
+        format!("{n} parsed, {n} in the view; only parsed: -; only in the view: -")
+    );
     Ok(())
+}
+
+/// As `parse_prometheus`, as a JSON array of [type, name, labels, value] (value as text: NaN
+/// and infinities are not JSON numbers).
+fn parse_prometheus_json(text: &str) -> Result<String, Failed> {
+    const PARSER: &str = "
+import json, sys
+from prometheus_client.parser import text_string_to_metric_families
+print(json.dumps([[f.type, s.name, s.labels, repr(s.value)]
+                  for f in text_string_to_metric_families(sys.stdin.read()) for s in f.samples]))
+";
+    let mut child = Command::new("/usr/bin/python3")
+        .args(["-c", PARSER])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    child
+        .stdin
+        .take()
+        .ok_or("no stdin")?
+        .write_all(text.as_bytes())?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned().into());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 fn pruning_removes_only_what_it_should(cluster: &Cluster) -> Result<(), Failed> {
@@ -1600,6 +1697,104 @@ fn health_of_a_quiet_task_skips_the_busy_ones(cluster: &Cluster) -> Result<(), F
 /// The console's query for the runs of one task (console/src/pages.rs).
 const TASK_RUNS_SQL: &str = include_str!("../../console/sql/task_runs.sql");
 
+/// A Grafana SQL query with its macros expanded as Grafana's PostgreSQL data source expands
+/// them, for the last 6 hours: `$__timeFilter(col)` and `$__timeGroupAlias(col, 5m)`. Any other
+/// macro or variable is refused: the test would not know what Grafana makes of it.
+fn expand_grafana_macros(sql: &str) -> Result<String, Failed> {
+    let mut out = String::new();
+    let mut rest = sql;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at..];
+        let (name, args_start) = match after.find('(') {
+            Some(i) => (&after[..i], i + 1),
+            None => return Err(format!("a bare $ in: {sql}").into()),
+        };
+        let close = after[args_start..]
+            .find(')')
+            .ok_or_else(|| format!("unclosed {name}( in: {sql}"))?;
+        let args: Vec<&str> = after[args_start..args_start + close]
+            .split(',')
+            .map(str::trim)
+            .collect();
+        let range = "'now'::timestamptz - interval '6 hours' AND 'now'::timestamptz";
+        match (name, args.as_slice()) {
+            ("$__timeFilter", [col]) => out.push_str(&format!("{col} BETWEEN {range}")),
+            ("$__timeGroupAlias", [col, "5m"]) => out.push_str(&format!(
+                "floor(extract(epoch from {col})/300)*300 AS \"time\""
+            )),
+            _ => return Err(format!("unknown Grafana macro {name}({args:?}) in: {sql}").into()),
+        }
+        rest = &after[args_start + close + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// Every query of the Grafana dashboard in the repository (monitoring/grafana-dashboard.json)
+/// runs against a database with tasks, successes, a dead letter and its alert, and returns rows;
+/// each panel reads pg_tide through the data source the dashboard asks for on import.
+fn grafana_dashboard_queries_run(cluster: &Cluster) -> Result<(), Failed> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../monitoring/grafana-dashboard.json"
+    );
+    let dashboard: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path)?)?;
+    let mut c = cluster.fresh_db("m_grafana")?;
+    exec(
+        &mut c,
+        "SELECT tide.schedule('g_ok', '0 0 1 1 *');
+         SELECT tide.schedule('g_bad', '0 0 1 1 *', max_attempts => 1);",
+    )?;
+    for h in 1..=3 {
+        let run = past_run(&mut c, "g_ok", h)?;
+        succeed(&mut c, run)?;
+    }
+    let dead = past_run(&mut c, "g_bad", 1)?;
+    let token = claim_run(&mut c, dead)?;
+    exec(
+        &mut c,
+        &format!("SELECT tide.fail_run({dead}, {token}, 'bad row', 'business')"),
+    )?;
+    past_run(&mut c, "g_bad", 2)?;
+    tick(&mut c, "now()")?;
+
+    let panels = dashboard["panels"].as_array().ok_or("no panels")?;
+    assert!(panels.len() >= 6, "{} panels", panels.len());
+    let mut ran = 0;
+    for panel in panels {
+        let title = panel["title"].as_str().unwrap_or("?");
+        assert_eq!(
+            panel["datasource"]["type"], "grafana-postgresql-datasource",
+            "{title}: the PostgreSQL data source"
+        );
+        let targets = panel["targets"].as_array().ok_or("no targets")?;
+        assert!(!targets.is_empty(), "{title}: no query");
+        for target in targets {
+            let raw = target["rawSql"].as_str().ok_or("no rawSql")?;
+            let sql = expand_grafana_macros(raw)?;
+            let rows = c
+                .query(sql.as_str(), &[])
+                .map_err(|e| format!("panel {title:?}: {}\n{sql}", describe(&e)))?;
+            // pg_tide itself is shown only in the database pg_tide serves; every other panel
+            // has rows here.
+            if !raw.contains("tide.self_health") {
+                assert!(!rows.is_empty(), "panel {title:?} returned no rows:\n{sql}");
+            }
+            if target["format"] == "time_series" {
+                let time = rows[0].columns()[0].name();
+                assert_eq!(
+                    time, "time",
+                    "{title}: a time series starts with its time column"
+                );
+            }
+            ran += 1;
+        }
+    }
+    assert!(ran >= panels.len());
+    Ok(())
+}
+
 fn main() {
     let tests: &[(&str, TestFn)] = &[
         (
@@ -1625,6 +1820,10 @@ fn main() {
         (
             "metrics_parse_as_prometheus_text",
             metrics_parse_as_prometheus_text,
+        ),
+        (
+            "grafana_dashboard_queries_run",
+            grafana_dashboard_queries_run,
         ),
         (
             "pruning_removes_only_what_it_should",
