@@ -9,10 +9,14 @@ PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
 # python3-venv: pgspot (the security linter of extension scripts) is installed in a venv from PyPI.
 # postgresql-15-cron: pg_cron itself, for the tests of tide.import_pg_cron and the demo.
 # chromium, chromium-driver: a real headless browser (through WebDriver) for the console's tests.
+# golang-go, golang-github-lib-pq-dev: the Go example worker (examples/go), built without modules.
+# dpkg-dev: dpkg-deb and dpkg-shlibdeps for `make package`.
 APT_PACKAGES=(postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo make python3-prometheus-client
               postgresql-15-cron
               python3-venv
-              chromium chromium-driver)
+              chromium chromium-driver
+              golang-go golang-github-lib-pq-dev
+              dpkg-dev)
 PGSPOT_VERSION=0.9.4
 PGSPOT_VENV=${PG_TIDE_PGSPOT_VENV:-$HOME/.cache/pg_tide/pgspot-venv}
 

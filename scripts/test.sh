@@ -57,6 +57,9 @@ run_tier alerts cargo test -p pg_tide_pg_test --test alerts
 # chromedriver against the console and a cluster with the workers; screenshots of every page at
 # desktop and phone width land in target/console-screenshots/.
 run_tier console cargo test -p pg_tide_console
+# The external workers of examples/ in Python (psycopg 3), Node (pg), Go (lib/pq) and Rust
+# (tokio-postgres), each run against a cluster: every kind of run, then SIGTERM mid-run.
+run_tier examples bash scripts/examples.sh
 # tide.import_pg_cron against the real pg_cron, preloaded beside pg_tide.
 run_tier pg_cron cargo test -p pg_tide_pg_test --test pg_cron
 # Three hostile roles and the superuser on one cluster; generated hostile calls of every function.
