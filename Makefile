@@ -15,6 +15,6 @@ setup:
 demo-stop:
 	bash scripts/demo-stop.sh
 
-# Benchmarks (figures beside a baseline measured in the same run; see README "Performance").
+# Benchmarks (figures beside a baseline measured in the same run; see docs/performance.md).
 bench:
 	bash bench/bench.sh

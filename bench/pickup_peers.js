@@ -3,7 +3,7 @@
 // was claimed; the bench reads the figures from the database (the server's clock on both ends).
 //
 //   node pickup_peers.js tide <connection string> <queue> <jobs>
-//     an external pg_tide worker as the README writes it in Node (pg): LISTEN pg_tide_ready,
+//     an external pg_tide worker as docs/guide.md writes it in Node (pg): LISTEN pg_tide_ready,
 //     claim with tide.claim_runs on each notification (and a slow poll), complete each run.
 //     The claim's instant is the run's claimed_at.
 //   node pickup_peers.js graphile <connection string> <jobs>

@@ -65,6 +65,8 @@ run_tier pg_cron cargo test -p pg_tide_pg_test --test pg_cron
 # Three hostile roles and the superuser on one cluster; generated hostile calls of every function.
 run_tier security cargo test -p pg_tide_pg_test --test security
 run_tier fuzz cargo test -p pg_tide_pg_test --test fuzz
+# Every SQL example of README.md, docs/ and examples/ (pg_test/tests/docs.rs).
+run_tier docs cargo test -p pg_tide_pg_test --test docs
 
 # Runners that ran nothing (empty doc-test binaries) are left out of the summary.
 printf '\n==> summary\n'

@@ -900,7 +900,7 @@ CREATE TYPE tide.alert_kind AS ENUM (
     'backlog', 'catch_up_limit', 'not_ready', 'schedule_error', 'retry_budget', 'events_lost', 'backfill',
     'reconciliation', 'held', 'delivery_failed', 'scheduler_down'
 );
-COMMENT ON TYPE tide.alert_kind IS 'What an alert is about; see the README''s alert kinds.';
+COMMENT ON TYPE tide.alert_kind IS 'What an alert is about; see docs/operations.md, Alerts.';
 
 -- pg_tide's own alert: no successful tick for pg_tide.alert_stalled_after (the scheduler is
 -- gone, stuck, or every tick fails). Evaluated by the tick like the others and, since a

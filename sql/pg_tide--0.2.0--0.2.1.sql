@@ -96,3 +96,5 @@ GRANT SELECT ON tide.metric TO PUBLIC;
 
 COMMENT ON FUNCTION tide.metrics() IS
     'metrics(): Prometheus text exposition of the caller''s tasks and checks (a superuser''s: every role''s), labelled by owner and name: runs by task and outcome (counters), duration and queue wait (histograms, with 24-hour percentiles as gauges), backlog, silence, failures, unresolved runs, task and check status, open alerts (gauges).';
+
+COMMENT ON TYPE tide.alert_kind IS 'What an alert is about; see docs/operations.md, Alerts.';

@@ -1,7 +1,7 @@
 -- pg_tide catalog: tasks and their rule versions.
 -- Behaviour lives in Rust functions; this file holds tables, types, triggers, policies, grants.
 --
--- The security model (README "Security"): roles read their own rows of pg_tide's tables
+-- The security model (docs/security.md): roles read their own rows of pg_tide's tables
 -- (row-level security) and change them only through pg_tide's public functions, which run as
 -- the extension's owner and act only on what the caller owns (src/caller.rs). Every function
 -- pins search_path to pg_catalog, pg_temp and qualifies what it calls; so does this script
@@ -52,7 +52,7 @@ CREATE TABLE tide.task (
     dst_overlap  tide.dst_overlap NOT NULL DEFAULT 'once',
     queue        text NOT NULL DEFAULT 'default',
     args         jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(args) = 'object'),
-    -- Execution rules (see the README's options table).
+    -- Execution rules (see docs/sql-reference.md, the options table).
     timeout           interval NOT NULL DEFAULT '1 hour',
     lease             interval NOT NULL DEFAULT '5 minutes',
     priority          integer NOT NULL DEFAULT 0,
@@ -70,7 +70,7 @@ CREATE TABLE tide.task (
     ready_timeout     interval,
     recheck_interval  interval NOT NULL DEFAULT '1 minute',
     not_ready_policy  tide.not_ready_policy NOT NULL DEFAULT 'next_window',
-    -- Guarantees (see the README's locks, event tasks and long tasks sections).
+    -- Guarantees (see docs/guide.md: locks, event tasks, long tasks).
     overlap           tide.overlap NOT NULL DEFAULT 'queue',
     max_concurrency   integer CHECK (max_concurrency >= 1),
     lock_key          text,

@@ -1,4 +1,4 @@
-//! The `pg_tide.*` settings (see the README's settings table).
+//! The `pg_tide.*` settings (see docs/settings.md).
 
 use std::ffi::CString;
 
@@ -143,7 +143,7 @@ pub fn define() {
         GucRegistry::define_int_guc(
             name,
             short,
-            c"See the README's alert delivery section.",
+            c"See docs/operations.md, Alert delivery.",
             setting,
             min,
             i32::MAX,
@@ -161,7 +161,7 @@ pub fn define() {
         GucRegistry::define_int_guc(
             name,
             short,
-            c"See the README's alert kinds.",
+            c"See docs/operations.md, Alerts.",
             setting,
             1,
             i32::MAX,

@@ -29,7 +29,7 @@ fn check_count(n: i32, function: &'static str) -> usize {
 }
 
 /// The next `n` fire instants of a cron expression in a time zone, strictly after `after`.
-/// `dst_gap` and `dst_overlap` set the DST policy of fixed-time schedules (see the README).
+/// `dst_gap` and `dst_overlap` set the DST policy of fixed-time schedules (see docs/time.md).
 #[pg_extern(stable, parallel_safe, schema = "tide")]
 fn next_fires(
     schedule: Option<&str>,
