@@ -1,7 +1,7 @@
 # The two commands of the README: `make demo` (the main job) and `make test` (every tier).
 # Both install what is missing first (scripts/setup.sh), so a fresh Debian 12 needs only Rust.
 
-.PHONY: demo test setup demo-stop bench
+.PHONY: demo test setup demo-stop bench package
 
 demo:
 	bash scripts/demo.sh
@@ -18,3 +18,7 @@ demo-stop:
 # Benchmarks (figures beside a baseline measured in the same run; see docs/performance.md).
 bench:
 	bash bench/bench.sh
+
+# A Debian package for PostgreSQL 15: target/postgresql-15-pg-tide_<version>-1_<arch>.deb.
+package: setup
+	bash scripts/package.sh

@@ -67,6 +67,9 @@ run_tier security cargo test -p pg_tide_pg_test --test security
 run_tier fuzz cargo test -p pg_tide_pg_test --test fuzz
 # Every SQL example of README.md, docs/ and examples/ (pg_test/tests/docs.rs).
 run_tier docs cargo test -p pg_tide_pg_test --test docs
+# The Debian package (make package) installed with apt, then the cluster and upgrade tiers
+# against it. Last: it leaves the packaged release build installed.
+run_tier package bash scripts/package-test.sh
 
 # Runners that ran nothing (empty doc-test binaries) are left out of the summary.
 printf '\n==> summary\n'

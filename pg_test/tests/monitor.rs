@@ -1003,8 +1003,16 @@ for family in text_string_to_metric_families(sys.stdin.read()):
         labels = ','.join('%s=%s' % kv for kv in sorted(s.labels.items()))
         print('%s|%s{%s} %r' % (family.type, s.name, labels, s.value))
 ";
+    Ok(reference_parser(PARSER, text)?
+        .lines()
+        .map(str::to_string)
+        .collect())
+}
+
+/// Runs a Python program with the reference parser on the exposition; returns what it printed.
+fn reference_parser(program: &str, text: &str) -> Result<String, Failed> {
     let mut child = Command::new("/usr/bin/python3")
-        .args(["-c", PARSER])
+        .args(["-c", program])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -1026,10 +1034,7 @@ for family in text_string_to_metric_families(sys.stdin.read()):
         )
         .into());
     }
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_string)
-        .collect())
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 fn metrics_parse_as_prometheus_text(cluster: &Cluster) -> Result<(), Failed> {
@@ -1151,22 +1156,7 @@ from prometheus_client.parser import text_string_to_metric_families
 print(json.dumps([[f.type, s.name, s.labels, repr(s.value)]
                   for f in text_string_to_metric_families(sys.stdin.read()) for s in f.samples]))
 ";
-    let mut child = Command::new("/usr/bin/python3")
-        .args(["-c", PARSER])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    child
-        .stdin
-        .take()
-        .ok_or("no stdin")?
-        .write_all(text.as_bytes())?;
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        return Err(String::from_utf8_lossy(&out.stderr).into_owned().into());
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    reference_parser(PARSER, text)
 }
 
 fn pruning_removes_only_what_it_should(cluster: &Cluster) -> Result<(), Failed> {

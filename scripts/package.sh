@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# `make package`: a Debian package of pg_tide for PostgreSQL 15 (amd64), built from this tree:
+#   target/postgresql-15-pg-tide_<version>-1_<arch>.deb
+# It holds the library, the current install script, the upgrade scripts and the frozen install
+# scripts of earlier versions (so `ALTER EXTENSION pg_tide UPDATE` works from any of them), the
+# license and the README. It depends on Debian's postgresql-15 and the libraries the .so links.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$HOME/.cargo/bin:$PATH"
+PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+arch=$(dpkg --print-architecture)
+name=postgresql-15-pg-tide
+deb="target/${name}_${version}-1_${arch}.deb"
+
+echo "==> building pg_tide $version (release) with cargo pgrx package"
+cargo pgrx package --pg-config "$PG_CONFIG" >/dev/null
+built=target/release/pg_tide-pg15
+libdir=$("$PG_CONFIG" --pkglibdir)
+extdir=$("$PG_CONFIG" --sharedir)/extension
+
+stage=target/deb/$name
+rm -rf "$stage"
+mkdir -p "$stage/DEBIAN" "$stage$libdir" "$stage$extdir" "$stage/usr/share/doc/$name"
+install -m 644 "$built$libdir/pg_tide.so" "$stage$libdir/"
+install -m 644 "$built$extdir"/pg_tide* "$stage$extdir/"
+bash scripts/frozen.sh "$stage$extdir"
+install -m 644 LICENSE "$stage/usr/share/doc/$name/copyright"
+install -m 644 README.md "$stage/usr/share/doc/$name/README.md"
+strip --strip-unneeded "$stage$libdir/pg_tide.so"
+
+# The shared libraries the .so needs, as Debian names their packages (dpkg-shlibdeps reads a
+# debian/control of its own: it gets a minimal one in a scratch directory).
+shlib=$(mktemp -d)
+mkdir -p "$shlib/debian"
+printf 'Source: pg-tide\n\nPackage: %s\nArchitecture: any\n' "$name" > "$shlib/debian/control"
+so=$(realpath "$stage$libdir/pg_tide.so")
+libs=$(cd "$shlib" && dpkg-shlibdeps -O --ignore-missing-info "$so" 2>/dev/null | sed -n 's/^shlibs:Depends=//p')
+rm -rf "$shlib"
+size=$(du -sk "$stage" | cut -f1)
+cat > "$stage/DEBIAN/control" <<CONTROL
+Package: $name
+Version: $version-1
+Architecture: $arch
+Maintainer: The pg_tide contributors <pg_tide@localhost>
+Depends: postgresql-15${libs:+, $libs}
+Section: database
+Priority: optional
+Installed-Size: $size
+Description: reliable scheduled work inside PostgreSQL 15
+ pg_tide owns the whole life of a scheduled run inside PostgreSQL: business windows in the
+ task's own time zone and across DST, readiness checks, an idempotency key per window, leases
+ with fencing tokens, retries with backoff, dead letters and replay, backfills,
+ reconciliation, heartbeats and alerts.
+ .
+ Add pg_tide to shared_preload_libraries, set pg_tide.database, restart, then
+ CREATE EXTENSION pg_tide as a superuser.
+CONTROL
+# Checksums of the files, for dpkg --verify (and debsums).
+(cd "$stage" && find . -path ./DEBIAN -prune -o -type f -printf '%P\0' | sort -z | xargs -0 md5sum) \
+    > "$stage/DEBIAN/md5sums"
+dpkg-deb --root-owner-group --build "$stage" "$deb" >/dev/null
+echo "==> $deb"
+dpkg-deb --info "$deb" | sed -n 's/^ \(Package\|Version\|Depends\):/  \1:/p'
