@@ -417,7 +417,7 @@ pickup_delayed=$("${PSQL[@]}" -d "$DB" -At -F ' ' -c "SELECT round(percentile_co
     FROM (SELECT extract(epoch FROM r.claimed_at - (r.args->>'due')::timestamptz) * 1000 AS ms FROM tide.run r
            WHERE r.args->>'probe' = 'delayed') x")
 # The references for pickup: external workers that LISTEN, idle, and are sent jobs the same way
-# (100, 50 ms apart, each in a transaction of its own): pg_tide's external worker as the README
+# (100, 50 ms apart, each in a transaction of its own): pg_tide's external worker as docs/guide.md
 # writes it in Node (pg), whose claim is the run's claimed_at, and graphile-worker's own worker
 # (one job at a time), whose claim is its job's locked_at (bench/pickup_peers.js). Both need
 # the Node packages installed for graphile-worker above.
