@@ -5,6 +5,8 @@
 //! - in a psql transcript (a plain ``` block), each `=# ` line is a statement: it must succeed,
 //!   or, when the transcript shows `ERROR:  message` after it, fail with that message (an
 //!   instant in it, `2026-05-10 09:30:03 UTC`, stands for any instant);
+//! - each ```python and ```javascript block (worker excerpts, which call your own functions)
+//!   must at least parse: `python3` compiles it, `node --check` checks it;
 //! - `<!-- docs-test: setup ... -->` (an HTML comment, not shown by Markdown) runs its SQL
 //!   before the next block: what the example takes for granted (the tables it reads, the runs it
 //!   names), so that the example itself stays as a reader would type it.
@@ -14,7 +16,7 @@
 
 use std::path::{Path, PathBuf};
 
-use pg_tide_pg_test::{describe, run_tests, Cluster, Failed, TestFn};
+use pg_tide_pg_test::{describe, run_tests_with, Cluster, Failed, TestFn};
 
 fn main() {
     let tests: &[(&str, TestFn)] = &[
@@ -39,7 +41,12 @@ fn main() {
         ("development", |c| page(c, "docs/development.md")),
         ("examples", |c| page(c, "examples/README.md")),
     ];
-    run_tests("docs", tests)
+    // pg_cron beside pg_tide, for the migration guide's examples (its database: the page's).
+    run_tests_with(
+        "docs",
+        "shared_preload_libraries = 'pg_tide,pg_cron'\ncron.database_name = 'docs_pg_cron'",
+        tests,
+    )
 }
 
 const PAGES: [&str; 14] = [
@@ -70,6 +77,12 @@ enum Step {
     Setup { line: usize, sql: String },
     /// A ```sql block.
     Block { line: usize, sql: String },
+    /// A ```python or ```javascript block: checked for syntax.
+    Code {
+        line: usize,
+        lang: String,
+        code: String,
+    },
     /// A transcript's statement, and the error message it shows, if any.
     Typed {
         line: usize,
@@ -84,7 +97,7 @@ fn steps(text: &str) -> Vec<Step> {
     let mut i = 0;
     while i < lines.len() {
         let l = lines[i];
-        if let Some(rest) = l.strip_prefix("<!-- docs-test: setup") {
+        if let Some(rest) = l.trim_start().strip_prefix("<!-- docs-test: setup") {
             let start = i + 1; // the comment's line
             let mut sql = String::new();
             if let Some(inline) = rest.strip_suffix("-->") {
@@ -92,24 +105,39 @@ fn steps(text: &str) -> Vec<Step> {
             } else {
                 sql.push_str(rest);
                 i += 1;
-                while i < lines.len() && !lines[i].starts_with("-->") {
+                while i < lines.len() && !lines[i].trim_start().starts_with("-->") {
                     sql.push_str(lines[i]);
                     sql.push('\n');
                     i += 1;
                 }
             }
             out.push(Step::Setup { line: start, sql });
-        } else if l.starts_with("```") {
+        } else if l.trim_start().starts_with("```") {
+            // A fence, perhaps indented inside a list item: its body loses that indentation.
+            let indent = l.len() - l.trim_start().len();
+            let l = l.trim_start();
             let sql_block = l == "```sql";
             let plain = l == "```";
+            let code = ["```python", "```javascript"]
+                .contains(&l)
+                .then(|| l.trim_start_matches('`').to_string());
             let start = i + 1;
             let mut body = Vec::new();
             i += 1;
-            while i < lines.len() && !lines[i].starts_with("```") {
-                body.push((i + 1, lines[i]));
+            while i < lines.len() && !lines[i].trim_start().starts_with("```") {
+                let line = lines[i];
+                let cut = line.len() - line.trim_start().len();
+                body.push((i + 1, &line[cut.min(indent)..]));
                 i += 1;
             }
-            if sql_block {
+            if let Some(lang) = code {
+                let code = body.iter().map(|(_, l)| *l).collect::<Vec<_>>().join("\n");
+                out.push(Step::Code {
+                    line: start + 1,
+                    lang,
+                    code,
+                });
+            } else if sql_block {
                 let sql = body.iter().map(|(_, l)| *l).collect::<Vec<_>>().join("\n");
                 out.push(Step::Block {
                     line: start + 1,
@@ -142,6 +170,52 @@ fn steps(text: &str) -> Vec<Step> {
         i += 1;
     }
     out
+}
+
+/// Whether a Python or JavaScript excerpt parses: Python's own compiler, `node --check`.
+fn check_syntax(lang: &str, code: &str) -> Result<(), String> {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let file = std::env::temp_dir().join(format!("pg_tide-docs-{}.js", std::process::id()));
+    let mut cmd = match lang {
+        "python" => {
+            let mut c = Command::new("/usr/bin/python3");
+            c.args([
+                "-c",
+                "import sys; compile(sys.stdin.read(), 'excerpt', 'exec')",
+            ]);
+            c
+        }
+        _ => {
+            std::fs::write(&file, code).map_err(|e| e.to_string())?;
+            let mut c = Command::new("node");
+            c.arg("--check").arg(&file);
+            c
+        }
+    };
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("{e} (the examples tier installs node)"))?;
+    if lang == "python" {
+        child
+            .stdin
+            .take()
+            .ok_or("no stdin")?
+            .write_all(code.as_bytes())
+            .map_err(|e| e.to_string())?;
+    } else {
+        drop(child.stdin.take());
+    }
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    let _ = std::fs::remove_file(&file);
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
 }
 
 /// Whether a server's message is the one a page shows, where an instant shown
@@ -201,6 +275,10 @@ fn page(cluster: &Cluster, path: &str) -> Result<(), Failed> {
                     .map_err(|e| format!("{path}:{line}: {}\n{sql}", describe(&e)))?;
                 ran += 1;
             }
+            Step::Code { line, lang, code } => {
+                check_syntax(&lang, &code).map_err(|e| format!("{path}:{line}: {lang}: {e}"))?;
+                ran += 1;
+            }
             Step::Typed { line, sql, error } => {
                 let got = c.batch_execute(&sql);
                 match (got, error) {
@@ -258,15 +336,21 @@ fn every_page_with_sql_is_tested(_: &Cluster) -> Result<(), Failed> {
         "retry after soon"
     ));
     assert!(!same_message("lease token 17", "lease token 18"));
+    // The syntax check can fail.
+    assert!(check_syntax("python", "def f(:\n").is_err());
+    assert!(check_syntax("javascript", "function (").is_err());
+    assert!(check_syntax("python", "x = 1\n").is_ok());
     // The parser sees what it must: a block, a transcript's error, a set-up.
     let sample = "<!-- docs-test: setup\nCREATE TABLE t ();\n-->\n```sql\nSELECT 1;\n```\n\
-                  ```\n=# SELECT x;\nERROR:  column \"x\" does not exist\n=# SELECT 2;\n```\n";
+                  ```\n=# SELECT x;\nERROR:  column \"x\" does not exist\n=# SELECT 2;\n```\n\
+                  1. a step:\n   ```sql\n   SELECT 3;\n     SELECT 4;\n   ```\n";
     let got = format!("{:?}", steps(sample));
     assert_eq!(
         got,
         "[Setup { line: 1, sql: \"CREATE TABLE t ();\\n\" }, Block { line: 5, sql: \"SELECT 1;\" }, \
          Typed { line: 8, sql: \"SELECT x;\", error: Some(\"column \\\"x\\\" does not exist\") }, \
-         Typed { line: 10, sql: \"SELECT 2;\", error: None }]"
+         Typed { line: 10, sql: \"SELECT 2;\", error: None }, \
+         Block { line: 14, sql: \"SELECT 3;\\n  SELECT 4;\" }]"
     );
     Ok(())
 }
