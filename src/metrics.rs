@@ -146,11 +146,6 @@ fn rows<T>(
 #[pg_extern(stable, schema = "tide", name = "metrics")]
 #[search_path(pg_catalog, pg_temp)]
 fn metrics() -> String {
-    exposition()
-}
-
-/// The exposition of what the caller may see.
-fn exposition() -> String {
     let figures = Spi::connect(|client| {
         let (ids, mut tasks): (Vec<i64>, Vec<TaskFigures>) =
             rows(client, TASKS, task_figures).into_iter().unzip();
@@ -199,7 +194,7 @@ fn metric_samples() -> TableIterator<
         name!(value, f64),
     ),
 > {
-    let rows = samples(&exposition()).into_iter().map(|s| {
+    let rows = samples(&metrics()).into_iter().map(|s| {
         let (mut owner, mut task) = (None, None);
         let mut labels = serde_json::Map::new();
         for (k, v) in s.labels {

@@ -155,6 +155,30 @@ fn task_labels(t: &TaskFigures) -> String {
 /// One sample line of a task: a suffix to the family's name (`_sum`), one more label, the value.
 type Line<'t> = Option<(&'static str, Option<(&'static str, &'t str)>, Value)>;
 
+/// One sample line of a task: the family's name with a suffix (`_sum`), the task's labels
+/// (quoted once, left open), one more label if any, the value.
+fn task_line(
+    out: &mut String,
+    name: &str,
+    suffix: &str,
+    labels: &str,
+    more: Option<(&str, &str)>,
+    value: Value,
+) {
+    out.push_str(name);
+    out.push_str(suffix);
+    out.push_str(labels);
+    if let Some((k, v)) = more {
+        out.push(',');
+        out.push_str(k);
+        out.push('=');
+        label(out, v);
+    }
+    out.push_str("} ");
+    value.write(out);
+    out.push('\n');
+}
+
 /// The text being written, with each task's labels quoted once.
 struct Text<'a> {
     out: String,
@@ -190,24 +214,11 @@ impl Text<'_> {
         let Text { out, tasks } = self;
         for (t, labels) in tasks.iter() {
             for (suffix, more, value) in lines(t).into_iter().flatten() {
-                out.push_str(name);
-                out.push_str(suffix);
-                out.push_str(labels);
-                if let Some((k, v)) = more {
-                    out.push(',');
-                    out.push_str(k);
-                    out.push('=');
-                    label(out, v);
-                }
-                out.push_str("} ");
-                value.write(out);
-                out.push('\n');
+                task_line(out, name, suffix, labels, more, value);
             }
         }
     }
-}
 
-impl Text<'_> {
     /// A histogram family: for each task with observations, its cumulative buckets, the +Inf
     /// bucket (the count: observations above the largest bound, or counted before buckets were,
     /// are only there), `_sum` and `_count`; a task with none has `+Inf`, `_sum` and `_count` 0.
@@ -221,18 +232,15 @@ impl Text<'_> {
         let Text { out, tasks } = self;
         for (t, labels) in tasks.iter() {
             let (buckets, sum, count) = of(t);
-            let mut line = |suffix: &str, le: Option<&str>, value: f64| {
-                out.push_str(name);
-                out.push_str(suffix);
-                out.push_str(labels);
-                if let Some(le) = le {
-                    out.push_str(",le=\"");
-                    out.push_str(le);
-                    out.push('"');
-                }
-                out.push_str("} ");
-                Value::Num(Some(value)).write(out);
-                out.push('\n');
+            let mut line = |suffix, le: Option<&str>, value| {
+                task_line(
+                    out,
+                    name,
+                    suffix,
+                    labels,
+                    le.map(|le| ("le", le)),
+                    Value::Num(Some(value)),
+                )
             };
             if count > 0.0 {
                 let mut cumulative = 0.0;

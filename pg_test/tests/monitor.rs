@@ -637,6 +637,14 @@ fn counters_match_history(cluster: &Cluster) -> Result<(), Failed> {
         les,
         "0.01 0.01 0.05 0.05 0.1 0.5 0.5 1 5 5 10 30 60 60 300 900 3600 3600 21600 - -"
     );
+    // What no duration can be still gets an answer, never an error: NULL and NaN no bucket
+    // (+Inf only), a negative one the first.
+    let odd: String = one(
+        &mut c,
+        "SELECT concat_ws(' ', coalesce(tide._le(NULL), '-'), coalesce(tide._le('NaN'), '-'),
+                          coalesce(tide._le('Infinity'), '-'), tide._le(-1))",
+    )?;
+    assert_eq!(odd, "- - - 0.01");
     tick(&mut c, "now() + interval '2 minutes'")?;
     assert_eq!(one::<String>(&mut c, counted)?, want, "after the fold");
     Ok(())
