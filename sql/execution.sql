@@ -818,8 +818,9 @@ BEGIN
     scan := rules->>'fallback' IS NOT NULL AND r.window_start IS NOT NULL;
     -- A reconciliation's run compares its two sides (sql/recon.sql) instead of running a command.
     recon := CASE WHEN jsonb_typeof(rules->'reconcile') = 'object' THEN rules->'reconcile' END;
-    IF coalesce((rules->>'top_level')::boolean, false) THEN
-        -- Run by a worker of its own, outside any transaction block (src/toplevel.rs).
+    IF coalesce((rules->>'top_level')::boolean, false) OR rules->>'database' IS NOT NULL THEN
+        -- Run by a worker of its own: outside any transaction block, or in another database
+        -- (src/command.rs).
         RETURN 'top_level';
     END IF;
     BEGIN
@@ -982,24 +983,85 @@ $$;
 COMMENT ON FUNCTION tide._fallback_emit(tide.run, jsonb) IS
     'Internal: turns the rows of a fallback scan into the event runs that were never emitted (key as event and dedupe key); returns scanned, missing and the missing keys (the first 100).';
 
--- A top-level command's worker starts: the command to run, as whom, for how long (nothing when
--- the run is no longer held by this claim).
-CREATE FUNCTION tide._top_level_start(p_run_id bigint, p_token bigint)
-RETURNS TABLE (command text, owner name, timeout_ms integer)
-LANGUAGE sql
+-- A command run by a worker of its own (src/command.rs: top-level commands, and commands of
+-- tasks that run in another database) starts: the command, as whom, where, how and for how
+-- long, if the claim still holds the run. A database the owner cannot reach fails the run here,
+-- with the error the server would give, and answers nothing.
+CREATE FUNCTION tide._command_start(p_run_id bigint, p_token bigint)
+RETURNS TABLE (command text, owner name, database text, top_level boolean, timeout_ms integer)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '5s'
+AS $$
+DECLARE
+    r record;
+    problem record;
+BEGIN
+    SELECT v.rules, x.owner INTO r
+      FROM tide.run x JOIN tide.task_version v ON v.task_id = x.task_id AND v.version = x.version
+     WHERE x.run_id = p_run_id AND x.lease_token = p_token AND x.state = 'running';
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF r.rules->>'database' IS NOT NULL THEN
+        SELECT * INTO problem FROM tide._database_problem(r.rules->>'database', r.owner);
+        IF FOUND THEN
+            PERFORM 1 FROM tide.run x WHERE x.run_id = p_run_id FOR UPDATE;
+            PERFORM tide._fail(p_run_id, problem.message,
+                               tide._error_kind(problem.sqlstate, r.rules->'error_kinds')::tide.error_kind,
+                               problem.sqlstate, 'failed', clock_timestamp());
+            RETURN;
+        END IF;
+    END IF;
+    RETURN QUERY SELECT r.rules->>'command', r.owner, r.rules->>'database',
+                        coalesce((r.rules->>'top_level')::boolean, false), tide._timeout_ms(r.rules->>'timeout');
+END
+$$;
+COMMENT ON FUNCTION tide._command_start(bigint, bigint) IS
+    'Internal: what a command worker runs (command, owner, database, top_level, timeout), if the claim still holds the run; fails the run when its database cannot be reached.';
+
+-- Why a task's owner cannot run commands in a database (one row), or nothing: checked when a
+-- task names the database (tide.schedule, tide.alter) and again at every run. The messages are
+-- the server's own where it has one.
+CREATE FUNCTION tide._database_problem(p_database text, p_owner name)
+RETURNS TABLE (sqlstate text, message text, hint text)
+LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT v.rules->>'command', r.owner, tide._timeout_ms(v.rules->>'timeout')
-      FROM tide.run r JOIN tide.task_version v ON v.task_id = r.task_id AND v.version = r.version
-     WHERE r.run_id = p_run_id AND r.lease_token = p_token AND r.state = 'running'
+DECLARE
+    d record;
+BEGIN
+    IF octet_length(p_database) > 63 THEN
+        RETURN QUERY SELECT '22023', format('database name %s is too long (%s bytes, at most 63)',
+                                            quote_literal(left(p_database, 80) || CASE WHEN length(p_database) > 80 THEN '...' ELSE '' END),
+                                            octet_length(p_database)),
+                            'name a database of this cluster: SELECT datname FROM pg_database';
+        RETURN;
+    END IF;
+    SELECT x.oid, x.datistemplate, x.datallowconn INTO d FROM pg_database x WHERE x.datname = p_database;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT '3D000', format('database "%s" does not exist', p_database),
+                            'name a database of this cluster: SELECT datname FROM pg_database';
+    ELSIF d.datistemplate THEN
+        RETURN QUERY SELECT '22023', format('database "%s" is a template', p_database),
+                            'a template is copied by CREATE DATABASE, not worked in: name the database that holds your data';
+    ELSIF NOT d.datallowconn THEN
+        RETURN QUERY SELECT '55000', format('database "%s" is not currently accepting connections', p_database),
+                            format('ALTER DATABASE %I ALLOW_CONNECTIONS true, or name another database', p_database);
+    ELSIF NOT has_database_privilege(p_owner, d.oid, 'CONNECT') THEN
+        RETURN QUERY SELECT '42501', format('permission denied for database "%s" (role "%s" does not have CONNECT privilege)', p_database, p_owner),
+                            format('GRANT CONNECT ON DATABASE %I TO %I', p_database, p_owner);
+    END IF;
+END
 $$;
-COMMENT ON FUNCTION tide._top_level_start(bigint, bigint) IS
-    'Internal: what a top-level command''s worker runs (command, owner, timeout), if the claim still holds the run.';
+COMMENT ON FUNCTION tide._database_problem(text, name) IS
+    'Internal: why a role cannot run commands in a database (too long a name, none such, a template, not accepting connections, no CONNECT privilege), as SQLSTATE, message and hint; no row when it can.';
 
--- A top-level command's worker records its outcome: completed, or failed by the error's
--- SQLSTATE (transient: retried; business: dead letter), unless the run was taken back meanwhile.
-CREATE FUNCTION tide._top_level_finish(p_run_id bigint, p_token bigint, p_sqlstate text, p_error text,
-                                       p_statements integer, p_expected bigint, p_actual bigint)
+-- A command worker's outcome, recorded by whoever collects it: completed (with its statement
+-- count and last command tag), or failed by the error's SQLSTATE (transient: retried; business:
+-- dead letter), unless the run was taken back meanwhile.
+CREATE FUNCTION tide._command_finish(p_run_id bigint, p_token bigint, p_sqlstate text, p_error text,
+                                     p_statements integer, p_expected bigint, p_actual bigint, p_tag text)
 RETURNS text
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -1010,7 +1072,8 @@ BEGIN
         RETURN 'fenced';
     END IF;
     IF p_sqlstate IS NULL THEN
-        RETURN tide.complete_run(p_run_id, p_token, jsonb_build_object('statements', p_statements),
+        RETURN tide.complete_run(p_run_id, p_token,
+                                 jsonb_strip_nulls(jsonb_build_object('statements', p_statements, 'tag', p_tag)),
                                  p_expected, p_actual)::text;
     END IF;
     RETURN tide._fail(p_run_id, p_error,
@@ -1021,8 +1084,30 @@ BEGIN
                       p_sqlstate, 'failed', now())::text;
 END
 $$;
-COMMENT ON FUNCTION tide._top_level_finish(bigint, bigint, text, text, integer, bigint, bigint) IS
-    'Internal: records the outcome of a top-level command (completed with its statement count, or failed by its SQLSTATE) if the claim still holds the run.';
+COMMENT ON FUNCTION tide._command_finish(bigint, bigint, text, text, integer, bigint, bigint, text) IS
+    'Internal: records the outcome of a command worker (completed with its statement count and last command tag, or failed by its SQLSTATE) if the claim still holds the run.';
+
+-- No command worker was free for a claimed run (the limits, or max_worker_processes): it goes
+-- back in line for two seconds, without counting as a try, and its locks go back meanwhile.
+CREATE FUNCTION tide._command_wait(p_run_id bigint, p_token bigint, p_why text) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '5s'
+AS $$
+BEGIN
+    IF NOT tide._still_held(p_run_id, p_token) THEN
+        RETURN;
+    END IF;
+    UPDATE tide.run x
+       SET state = 'waiting', run_after = now() + interval '2 seconds', ready_deadline = NULL,
+           tries = greatest(x.tries - 1, 0), lease_expires_at = NULL, updated_at = now(),
+           reason = tide._clip(p_why, 500)
+     WHERE x.run_id = p_run_id;
+    PERFORM tide._release(ARRAY[p_run_id]);
+END
+$$;
+COMMENT ON FUNCTION tide._command_wait(bigint, bigint, text) IS
+    'Internal: puts a claimed run back in line for two seconds (no try counted) when no command worker is free for it.';
 
 -- Whether a claim still holds its run (running, under its lease token), locking the run.
 CREATE FUNCTION tide._still_held(p_run_id bigint, p_token bigint) RETURNS boolean
@@ -1038,12 +1123,21 @@ $$;
 COMMENT ON FUNCTION tide._still_held(bigint, bigint) IS 'Internal: whether a claim still holds its run (locked for the caller''s change).';
 
 -- A task's timeout as the milliseconds of a statement timeout (at most 7 days: the bound
--- tide.schedule enforces keeps it inside an int).
+-- tide.schedule enforces keeps it inside an int). No timeout ('0') is the largest int, which
+-- tide._seal_begin and the command workers read as "the owner's own statement_timeout"
+-- (src/sealed.rs), and which least(..., cap) bounds like any long timeout.
 CREATE FUNCTION tide._timeout_ms(p_timeout text) RETURNS integer
 LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
-AS $$ BEGIN RETURN least(extract(epoch FROM p_timeout::interval) * 1000, 2147483647)::integer; END $$;
-COMMENT ON FUNCTION tide._timeout_ms(text) IS 'Internal: a timeout from a rule snapshot, in milliseconds.';
+AS $$
+BEGIN
+    IF p_timeout::interval = interval '0' THEN
+        RETURN 2147483647;
+    END IF;
+    RETURN least(extract(epoch FROM p_timeout::interval) * 1000, 2147483647)::integer;
+END
+$$;
+COMMENT ON FUNCTION tide._timeout_ms(text) IS 'Internal: a timeout from a rule snapshot, in milliseconds (2147483647: none, the owner''s statement_timeout applies).';
 
 -- The executor could not finish a run's transaction (its bookkeeping failed): the attempt ends
 -- now, as lost, instead of when its lease expires.
@@ -1687,6 +1781,8 @@ BEGIN
         FOR rec IN SELECT x.run_id, x.lease_owner, x.executor_pid FROM tide.run x
                   WHERE x.run_id IN (SELECT p.run_id FROM tide.pending p WHERE p.state = 'running')
                     AND x.state = 'running' AND x.executor_pid IS NOT NULL
+                    -- A run whose command a worker of its own runs outlives its executor.
+                    AND x.run_id <> ALL (tide._command_runs())
                     AND (x.claimed_at < pg_postmaster_start_time()
                          OR NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(x.executor_pid) a
                                          WHERE a.backend_start = x.executor_start))
@@ -1702,6 +1798,7 @@ BEGIN
         FOR rec IN SELECT x.run_id, x.lease_owner, x.lease_token FROM tide.run x
                   WHERE x.run_id IN (SELECT p.run_id FROM tide.pending p WHERE p.state = 'running')
                     AND x.state = 'running' AND x.lease_expires_at < p_now
+                    AND x.run_id <> ALL (tide._command_runs())
                   ORDER BY x.lease_expires_at FOR UPDATE OF x SKIP LOCKED LOOP
             PERFORM tide._fail(rec.run_id, format('lease of %s (token %s) expired', coalesce(rec.lease_owner, 'a worker'), rec.lease_token),
                                'transient', NULL, 'lost', p_now);

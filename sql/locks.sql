@@ -48,14 +48,17 @@ SELECT pg_catalog.pg_extension_config_dump('tide.lock', '');
 CREATE FUNCTION tide._lease_length(p_executor tide.executor, rules jsonb, p_lease interval) RETURNS interval
 LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
+    -- An SQL run without a timeout (0) has no lease that expires: its executor is watched
+    -- instead (the tick's executor_gone step), as its command may run as long as it needs.
     SELECT coalesce(p_lease, CASE WHEN p_executor OPERATOR(pg_catalog.=) 'sql'::tide.executor
-        THEN (rules OPERATOR(pg_catalog.->>) 'timeout')::pg_catalog.interval
+        THEN NULLIF((rules OPERATOR(pg_catalog.->>) 'timeout')::pg_catalog.interval,
+                    '0'::pg_catalog.interval)
              OPERATOR(pg_catalog.+) least((rules OPERATOR(pg_catalog.->>) 'timeout')::pg_catalog.interval,
                                           '1 minute'::pg_catalog.interval)
         ELSE (rules OPERATOR(pg_catalog.->>) 'lease')::pg_catalog.interval END)
 $$;
 COMMENT ON FUNCTION tide._lease_length(tide.executor, jsonb, interval) IS
-    'Internal: the lease length of a claim (the given one, the task''s lease, or an SQL run''s timeout plus a margin).';
+    'Internal: the lease length of a claim (the given one, the task''s lease, or an SQL run''s timeout plus a margin; none for an SQL run without a timeout).';
 
 -- How long a parked run waits at most before a claim looks at it again, in case the run it
 -- waits for never wakes it (it was deleted, say).

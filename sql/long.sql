@@ -55,9 +55,9 @@ BEGIN
         RETURN;  -- an external worker: it stops at its next heartbeat
     END IF;
     SELECT v.rules INTO rules FROM tide.task_version v WHERE v.task_id = r.task_id AND v.version = r.version;
-    IF coalesce((rules->>'top_level')::boolean, false)
+    IF coalesce((rules->>'top_level')::boolean, false) OR rules->>'database' IS NOT NULL
        OR (p_control = 'pause' AND coalesce((rules->>'long')::boolean, false)) THEN
-        RETURN;  -- between batches, or when the top-level command ends
+        RETURN;  -- between batches, or when the command run by a worker of its own ends
     END IF;
     PERFORM pg_cancel_backend(a.pid) FROM pg_stat_activity a
      WHERE a.pid = r.executor_pid AND a.backend_start = r.executor_start;

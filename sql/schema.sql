@@ -109,6 +109,10 @@ CREATE TABLE tide.task (
     owner        name NOT NULL,
     created_at   timestamptz NOT NULL DEFAULT now(),
     updated_at   timestamptz NOT NULL DEFAULT now(),
+    -- Where the command runs: another database of the cluster (pg_cron's schedule_in_database),
+    -- by a worker of its own connected there; NULL = the database pg_tide serves. (Added in
+    -- 0.2.2, last, as the upgrade adds it.)
+    database     text,
     -- Names belong to their owner: two roles may each have a task of one name.
     CONSTRAINT task_owner_name_key UNIQUE (owner, name)
 );
@@ -149,6 +153,7 @@ COMMENT ON COLUMN tide.task.next_fire_at IS 'Next fire instant (UTC); maintained
 COMMENT ON COLUMN tide.task.version IS 'Current rule version; runs record the version they were created under.';
 COMMENT ON COLUMN tide.task.owner IS 'Role that created the task; its command runs as this role. Task names are unique per owner.';
 COMMENT ON COLUMN tide.task.tick_error IS 'Why the scheduler could not fire the task the last time it tried (NULL when it fired); an alert (schedule_error) is open meanwhile.';
+COMMENT ON COLUMN tide.task.database IS 'Database of the cluster the command runs in, as the owner, by a worker of pg_tide''s connected there (pg_cron''s schedule_in_database); NULL = the database pg_tide serves. The run, its retries, alerts and history stay in pg_tide''s database.';
 COMMENT ON COLUMN tide.task.tick_retry_at IS 'When the scheduler tries again to fire a task whose firing failed.';
 
 -- tide.emit finds the tasks subscribed to a topic.
@@ -330,6 +335,9 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'the command does one batch and returns the next checkpoint; external workers of long runs send progress with tide.heartbeat_run instead';
     END IF;
+    IF t.database IS NOT NULL THEN
+        PERFORM tide._check_database_task(t);
+    END IF;
     IF t.top_level AND t.command IS NULL THEN
         RAISE EXCEPTION 'task "%": top_level => true needs an SQL command', t.name
             USING ERRCODE = 'invalid_parameter_value',
@@ -346,6 +354,10 @@ BEGIN
     END IF;
     IF t.reconcile IS NOT NULL OR t.command = tide._recon_command() THEN
         PERFORM tide._recon_check_task(t);
+    ELSIF t.command IS NOT NULL THEN
+        -- It parses, and (unless top-level) holds no statement that refuses a transaction
+        -- block: either could only fail at every run (src/import.rs).
+        PERFORM tide._check_command(t.name, t.command, t.top_level);
     END IF;
     IF t.batch_rate IS NOT NULL AND t.batch_pause IS NOT NULL THEN
         RAISE EXCEPTION 'task "%": pass batch_rate or batch_pause, not both (got batch_rate %, batch_pause %)', t.name, t.batch_rate, t.batch_pause
@@ -355,6 +367,42 @@ END
 $$;
 COMMENT ON FUNCTION tide._check_task(bigint) IS
     'Internal: checks the rules of a task that involve several options (called by tide.schedule and tide.alter).';
+
+-- A task whose command runs in another database (the database option): only an SQL command
+-- can, and only one that needs nothing of pg_tide's database meanwhile; the owner must be able
+-- to work there.
+CREATE FUNCTION tide._check_database_task(t tide.task) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    problem record;
+    what text;
+BEGIN
+    IF t.command IS NULL THEN
+        RAISE EXCEPTION 'task "%": database => % needs an SQL command', t.name, quote_literal(left(t.database, 80))
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'the database is where pg_tide''s workers run the command; external workers connect to the database they work in themselves';
+    END IF;
+    what := CASE WHEN t.long THEN 'a long task (each batch commits with its checkpoint in pg_tide''s database)'
+                 WHEN t.reconcile IS NOT NULL OR t.command = tide._recon_command() THEN 'a reconciliation (its sides are read in pg_tide''s database)'
+                 WHEN t.ready_check IS NOT NULL THEN 'a readiness check (ready_check runs in pg_tide''s database, where its run waits)'
+                 WHEN t.ready_watermark IS NOT NULL THEN 'a watermark (ready_watermark runs in pg_tide''s database, where its run waits)'
+                 WHEN t.fallback IS NOT NULL THEN 'a fallback scan (it creates runs in pg_tide''s database)' END;
+    IF what IS NOT NULL THEN
+        RAISE EXCEPTION 'task "%": a command in database % cannot be %', t.name, quote_literal(left(t.database, 80)), what
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'leave out the database option, or wait for data with ready_dataset (tide.mark_ready) and read another database through postgres_fdw';
+    END IF;
+    SELECT * INTO problem FROM tide._database_problem(t.database, t.owner);
+    IF FOUND THEN
+        RAISE EXCEPTION 'task "%": %', t.name, problem.message
+            USING ERRCODE = problem.sqlstate, HINT = problem.hint;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION tide._check_database_task(tide.task) IS
+    'Internal: checks a task that names another database: an SQL command, not long, no reconciliation, readiness check, watermark or fallback scan (they work in pg_tide''s database), and a database its owner may connect to.';
 
 -- pg_dump keeps user data of extension tables only when they are registered.
 SELECT pg_catalog.pg_extension_config_dump('tide.task', '');

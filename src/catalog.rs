@@ -131,11 +131,12 @@ fn exec_args(o: &ExecOptions, reconcile: Option<String>) -> Vec<DatumWithOid<'st
         o.fallback.clone().into(),
         o.rescan_previous.into(),
         reconcile.into(),
+        o.database.clone().into(),
     ]
 }
 
 /// Column names and casts for `exec_args`, starting at parameter `$first`.
-const EXEC_COLUMNS: [(&str, &str); 31] = [
+const EXEC_COLUMNS: [(&str, &str); 32] = [
     ("timeout", ""),
     ("lease", ""),
     ("priority", ""),
@@ -168,6 +169,8 @@ const EXEC_COLUMNS: [(&str, &str); 31] = [
     ("rescan_previous", ""),
     // A reconciliation's definition (set by tide.reconcile; checked by tide._check_task).
     ("reconcile", "::jsonb"),
+    // Where the command runs (NULL: pg_tide's database; checked by tide._check_task).
+    ("database", ""),
 ];
 
 /// Options where a given "nothing" value ('' / 0 / empty) removes the setting, so NULL can keep
@@ -182,6 +185,8 @@ fn stored(col: &str, p: &str) -> String {
         "batch_rate" => format!("nullif({p}, 0)"),
         "batch_pause" => format!("nullif({p}, interval '0')"),
         "error_kinds" | "reconcile" => format!("nullif({p}, '{{}}'::jsonb)"),
+        // '' or pg_tide's own database: the default, where every other command runs.
+        "database" => format!("nullif(nullif({p}, ''), pg_catalog.current_database())"),
         _ => p.to_string(),
     }
 }
@@ -201,6 +206,7 @@ struct Guarantees<'a> {
     watermark_stable_for: Option<Interval>,
     fallback: Option<&'a str>,
     rescan_previous: Option<bool>,
+    database: Option<&'a str>,
 }
 
 /// Checks what involves several options at once (`tide._check_task`), after a write: an error
@@ -272,6 +278,8 @@ fn exec_options(
         watermark_stable_for: span(guarantees.watermark_stable_for),
         fallback: text(guarantees.fallback),
         rescan_previous: guarantees.rescan_previous,
+        // Not trimmed: a database name may hold any character.
+        database: guarantees.database.map(str::to_string),
     }
     .validate()
     .or_raise(function)
@@ -326,6 +334,7 @@ fn schedule(
     reconcile: default!(Option<JsonbText>, "NULL"),
     replace: default!(Option<bool>, false),
     pending: default!(Option<&str>, "'hold'"),
+    database: default!(Option<&str>, "NULL"),
 ) -> i64 {
     const F: &str = "tide.schedule";
     let replace = required(replace, "replace", F);
@@ -362,6 +371,8 @@ fn schedule(
             watermark_stable_for,
             fallback,
             rescan_previous: Some(required(rescan_previous, "rescan_previous", F)),
+            // NULL: pg_tide's database (stored as NULL, like '').
+            database: Some(database.unwrap_or("")),
         },
         F,
     );
@@ -544,6 +555,7 @@ fn alter(
     fallback: default!(Option<&str>, "NULL"),
     rescan_previous: default!(Option<bool>, "NULL"),
     reconcile: default!(Option<JsonbText>, "NULL"),
+    database: default!(Option<&str>, "NULL"),
 ) -> i32 {
     const F: &str = "tide.alter";
     let name = required(task, "task", F);
@@ -580,6 +592,7 @@ fn alter(
             watermark_stable_for,
             fallback,
             rescan_previous,
+            database,
         },
         F,
     );

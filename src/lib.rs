@@ -35,10 +35,10 @@ mod tick;
 mod timeline;
 
 // Settings and background workers.
+mod command;
 mod delivery;
 mod import;
 mod settings;
-mod toplevel;
 mod wake;
 mod worker;
 
@@ -162,6 +162,7 @@ pub extern "C-unwind" fn _PG_init() {
     queue_count::init_shared();
     delivery::init_shared();
     wake::init_shared();
+    command::init_shared();
 }
 
 #[cfg(any(test, feature = "pg_test"))]

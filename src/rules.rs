@@ -321,6 +321,9 @@ pub struct ExecOptions {
     /// Each fire first reopens the previous window's run if it ended dead not ready or out of
     /// transient retries, once (R11.2, deferred window scan).
     pub rescan_previous: Option<bool>,
+    /// The database the command runs in (`Some("")`: pg_tide's own); checked against the
+    /// catalog by `tide._check_task`.
+    pub database: Option<String>,
 }
 
 /// The most attempts a task may allow: retries are always bounded (R6.1, R14).
@@ -334,12 +337,13 @@ pub const MAX_CATCH_UP: i32 = 10_000;
 /// pg_tide computes from them (`now() + timeout`, `fire - retention`) far inside PostgreSQL's
 /// and chrono's ranges, so no arithmetic can overflow at run time.
 const INTERVAL_BOUNDS: &[(&str, i64, i64, &str)] = &[
-    // A timeout arms a timer counted in milliseconds in an int: at most 24.8 days.
+    // A timeout arms a timer counted in milliseconds in an int: at most 24.8 days. 0 is no
+    // timeout of pg_tide's (as statement_timeout = 0): the owner's own statement_timeout applies.
     (
         "timeout",
         MS_100,
         7,
-        "an interval of 100 milliseconds to 7 days",
+        "an interval of 100 milliseconds to 7 days, or 0 for none",
     ),
     ("lease", SECOND, 30, "an interval of 1 second to 30 days"),
     (
@@ -471,7 +475,9 @@ fn within(
 impl ExecOptions {
     /// Checks every option given and returns them in canonical spelling.
     pub fn validate(mut self) -> Result<ExecOptions, TideError> {
-        positive("timeout", self.timeout)?;
+        if let Some(t) = self.timeout {
+            check_interval("timeout", t, true)?;
+        }
         positive("lease", self.lease)?;
         positive("backoff_base", self.backoff_base)?;
         positive("backoff_cap", self.backoff_cap)?;

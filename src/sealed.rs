@@ -103,7 +103,8 @@ fn clean_session() {
 }
 
 /// Starts running a run's code sealed as role `owner` (see the module comment), bounded by
-/// `timeout_ms`, with `run_id` as the run context. Returns the key `_seal_end` needs. Only
+/// `timeout_ms` (`NO_TIMEOUT`: by the owner's own statement_timeout), with `run_id` as the run
+/// context. Returns the key `_seal_end` needs. Only
 /// pg_tide's own bookkeeping (a superuser) calls this.
 #[pg_extern(volatile, schema = "tide", name = "_seal_begin")]
 fn seal_begin(run_id: i64, owner: &str, timeout_ms: i32) -> i64 {
@@ -145,13 +146,17 @@ fn seal_begin(run_id: i64, owner: &str, timeout_ms: i32) -> i64 {
         pg_sys::GetUserIdAndSecContext(&mut saved_user, &mut saved_context);
         let nest = pg_sys::NewGUCNestLevel();
         pg_sys::ResetAllOptions();
+        // Read before the switch, as pg_tide (the owner's setting is looked up, not run).
+        let timeout_ms = effective_timeout_ms(timeout_ms, role);
         pg_sys::SetUserIdAndSecContext(
             role,
             saved_context
                 | pg_sys::SECURITY_LOCAL_USERID_CHANGE as c_int
                 | pg_sys::SECURITY_RESTRICTED_OPERATION as c_int,
         );
-        enable_timeout_after(STATEMENT_TIMEOUT, timeout_ms.max(1));
+        if timeout_ms > 0 {
+            enable_timeout_after(STATEMENT_TIMEOUT, timeout_ms);
+        }
         nest
     };
     let level = crate::caller::enter_user_code();
@@ -168,6 +173,47 @@ fn seal_begin(run_id: i64, owner: &str, timeout_ms: i32) -> i64 {
         })
     });
     key
+}
+
+/// A task's timeout that is none (`timeout => '0'`), as `tide._timeout_ms` gives it.
+pub const NO_TIMEOUT: i32 = i32::MAX;
+
+/// The milliseconds a run's code may take (0: no limit): the task's timeout, or for a task
+/// without one (`NO_TIMEOUT`) the `statement_timeout` a session of `role` in this database
+/// starts with, as pg_cron's job would have had it (`ALTER ROLE ... IN DATABASE ... SET`, then
+/// `ALTER ROLE ... SET`, then `ALTER DATABASE ... SET`, then the server's setting). Called after
+/// the settings were reset to the session's defaults.
+pub fn effective_timeout_ms(timeout_ms: i32, role: pg_sys::Oid) -> i32 {
+    if timeout_ms != NO_TIMEOUT {
+        return timeout_ms.max(1);
+    }
+    let configured = Spi::get_one_with_args::<String>(
+        "SELECT substr(c, length('statement_timeout=') + 1)
+           FROM pg_catalog.pg_db_role_setting s CROSS JOIN LATERAL pg_catalog.unnest(s.setconfig) c
+          WHERE s.setrole IN (0, $1) AND s.setdatabase IN (0, $2) AND (s.setrole, s.setdatabase) <> (0, 0)
+            AND c LIKE 'statement\\_timeout=%'
+          ORDER BY s.setrole <> 0 DESC, s.setdatabase <> 0 DESC LIMIT 1",
+        // SAFETY: reads this backend's database id.
+        &[role.into(), unsafe { pg_sys::MyDatabaseId }.into()],
+    )
+    .ok()
+    .flatten();
+    let parsed = configured.and_then(|value| {
+        let text = CString::new(value).ok()?;
+        let mut ms: c_int = 0;
+        // SAFETY: parses a setting's value as PostgreSQL parses statement_timeout.
+        unsafe {
+            pg_sys::parse_int(
+                text.as_ptr(),
+                &mut ms,
+                pg_sys::GUC_UNIT_MS as c_int,
+                std::ptr::null_mut(),
+            )
+        }
+        .then_some(ms)
+    });
+    // SAFETY: reads the session's statement_timeout (its default, after the reset).
+    parsed.unwrap_or(unsafe { pg_sys::StatementTimeout }).max(0)
 }
 
 /// The seal of this key, taken off the stack; an unknown key is refused.
@@ -224,7 +270,7 @@ fn seal_abort(key: Option<i64>) {
     clean_session();
 }
 
-/// A top-level command (see `toplevel.rs`) starts: its run is the run context of its statements.
+/// A command run by a worker of its own (see `command.rs`) starts: its run is the run context of its statements.
 pub fn enter_top_level(run_id: i64) {
     CURRENT_RUN.with(|r| r.set(Some(run_id)));
     REPORTED.with(|r| r.set(None));

@@ -11,6 +11,10 @@ pub static DATABASE: GucSetting<Option<CString>> =
 pub static TICK_INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(1000);
 /// Number of executor workers running SQL commands.
 pub static EXECUTORS: GucSetting<i32> = GucSetting::<i32>::new(2);
+/// The most command workers (top-level commands, commands in other databases) at once.
+pub static COMMAND_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(4);
+/// The most command workers at once in one database.
+pub static COMMAND_WORKERS_PER_DATABASE: GucSetting<i32> = GucSetting::<i32>::new(2);
 /// Off: the workers stay up but do nothing (maintenance, restores).
 pub static ENABLED: GucSetting<bool> = GucSetting::<bool>::new(true);
 
@@ -78,6 +82,26 @@ pub fn define() {
         0,
         64,
         GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_tide.command_workers",
+        c"Most background workers running commands of their own at once (top-level commands, commands in other databases).",
+        c"Each is a background worker: raise max_worker_processes by as many. A run that finds none free waits in line. At most 64.",
+        &COMMAND_WORKERS,
+        1,
+        crate::command::MAX_SLOTS as i32,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_tide.command_workers_per_database",
+        c"Most command workers at once in one database.",
+        c"So that one database's slow commands never take every command worker. A run that finds no room waits in line.",
+        &COMMAND_WORKERS_PER_DATABASE,
+        1,
+        crate::command::MAX_SLOTS as i32,
+        GucContext::Sighup,
         GucFlags::default(),
     );
     GucRegistry::define_bool_guc(

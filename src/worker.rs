@@ -218,6 +218,8 @@ pub extern "C-unwind" fn pg_tide_scheduler_main(_arg: pg_sys::Datum) {
             crate::delivery::scheduler_idle();
             continue;
         }
+        // The outcomes of command workers, should every executor be busy (src/command.rs).
+        crate::command::collect();
         // A failed tick is logged by in_transaction; the next one tries again. Its start and
         // outcome are noted in shared memory (src/delivery.rs watches them).
         crate::delivery::tick_started();
@@ -390,6 +392,9 @@ pub extern "C-unwind" fn pg_tide_executor_main(arg: pg_sys::Datum) {
         if !may_work() {
             continue;
         }
+        // Outcomes of commands run by workers of their own are recorded first: their runs are
+        // over, and their slots make room for the next.
+        crate::command::collect();
         // Work until there is nothing left, then sleep until the next due instant. Both kinds of work
         // are tried each round, so neither starves the other.
         // With two executors or more, the first keeps to online runs: backfills never hold
@@ -416,6 +421,7 @@ pub extern "C-unwind" fn pg_tide_executor_main(arg: pg_sys::Datum) {
                 continue;
             }
             last_side = std::time::Instant::now();
+            crate::command::collect();
             let checked = in_transaction("readiness check", check_one).unwrap_or(false);
             // Backfill work (a verify is user code that may take its timeout) is not for the
             // executor kept for online runs.
@@ -492,23 +498,10 @@ fn execute_one(
         });
         debug1!("pg_tide: run {} {:?}", run.run_id, outcome);
         if matches!(outcome.as_ref(), Ok(Some(answer)) if answer == "top_level") {
-            // Run by a worker of its own, outside any transaction block (toplevel.rs); a
-            // worker that could not start, or ended without recording the outcome, leaves
-            // the run to be failed here as lost (and retried).
-            let why = match crate::toplevel::run(run.run_id, run.token) {
-                Ok(()) => {
-                    "the top-level command's worker ended without recording the outcome".to_string()
-                }
-                Err(message) => message,
-            };
-            in_transaction("top-level check", || {
-                Spi::run_with_args(
-                    "SELECT tide._abandon($1, $2, $3)",
-                    &[run.run_id.into(), run.token.into(), why.into()],
-                )
-                .or_raise(F)
-            })
-            .ok();
+            // Run by a worker of its own (src/command.rs): started here, then left to it; its
+            // outcome is recorded by whoever collects it (this executor's next rounds, another,
+            // or the scheduler).
+            crate::command::launch(run.run_id, run.token);
             break;
         }
         match outcome {
