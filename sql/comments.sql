@@ -47,7 +47,7 @@ COMMENT ON FUNCTION tide._queue_running(text, text) IS
     'Internal: a queue''s running count as this transaction sees it (less what it gives back at commit); NULL while it must be counted again.';
 COMMENT ON FUNCTION tide._needs_top_level(text) IS
     'Internal (tide.import_pg_cron): whether an imported pg_cron job must run at top level: a statement PostgreSQL refuses in a transaction block or a function, or one CALL (several ordinary statements run as one transaction, as in pg_cron).';
-COMMENT ON FUNCTION tide._import_task(text, text, text, text, text, boolean, boolean, text, integer, text, interval) IS
+COMMENT ON FUNCTION tide._import_task(text, text, text, text, text, boolean, boolean, text, integer, text, interval, interval) IS
     'Internal (tide.import_pg_cron): creates one imported task through tide.schedule, called as the pg_cron job''s role, with the import''s settings, paused when the job was inactive.';
 COMMENT ON FUNCTION tide._statement_count(text) IS
     'Internal: how many statements a command holds, as PostgreSQL''s parser reads it.';

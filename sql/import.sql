@@ -11,7 +11,8 @@
 
 -- The ways an imported job behaves differently from the pg_cron job it was, in words.
 CREATE FUNCTION tide._import_differences(p_command text, p_top_level boolean, p_database text,
-                                         p_max_attempts integer, p_misfire text, p_timeout interval)
+                                         p_max_attempts integer, p_misfire text, p_threshold interval,
+                                         p_timeout interval)
 RETURNS text[]
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -43,7 +44,8 @@ BEGIN
         out := out || format('retried: a failed run is tried up to %s times, with backoff (pg_cron never retries)', p_max_attempts);
     END IF;
     IF p_misfire = 'skip' THEN
-        out := out || 'missed fires (the server down for more than pg_tide''s misfire threshold, a minute) are recorded as skipped, not run, as pg_cron skips them; a fire late by less runs late'::text;
+        out := out || format('recorded as skipped: fires missed while the server was down (the scheduler came to them more than %s late) are not run, as in pg_cron, and each is a skipped run; the latest fire, late by less, runs late',
+                             p_threshold);
     ELSE
         out := out || format('missed fires are handled by misfire %s after downtime (pg_cron runs none of them)', p_misfire);
     END IF;
@@ -54,7 +56,7 @@ BEGIN
     RETURN out;
 END
 $$;
-COMMENT ON FUNCTION tide._import_differences(text, boolean, text, integer, text, interval) IS
+COMMENT ON FUNCTION tide._import_differences(text, boolean, text, integer, text, interval, interval) IS
     'Internal: how an imported pg_cron job will behave differently in pg_tide, in words (the report of tide.import_pg_cron).';
 
 CREATE FUNCTION tide.import_pg_cron(apply boolean DEFAULT false, max_attempts integer DEFAULT 1,
@@ -74,6 +76,7 @@ DECLARE
     done bigint[] := '{}';
     existing bigint;
     policy text;
+    threshold interval;
 BEGIN
     IF import_pg_cron.apply IS NULL OR import_pg_cron.max_attempts IS NULL OR import_pg_cron.misfire IS NULL
        OR import_pg_cron.timeout IS NULL THEN
@@ -119,10 +122,17 @@ BEGIN
         database := nullif(j.database, current_database());
         paused := NOT j.active;
         top_level := tide._needs_top_level(j.command);
+        -- A fire is missed when the scheduler comes to it later than this: a minute, or for a
+        -- job of pg_cron's 'N seconds' syntax its period, so that after a stop at most the
+        -- latest fire runs, late (pg_cron starts such a job once when it comes back).
+        threshold := CASE WHEN schedule ~* '^[0-9]+\s*seconds?$'
+                          THEN least(interval '60 seconds', make_interval(secs => substring(schedule FROM '^[0-9]+')::integer))
+                          ELSE interval '60 seconds' END;
         -- What the task gets beyond the columns above (the rest is tide.schedule's defaults:
         -- overlap queue, as pg_cron runs one instance of a job at a time).
         settings := jsonb_build_object('max_attempts', import_pg_cron.max_attempts, 'misfire', policy,
-                                       'timeout', import_pg_cron.timeout, 'overlap', 'queue');
+                                       'misfire_threshold', threshold, 'timeout', import_pg_cron.timeout,
+                                       'overlap', 'queue');
         problem := NULL;
         action := NULL;
         differences := NULL;
@@ -137,7 +147,8 @@ BEGIN
             BEGIN
                 existing := (SELECT t.task_id FROM tide.task t WHERE t.owner = j.username AND t.name = task);
                 PERFORM tide._import_task(j.username, task, schedule, j.command, zone, top_level, paused,
-                                          database, import_pg_cron.max_attempts, policy, import_pg_cron.timeout);
+                                          database, import_pg_cron.max_attempts, policy, threshold,
+                                          import_pg_cron.timeout);
                 action := CASE WHEN existing IS NOT NULL THEN 'already a task'
                                WHEN import_pg_cron.apply THEN 'imported' ELSE 'to import' END;
                 IF NOT import_pg_cron.apply THEN
@@ -157,7 +168,7 @@ BEGIN
             action := 'kept in pg_cron';
         ELSE
             differences := tide._import_differences(j.command, top_level, database, import_pg_cron.max_attempts,
-                                                    policy, import_pg_cron.timeout);
+                                                    policy, threshold, import_pg_cron.timeout);
             IF import_pg_cron.apply THEN
                 done := done || j.jobid;
             END IF;
@@ -171,7 +182,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide.import_pg_cron(boolean, integer, text, interval) IS
-    'import_pg_cron(apply => false, max_attempts => 1, misfire => ''skip'', timeout => ''0''): what each pg_cron job of the caller (a superuser: of every role) becomes in pg_tide: task name (the job''s name, or pg_cron_<jobid>), schedule, time zone (cron.timezone), command, owner, database (a job of another database runs there), top_level (for commands that refuse a transaction block, or one CALL), paused (inactive jobs), the settings it gets (max_attempts, misfire, timeout, overlap), what cannot be carried over and why, and in words every way it will behave differently. The defaults keep pg_cron''s meaning (one attempt, missed fires skipped, no timeout of pg_tide''s); each argument opts into more. With apply => true it creates those tasks (as the job''s role) and unschedules those jobs in the caller''s transaction; the others stay in pg_cron.';
+    'import_pg_cron(apply => false, max_attempts => 1, misfire => ''skip'', timeout => ''0''): what each pg_cron job of the caller (a superuser: of every role) becomes in pg_tide: task name (the job''s name, or pg_cron_<jobid>), schedule, time zone (cron.timezone), command, owner, database (a job of another database runs there), top_level (for commands that refuse a transaction block, or one CALL), paused (inactive jobs), the settings it gets (max_attempts, misfire, misfire_threshold, timeout, overlap), what cannot be carried over and why, and in words every way it will behave differently. The defaults keep pg_cron''s meaning (one attempt, missed fires skipped, no timeout of pg_tide''s); each argument opts into more. With apply => true it creates those tasks (as the job''s role) and unschedules those jobs in the caller''s transaction; the others stay in pg_cron.';
 
 -- pg_cron's tables as views over pg_tide's, with pg_cron's column names and types, so that the
 -- queries and dashboards pg_cron users have keep working after the move (with tide. for

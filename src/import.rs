@@ -215,7 +215,7 @@ fn import_job(
     paused: bool,
 ) -> i64 {
     import_task(
-        owner, task, schedule, command, tz, top_level, paused, None, 5, "catch_up", None,
+        owner, task, schedule, command, tz, top_level, paused, None, 5, "catch_up", None, None,
     )
 }
 
@@ -237,6 +237,7 @@ fn import_task(
     database: Option<&str>,
     max_attempts: i32,
     misfire: &str,
+    misfire_threshold: Option<pgrx::datum::Interval>,
     timeout: Option<pgrx::datum::Interval>,
 ) -> i64 {
     // SAFETY: reads the current user's superuser flag.
@@ -263,7 +264,8 @@ fn import_task(
     let id = Spi::get_one_with_args::<i64>(
         "SELECT tide.schedule($1, $2, $3, tz => $4, top_level => $5, database => $6,
                               max_attempts => $7, misfire => $8,
-                              timeout => coalesce($9, interval '1 hour'))",
+                              misfire_threshold => coalesce($9, interval '60 seconds'),
+                              timeout => coalesce($10, interval '1 hour'))",
         &[
             task.into(),
             schedule.into(),
@@ -273,6 +275,7 @@ fn import_task(
             database.into(),
             max_attempts.into(),
             misfire.into(),
+            misfire_threshold.into(),
             timeout.into(),
         ],
     )

@@ -249,6 +249,15 @@ impl Cluster {
         self.wait_ready(Duration::from_secs(60))
     }
 
+    /// Stops the server, keeps it down for `down` (the time a test needs to pass while nothing
+    /// runs: fires missed, say), starts it again and waits until it accepts connections.
+    pub fn stop_for(&self, down: Duration) -> Result<(), String> {
+        self.pg_ctl(&["stop", "-w", "-t", "60", "-m", "fast"])?;
+        std::thread::sleep(down);
+        self.pg_ctl(&["start", "-w", "-t", "60"])?;
+        self.wait_ready(Duration::from_secs(60))
+    }
+
     /// Polls until a connection succeeds or the deadline passes.
     pub fn wait_ready(&self, within: Duration) -> Result<(), String> {
         let deadline = Instant::now() + within;
