@@ -51,8 +51,9 @@ AS $$
     -- An SQL run without a timeout (0) has no lease that expires: its executor is watched
     -- instead (the tick's executor_gone step), as its command may run as long as it needs.
     SELECT coalesce(p_lease, CASE WHEN p_executor OPERATOR(pg_catalog.=) 'sql'::tide.executor
-        THEN NULLIF((rules OPERATOR(pg_catalog.->>) 'timeout')::pg_catalog.interval,
-                    '0'::pg_catalog.interval)
+        THEN CASE WHEN (rules OPERATOR(pg_catalog.->>) 'timeout')::pg_catalog.interval
+                       OPERATOR(pg_catalog.>) '0'::pg_catalog.interval
+                  THEN (rules OPERATOR(pg_catalog.->>) 'timeout')::pg_catalog.interval END
              OPERATOR(pg_catalog.+) least((rules OPERATOR(pg_catalog.->>) 'timeout')::pg_catalog.interval,
                                           '1 minute'::pg_catalog.interval)
         ELSE (rules OPERATOR(pg_catalog.->>) 'lease')::pg_catalog.interval END)

@@ -97,9 +97,9 @@ fn interval_of(span: Option<Span>) -> Option<Interval> {
     span.and_then(|s| Interval::new(s.months, s.days, s.micros).ok())
 }
 
-/// The execution options as SQL parameters, in the column order of `EXEC_COLUMNS`.
+/// The execution options as SQL parameters, in the column order of `exec_columns(o)`.
 fn exec_args(o: &ExecOptions, reconcile: Option<String>) -> Vec<DatumWithOid<'static>> {
-    vec![
+    let mut args = vec![
         interval_of(o.timeout).into(),
         interval_of(o.lease).into(),
         o.priority.into(),
@@ -132,7 +132,20 @@ fn exec_args(o: &ExecOptions, reconcile: Option<String>) -> Vec<DatumWithOid<'st
         o.rescan_previous.into(),
         reconcile.into(),
         o.database.clone().into(),
-    ]
+    ];
+    args.truncate(exec_columns(o).len());
+    args
+}
+
+/// The columns `exec_args` fills: all of `EXEC_COLUMNS`, but `database` when the call does not
+/// name it (tide.alter leaving it as it is, and the 0.2.1 signatures, whose schema has no such
+/// column until `ALTER EXTENSION pg_tide UPDATE`).
+fn exec_columns(o: &ExecOptions) -> &'static [(&'static str, &'static str)] {
+    if o.database.is_some() {
+        &EXEC_COLUMNS
+    } else {
+        &EXEC_COLUMNS[..EXEC_COLUMNS.len() - 1]
+    }
 }
 
 /// Column names and casts for `exec_args`, starting at parameter `$first`.
@@ -288,10 +301,106 @@ fn exec_options(
 /// Creates a task and returns its id. Every option is validated before anything is written;
 /// a bad one is refused with SQLSTATE 22023. On a name the caller has, the same definition
 /// returns the same id; another is refused (23505) unless `replace`.
+/// `tide.schedule` as 0.2.0 and 0.2.1 declare it (without `database`): kept, without SQL of its
+/// own, so that their install scripts load and run against this library until `ALTER EXTENSION
+/// pg_tide UPDATE` brings the new signature.
 #[allow(clippy::too_many_arguments)]
-#[pg_extern(volatile, schema = "tide")]
-#[search_path(pg_catalog, pg_temp)]
+#[pg_extern(sql = false)]
 fn schedule(
+    task: Option<&str>,
+    schedule: Option<&str>,
+    command: Option<&str>,
+    tz: Option<&str>,
+    biz_window: Option<&str>,
+    queue: Option<&str>,
+    args: Option<JsonbText>,
+    dst_gap: Option<&str>,
+    dst_overlap: Option<&str>,
+    timeout: Option<Interval>,
+    lease: Option<Interval>,
+    priority: Option<i32>,
+    max_attempts: Option<i32>,
+    backoff_base: Option<Interval>,
+    backoff_factor: Option<f64>,
+    backoff_cap: Option<Interval>,
+    jitter: Option<&str>,
+    misfire: Option<&str>,
+    misfire_threshold: Option<Interval>,
+    catch_up_max: Option<i32>,
+    source_retention: Option<Interval>,
+    ready_dataset: Option<&str>,
+    ready_check: Option<&str>,
+    ready_timeout: Option<Interval>,
+    recheck_interval: Option<Interval>,
+    not_ready_policy: Option<&str>,
+    overlap: Option<&str>,
+    max_concurrency: Option<i32>,
+    lock_key: Option<&str>,
+    topics: Option<Vec<Option<String>>>,
+    long: Option<bool>,
+    top_level: Option<bool>,
+    batch_rate: Option<f64>,
+    batch_pause: Option<Interval>,
+    error_kinds: Option<JsonbText>,
+    ready_watermark: Option<&str>,
+    watermark_stable_for: Option<Interval>,
+    fallback: Option<&str>,
+    rescan_previous: Option<bool>,
+    reconcile: Option<JsonbText>,
+    replace: Option<bool>,
+    pending: Option<&str>,
+) -> i64 {
+    schedule_in(
+        task,
+        schedule,
+        command,
+        tz,
+        biz_window,
+        queue,
+        args,
+        dst_gap,
+        dst_overlap,
+        timeout,
+        lease,
+        priority,
+        max_attempts,
+        backoff_base,
+        backoff_factor,
+        backoff_cap,
+        jitter,
+        misfire,
+        misfire_threshold,
+        catch_up_max,
+        source_retention,
+        ready_dataset,
+        ready_check,
+        ready_timeout,
+        recheck_interval,
+        not_ready_policy,
+        overlap,
+        max_concurrency,
+        lock_key,
+        topics,
+        long,
+        top_level,
+        batch_rate,
+        batch_pause,
+        error_kinds,
+        ready_watermark,
+        watermark_stable_for,
+        fallback,
+        rescan_previous,
+        reconcile,
+        replace,
+        pending,
+        None,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+#[pg_extern(volatile, schema = "tide", name = "schedule")]
+#[search_path(pg_catalog, pg_temp)]
+fn schedule_task(
     task: Option<&str>,
     schedule: Option<&str>,
     command: default!(Option<&str>, "NULL"),
@@ -336,6 +445,101 @@ fn schedule(
     pending: default!(Option<&str>, "'hold'"),
     database: default!(Option<&str>, "NULL"),
 ) -> i64 {
+    // NULL is this database, as '' is: the column is written (and compared) either way.
+    schedule_in(
+        task,
+        schedule,
+        command,
+        tz,
+        biz_window,
+        queue,
+        args,
+        dst_gap,
+        dst_overlap,
+        timeout,
+        lease,
+        priority,
+        max_attempts,
+        backoff_base,
+        backoff_factor,
+        backoff_cap,
+        jitter,
+        misfire,
+        misfire_threshold,
+        catch_up_max,
+        source_retention,
+        ready_dataset,
+        ready_check,
+        ready_timeout,
+        recheck_interval,
+        not_ready_policy,
+        overlap,
+        max_concurrency,
+        lock_key,
+        topics,
+        long,
+        top_level,
+        batch_rate,
+        batch_pause,
+        error_kinds,
+        ready_watermark,
+        watermark_stable_for,
+        fallback,
+        rescan_previous,
+        reconcile,
+        replace,
+        pending,
+        Some(database.unwrap_or("")),
+    )
+}
+
+/// The body of `tide.schedule`; `database` None: the 0.2.1 signature (no such column yet).
+#[allow(clippy::too_many_arguments)]
+fn schedule_in(
+    task: Option<&str>,
+    schedule: Option<&str>,
+    command: Option<&str>,
+    tz: Option<&str>,
+    biz_window: Option<&str>,
+    queue: Option<&str>,
+    args: Option<JsonbText>,
+    dst_gap: Option<&str>,
+    dst_overlap: Option<&str>,
+    timeout: Option<Interval>,
+    lease: Option<Interval>,
+    priority: Option<i32>,
+    max_attempts: Option<i32>,
+    backoff_base: Option<Interval>,
+    backoff_factor: Option<f64>,
+    backoff_cap: Option<Interval>,
+    jitter: Option<&str>,
+    misfire: Option<&str>,
+    misfire_threshold: Option<Interval>,
+    catch_up_max: Option<i32>,
+    source_retention: Option<Interval>,
+    ready_dataset: Option<&str>,
+    ready_check: Option<&str>,
+    ready_timeout: Option<Interval>,
+    recheck_interval: Option<Interval>,
+    not_ready_policy: Option<&str>,
+    overlap: Option<&str>,
+    max_concurrency: Option<i32>,
+    lock_key: Option<&str>,
+    topics: Option<Vec<Option<String>>>,
+    long: Option<bool>,
+    top_level: Option<bool>,
+    batch_rate: Option<f64>,
+    batch_pause: Option<Interval>,
+    error_kinds: Option<JsonbText>,
+    ready_watermark: Option<&str>,
+    watermark_stable_for: Option<Interval>,
+    fallback: Option<&str>,
+    rescan_previous: Option<bool>,
+    reconcile: Option<JsonbText>,
+    replace: Option<bool>,
+    pending: Option<&str>,
+    database: Option<&str>,
+) -> i64 {
     const F: &str = "tide.schedule";
     let replace = required(replace, "replace", F);
     let pending = pending_policy(pending, F);
@@ -371,8 +575,7 @@ fn schedule(
             watermark_stable_for,
             fallback,
             rescan_previous: Some(required(rescan_previous, "rescan_previous", F)),
-            // NULL: pg_tide's database (stored as NULL, like '').
-            database: Some(database.unwrap_or("")),
+            database,
         },
         F,
     );
@@ -396,8 +599,8 @@ fn schedule(
     args.push(next_fire_datum(&rules).into());
     args.push(caller_name().into());
     args.extend(exec_args(&exec, reconcile.map(|r| r.0)));
-    let columns: Vec<&str> = EXEC_COLUMNS.iter().map(|(c, _)| *c).collect();
-    let values: Vec<String> = EXEC_COLUMNS
+    let columns: Vec<&str> = exec_columns(&exec).iter().map(|(c, _)| *c).collect();
+    let values: Vec<String> = exec_columns(&exec)
         .iter()
         .enumerate()
         .map(|(i, (col, cast))| stored(col, &format!("${}{cast}", i + 12)))
@@ -510,10 +713,104 @@ fn pending_policy(pending: Option<&str>, function: &'static str) -> String {
 
 /// Changes only the options given (NULL leaves one as it is; `command => ''` removes the
 /// command) and returns the task's rule version afterwards: one higher if any rule changed.
+/// `tide.alter` as 0.2.0 and 0.2.1 declare it (without `database`): kept, without SQL of its
+/// own, so that their install scripts load and run against this library until `ALTER EXTENSION
+/// pg_tide UPDATE` brings the new signature.
 #[allow(clippy::too_many_arguments)]
-#[pg_extern(volatile, schema = "tide")]
-#[search_path(pg_catalog, pg_temp)]
+#[pg_extern(sql = false)]
 fn alter(
+    task: Option<&str>,
+    schedule: Option<&str>,
+    command: Option<&str>,
+    tz: Option<&str>,
+    biz_window: Option<&str>,
+    queue: Option<&str>,
+    args: Option<JsonbText>,
+    dst_gap: Option<&str>,
+    dst_overlap: Option<&str>,
+    timeout: Option<Interval>,
+    lease: Option<Interval>,
+    priority: Option<i32>,
+    max_attempts: Option<i32>,
+    backoff_base: Option<Interval>,
+    backoff_factor: Option<f64>,
+    backoff_cap: Option<Interval>,
+    jitter: Option<&str>,
+    misfire: Option<&str>,
+    misfire_threshold: Option<Interval>,
+    catch_up_max: Option<i32>,
+    source_retention: Option<Interval>,
+    ready_dataset: Option<&str>,
+    ready_check: Option<&str>,
+    ready_timeout: Option<Interval>,
+    recheck_interval: Option<Interval>,
+    not_ready_policy: Option<&str>,
+    pending: Option<&str>,
+    overlap: Option<&str>,
+    max_concurrency: Option<i32>,
+    lock_key: Option<&str>,
+    topics: Option<Vec<Option<String>>>,
+    long: Option<bool>,
+    top_level: Option<bool>,
+    batch_rate: Option<f64>,
+    batch_pause: Option<Interval>,
+    error_kinds: Option<JsonbText>,
+    ready_watermark: Option<&str>,
+    watermark_stable_for: Option<Interval>,
+    fallback: Option<&str>,
+    rescan_previous: Option<bool>,
+    reconcile: Option<JsonbText>,
+) -> i32 {
+    alter_task(
+        task,
+        schedule,
+        command,
+        tz,
+        biz_window,
+        queue,
+        args,
+        dst_gap,
+        dst_overlap,
+        timeout,
+        lease,
+        priority,
+        max_attempts,
+        backoff_base,
+        backoff_factor,
+        backoff_cap,
+        jitter,
+        misfire,
+        misfire_threshold,
+        catch_up_max,
+        source_retention,
+        ready_dataset,
+        ready_check,
+        ready_timeout,
+        recheck_interval,
+        not_ready_policy,
+        pending,
+        overlap,
+        max_concurrency,
+        lock_key,
+        topics,
+        long,
+        top_level,
+        batch_rate,
+        batch_pause,
+        error_kinds,
+        ready_watermark,
+        watermark_stable_for,
+        fallback,
+        rescan_previous,
+        reconcile,
+        None,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+#[pg_extern(volatile, schema = "tide", name = "alter")]
+#[search_path(pg_catalog, pg_temp)]
+fn alter_task(
     task: Option<&str>,
     schedule: default!(Option<&str>, "NULL"),
     command: default!(Option<&str>, "NULL"),
@@ -621,7 +918,7 @@ fn alter(
     args.push(next_fire_datum(&rules).into());
     args.extend(exec_args(&exec, reconcile.map(|r| r.0)));
     // NULL leaves an option as it is; '' removes ready_dataset / ready_check.
-    let sets: Vec<String> = EXEC_COLUMNS
+    let sets: Vec<String> = exec_columns(&exec)
         .iter()
         .enumerate()
         .map(|(i, (col, cast))| {

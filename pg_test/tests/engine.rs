@@ -1116,8 +1116,8 @@ fn bad_options_are_refused(cluster: &Cluster) -> Result<(), Failed> {
             "backoff_base must be an interval of 100 milliseconds to 30 days, got -10 seconds",
         ),
         (
-            "SELECT tide.schedule('x', '@hourly', timeout => '0')",
-            "timeout must be an interval of 100 milliseconds to 7 days, got 0 seconds",
+            "SELECT tide.schedule('x', '@hourly', timeout => '50 milliseconds')",
+            "timeout must be an interval of 100 milliseconds to 7 days, or 0 for none, got 0.05 seconds",
         ),
         (
             "SELECT tide.schedule('x', '@hourly', misfire => 'catchup')",
