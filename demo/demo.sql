@@ -207,20 +207,41 @@ SELECT run_id, state, batches, checkpoint, (SELECT count(region) FROM demo_event
   FROM tide.run WHERE run_id = :long_run;
 
 \echo
-\echo '== Coming from pg_cron: two pg_cron jobs, the report of what they become, then the import'
-CREATE EXTENSION pg_cron;
+\echo '== Coming from pg_cron: three pg_cron jobs, one sent to the application database, the report of'
+\echo '   what they become and how they will differ, then the import'
+\c pg_tide_demo_app
 CREATE TABLE demo_sessions (id int PRIMARY KEY, expires_at timestamptz);
+INSERT INTO demo_sessions VALUES (1, now() - interval '1 hour'), (2, now() - interval '1 minute'), (3, now() + interval '1 hour');
+\c pg_tide_demo
+CREATE EXTENSION pg_cron;
+CREATE TABLE demo_rollup (day date PRIMARY KEY, events bigint);
 SELECT cron.schedule('nightly-vacuum', '30 3 * * *', 'VACUUM (ANALYZE) demo_events') AS jobid;
-SELECT cron.schedule('purge-sessions', '*/10 * * * *', 'DELETE FROM demo_sessions WHERE expires_at < now()') AS jobid;
-SELECT jobid, jobname, task, schedule, tz, top_level, action FROM tide.import_pg_cron();
+SELECT cron.schedule_in_database('purge-sessions', '*/10 * * * *', 'DELETE FROM demo_sessions WHERE expires_at < now()',
+                                 'pg_tide_demo_app') AS jobid;
+SELECT cron.schedule('rollup', '0 1 * * *', 'DELETE FROM demo_rollup WHERE day = current_date - 1;
+                     INSERT INTO demo_rollup SELECT current_date - 1, count(*) FROM demo_events') AS jobid;
+SELECT jobid, jobname, task, database, top_level, settings->>'max_attempts' AS attempts, settings->>'misfire' AS misfire,
+       settings->>'timeout' AS timeout, action
+  FROM tide.import_pg_cron();
+\echo '   how purge-sessions will behave differently, in words:'
+SELECT d AS differences FROM tide.import_pg_cron() i, unnest(i.differences) d WHERE i.jobname = 'purge-sessions';
 \echo '   apply: the tasks are created and the jobs leave pg_cron, in one transaction'
 SELECT task, action FROM tide.import_pg_cron(apply => true);
 SELECT count(*) AS jobs_left_in_pg_cron FROM cron.job;
-\echo '   the imported VACUUM runs now at top level (outside any transaction block), recorded like any run:'
+\echo '   run now: the VACUUM at top level, the purge in pg_tide_demo_app, the two statements as one transaction;'
+\echo '   pg_cron''s own view of runs, as tide.job_run_details:'
 SELECT tide.run_now('nightly-vacuum') AS vac_run \gset
-CALL demo_wait($$(SELECT state IN ('succeeded', 'dead') FROM tide.run WHERE run_id = $$ || :vac_run || $$)$$);
-SELECT r.state, r.result, s.last_vacuum IS NOT NULL AS demo_events_vacuumed
-  FROM tide.run r, pg_stat_user_tables s WHERE r.run_id = :vac_run AND s.relname = 'demo_events';
+SELECT tide.run_now('purge-sessions') AS purge_run \gset
+SELECT tide.run_now('rollup') AS rollup_run \gset
+CALL demo_wait($$(SELECT count(*) = 3 FROM tide.run WHERE run_id IN ($$ || :vac_run || ',' || :purge_run || ',' || :rollup_run
+               || $$) AND state IN ('succeeded', 'dead'))$$);
+SELECT jobname, database, status, return_message, end_time - start_time AS took
+  FROM tide.job_run_details WHERE run_id IN (:vac_run, :purge_run, :rollup_run) ORDER BY jobid;
+SELECT s.last_vacuum IS NOT NULL AS demo_events_vacuumed FROM pg_stat_user_tables s WHERE s.relname = 'demo_events';
+\echo '   pasted as a pg_cron user writes it, a VACUUM that could only fail in a transaction is refused at once:'
+\set ON_ERROR_STOP off
+SELECT tide.schedule('vacuum-again', '0 4 * * *', command => 'VACUUM demo_events');
+\set ON_ERROR_STOP on
 
 \echo
 \echo '== One-off and delayed jobs: an invoice mail now, its reminder in 3 seconds, 20 statements in one call'

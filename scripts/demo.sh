@@ -3,7 +3,8 @@
 # start a cluster with pg_tide preloaded and its workers, schedule realistic tasks, show their
 # fire times and business windows across DST, then watch real runs: on time, a retry, a dead
 # letter and its replay; event runs in per-key order under a lock; a long task in batches,
-# paused and resumed; pg_cron jobs imported and a VACUUM run at top level; one-off and delayed
+# paused and resumed; pg_cron jobs imported (one of another database, run there) and a VACUUM run
+# at top level; one-off and delayed
 # jobs; a queue limit holding; then a failing task's alert delivered to a webhook receiver the
 # demo starts, a heartbeat check, pg_tide's own health and the dashboard.
 # The cluster is left running for you to explore.
@@ -19,8 +20,11 @@ DB=pg_tide_demo
 bash scripts/setup.sh
 install_release
 # pg_cron beside pg_tide, for the import of pg_cron jobs the demo shows.
+# Room for pg_tide's command workers (top-level commands, commands in other databases) beside its
+# own workers, pg_cron's launcher and the logical replication launcher.
 start_cluster "$DATA" "$PORT" "$DB" "shared_preload_libraries = 'pg_tide,pg_cron'
-cron.database_name = '$DB'"
+cron.database_name = '$DB'
+max_worker_processes = 16"
 
 # A webhook receiver on 127.0.0.1 (the demo's alerts arrive there), kept running beside the
 # cluster and stopped by make demo-stop.
@@ -35,6 +39,8 @@ echo "==> a webhook receiver listens on http://127.0.0.1:$HOOK_PORT (it logs to 
 
 PSQL=("$BIN/psql" -X -h 127.0.0.1 -p "$PORT" -U postgres)
 "${PSQL[@]}" -q -d postgres -c "CREATE DATABASE $DB"
+# An application database, where a job moved from pg_cron (schedule_in_database) runs.
+"${PSQL[@]}" -q -d postgres -c "CREATE DATABASE ${DB}_app"
 "${PSQL[@]}" -d "$DB" -v ON_ERROR_STOP=1 -P pager=off -v hook_url="http://127.0.0.1:$HOOK_PORT/hooks/ops" \
     -v hook_secret="$HOOK_SECRET" -f demo/demo.sql
 

@@ -517,6 +517,12 @@ fn abandon(run_id: i64, token: i64, why: &str) {
 /// Records the outcomes of the command workers that finished, and of those that ended without
 /// one; called by the executors and the scheduler, outside any transaction, at every round.
 pub fn collect() {
+    // The common case, no command worker at all, under a shared lock only (executors call this
+    // between runs).
+    let busy = SLOTS.share().slot.iter().any(|s| s.state != FREE);
+    if !busy && LAUNCHED.with_borrow(Vec::is_empty) {
+        return;
+    }
     check_launched();
     check_orphans();
     let mut seen = Vec::new();
@@ -926,18 +932,14 @@ fn execute(job: &Job, database: &str, command: &str) -> Outcome {
         outcome.error = Some(("22021".into(), "the command contains a NUL byte".into()));
         return outcome;
     };
-    let (owner_oid, timeout_ms) =
-        match crate::worker::in_transaction("command owner", || check_owner(job, database)) {
-            Ok(Ok(found)) => found,
-            Ok(Err(error)) => {
-                outcome.error = Some(error);
-                return outcome;
-            }
-            Err(message) => {
-                outcome.error = Some(("XX000".into(), message));
-                return outcome;
-            }
-        };
+    let checked = crate::worker::in_transaction("command owner", || check_owner(job, database));
+    let (owner_oid, timeout_ms) = match settled(checked) {
+        Ok(found) => found,
+        Err(error) => {
+            outcome.error = Some(error);
+            return outcome;
+        }
+    };
     let deadline = (timeout_ms > 0)
         .then(|| Instant::now() + Duration::from_millis(u64::try_from(timeout_ms).unwrap_or(0)));
     // The parse trees outlive the statements' transactions: they live in a context of their own.
@@ -965,14 +967,10 @@ fn execute(job: &Job, database: &str, command: &str) -> Outcome {
         .catch_others(|e| Err(caught(&e)))
         .execute()
     });
-    let list = match parsed {
-        Ok(Ok(list)) => list,
-        Ok(Err(error)) => {
+    let list = match settled(parsed) {
+        Ok(list) => list,
+        Err(error) => {
             outcome.error = Some(error);
-            return outcome;
-        }
-        Err(message) => {
-            outcome.error = Some(("XX000".into(), message));
             return outcome;
         }
     };
@@ -1020,6 +1018,12 @@ fn execute(job: &Job, database: &str, command: &str) -> Outcome {
         pg_sys::MemoryContextDelete(context);
     }
     outcome
+}
+
+/// What a step of the worker gave, in its transaction: its value, or the error that stops the
+/// command (one the transaction itself failed with is reported as internal, XX000).
+fn settled<T>(r: Result<Result<T, (String, String)>, String>) -> Result<T, (String, String)> {
+    r.unwrap_or_else(|message| Err(("XX000".into(), message)))
 }
 
 fn timeout_spent(timeout_ms: i32) -> (String, String) {
@@ -1225,5 +1229,37 @@ fn completion_tag(qc: &pg_sys::QueryCompletion) -> String {
         format!("{name} 0 {}", qc.nprocessed)
     } else {
         format!("{name} {}", qc.nprocessed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{put, text, unpack_sqlstate};
+
+    #[test]
+    fn text_is_cut_at_a_character_boundary() {
+        let mut buf = [0u8; 5];
+        // "é" takes two bytes: the third character would straddle the end.
+        let len = put(&mut buf, "abéé");
+        assert_eq!(len, 4);
+        assert_eq!(text(&buf, len), "abé");
+        let len = put(&mut buf, "");
+        assert_eq!(text(&buf, len), "");
+        let len = put(&mut buf, "xyz");
+        assert_eq!(text(&buf, len), "xyz");
+    }
+
+    #[test]
+    fn sqlstates_unpack_as_postgres_packs_them() {
+        // MAKE_SQLSTATE: each character's (code - '0') in six bits, the first lowest.
+        let pack = |s: &str| -> i32 {
+            s.bytes()
+                .enumerate()
+                .map(|(i, b)| (i32::from(b - b'0') & 0x3F) << (6 * i))
+                .sum()
+        };
+        for code in ["57014", "3D000", "42501", "22012", "P0001", "XX000"] {
+            assert_eq!(unpack_sqlstate(pack(code)), code);
+        }
     }
 }

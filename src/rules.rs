@@ -720,14 +720,25 @@ mod tests {
         }
         .validate()
         .is_ok());
+        // No timeout of pg_tide's: 0, as statement_timeout = 0.
+        assert!(ExecOptions {
+            timeout: Some(Span::seconds(0)),
+            ..Default::default()
+        }
+        .validate()
+        .is_ok());
 
         let bad: Vec<(ExecOptions, &str)> = vec![
             (
                 ExecOptions {
-                    timeout: Some(Span::seconds(0)),
+                    timeout: Some(Span {
+                        months: 0,
+                        days: 0,
+                        micros: 50_000,
+                    }),
                     ..Default::default()
                 },
-                "timeout must be an interval of 100 milliseconds to 7 days, got 0 seconds",
+                "timeout must be an interval of 100 milliseconds to 7 days, or 0 for none, got 0.05 seconds",
             ),
             (
                 ExecOptions {
@@ -745,7 +756,7 @@ mod tests {
                     }),
                     ..Default::default()
                 },
-                "timeout must be an interval of 100 milliseconds to 7 days, got 2136000000 mons",
+                "timeout must be an interval of 100 milliseconds to 7 days, or 0 for none, got 2136000000 mons",
             ),
             (
                 ExecOptions {
