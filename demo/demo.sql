@@ -214,12 +214,12 @@ CREATE TABLE demo_sessions (id int PRIMARY KEY, expires_at timestamptz);
 INSERT INTO demo_sessions VALUES (1, now() - interval '1 hour'), (2, now() - interval '1 minute'), (3, now() + interval '1 hour');
 \c pg_tide_demo
 CREATE EXTENSION pg_cron;
-CREATE TABLE demo_rollup (day date PRIMARY KEY, events bigint);
+CREATE TABLE demo_cron_daily (day date PRIMARY KEY, events bigint);
 SELECT cron.schedule('nightly-vacuum', '30 3 * * *', 'VACUUM (ANALYZE) demo_events') AS jobid;
 SELECT cron.schedule_in_database('purge-sessions', '*/10 * * * *', 'DELETE FROM demo_sessions WHERE expires_at < now()',
                                  'pg_tide_demo_app') AS jobid;
-SELECT cron.schedule('rollup', '0 1 * * *', 'DELETE FROM demo_rollup WHERE day = current_date - 1;
-                     INSERT INTO demo_rollup SELECT current_date - 1, count(*) FROM demo_events') AS jobid;
+SELECT cron.schedule('daily-count', '0 1 * * *', 'DELETE FROM demo_cron_daily WHERE day = current_date - 1;
+                     INSERT INTO demo_cron_daily SELECT current_date - 1, count(*) FROM demo_events') AS jobid;
 SELECT jobid, jobname, task, database, top_level, settings->>'max_attempts' AS attempts, settings->>'misfire' AS misfire,
        settings->>'timeout' AS timeout, action
   FROM tide.import_pg_cron();
@@ -232,7 +232,7 @@ SELECT count(*) AS jobs_left_in_pg_cron FROM cron.job;
 \echo '   pg_cron''s own view of runs, as tide.job_run_details:'
 SELECT tide.run_now('nightly-vacuum') AS vac_run \gset
 SELECT tide.run_now('purge-sessions') AS purge_run \gset
-SELECT tide.run_now('rollup') AS rollup_run \gset
+SELECT tide.run_now('daily-count') AS rollup_run \gset
 CALL demo_wait($$(SELECT count(*) = 3 FROM tide.run WHERE run_id IN ($$ || :vac_run || ',' || :purge_run || ',' || :rollup_run
                || $$) AND state IN ('succeeded', 'dead'))$$);
 SELECT jobname, database, status, return_message, end_time - start_time AS took

@@ -796,8 +796,8 @@ BEGIN
         out := out || format('retried: a failed run is tried up to %s times, with backoff (pg_cron never retries)', p_max_attempts);
     END IF;
     IF p_misfire = 'skip' THEN
-        out := out || format('recorded as skipped: fires missed while the server was down (the scheduler came to them more than %s late) are not run, as in pg_cron, and each is a skipped run; the latest fire, late by less, runs late',
-                             p_threshold);
+        out := out || format('recorded as skipped: fires missed while the server was down (the scheduler came to them more than %s seconds late) are not run, as in pg_cron, and each is a skipped run; a fire late by less runs late',
+                             extract(epoch FROM p_threshold)::bigint);
     ELSE
         out := out || format('missed fires are handled by misfire %s after downtime (pg_cron runs none of them)', p_misfire);
     END IF;

@@ -2818,6 +2818,152 @@ fn top_level_open_blocks_are_rolled_back(cluster: &Cluster) -> Result<(), Failed
     Ok(())
 }
 
+/// A command worker runs on when its executor goes: the executor launched it and went back to
+/// its other runs, so terminating the executors mid-command neither fails the run as lost nor
+/// runs it twice; the outcome is recorded when the command ends.
+fn command_workers_outlive_their_executor(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "CREATE TABLE IF NOT EXISTS cw_done (at timestamptz);
+         SELECT tide.schedule('cw_slow', '0 0 1 1 *', top_level => true, max_attempts => 1,
+                              command => 'SELECT pg_sleep(3); INSERT INTO cw_done VALUES (clock_timestamp())');",
+    )?;
+    let run: i64 = one(&mut c, "SELECT tide.run_now('cw_slow')")?;
+    wait_for("the command worker to run", Duration::from_secs(30), || {
+        let n: i64 = c
+            .query_one(
+                "SELECT count(*) FROM tide._command_workers() WHERE run_id = $1 AND state = 'running'",
+                &[&run],
+            )
+            .map_err(|e| pg_tide_pg_test::describe(&e))?
+            .get(0);
+        Ok((n == 1).then_some(()))
+    })?;
+    let executors = cluster.pids("pg_tide executor")?;
+    assert!(!executors.is_empty());
+    exec(
+        &mut c,
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE backend_type = 'pg_tide executor'",
+    )?;
+    let ended: String = wait_for("the command's outcome", Duration::from_secs(60), || {
+        c.query_opt(
+            "SELECT concat_ws('|', state, attempts, result->>'tag', result->>'statements') FROM tide.run
+              WHERE run_id = $1 AND state IN ('succeeded', 'dead')",
+            &[&run],
+        )
+        .map(|r| r.map(|r| r.get::<_, String>(0)))
+        .map_err(|e| pg_tide_pg_test::describe(&e))
+    })?;
+    assert_eq!(ended, "succeeded|1|INSERT 0 1|2", "run once, not lost");
+    let done: i64 = one(&mut c, "SELECT count(*) FROM cw_done")?;
+    assert_eq!(done, 1);
+    let lost: i64 = one(
+        &mut c,
+        &format!("SELECT count(*) FROM tide.attempt WHERE run_id = {run} AND outcome = 'lost'"),
+    )?;
+    assert_eq!(lost, 0);
+    exec(
+        &mut c,
+        "SELECT tide.unschedule('cw_slow'); DROP TABLE cw_done;",
+    )?;
+    Ok(())
+}
+
+/// With pg_tide.command_workers_per_database = 1, a second command of the same database waits
+/// in line (no attempt counted, its reason saying why) until the first is done, then runs.
+fn command_workers_per_database_bound_them(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    // One statement per call: ALTER SYSTEM refuses a transaction block.
+    exec(
+        &mut c,
+        "ALTER SYSTEM SET pg_tide.command_workers_per_database = 1",
+    )?;
+    exec(&mut c, "SELECT pg_reload_conf()")?;
+    wait_for("the setting to be read", Duration::from_secs(30), || {
+        let mut fresh = cluster.connect("postgres")?;
+        let v: String = fresh
+            .query_one(
+                "SELECT current_setting('pg_tide.command_workers_per_database')",
+                &[],
+            )
+            .map_err(|e| pg_tide_pg_test::describe(&e))?
+            .get(0);
+        Ok((v == "1").then_some(()))
+    })?;
+    let result = (|| -> Result<(), Failed> {
+        exec(
+            &mut c,
+            "SELECT tide.schedule('cw_first', '0 0 1 1 *', top_level => true, max_attempts => 1,
+                                  command => 'SELECT pg_sleep(3)');
+             SELECT tide.schedule('cw_second', '0 0 1 1 *', top_level => true, max_attempts => 1,
+                                  command => 'SELECT 1');",
+        )?;
+        let first: i64 = one(&mut c, "SELECT tide.run_now('cw_first')")?;
+        wait_for("the first command to run", Duration::from_secs(30), || {
+            let n: i64 = c
+                .query_one(
+                    "SELECT count(*) FROM tide._command_workers() WHERE run_id = $1 AND state = 'running'",
+                    &[&first],
+                )
+                .map_err(|e| pg_tide_pg_test::describe(&e))?
+                .get(0);
+            Ok((n == 1).then_some(()))
+        })?;
+        let second: i64 = one(&mut c, "SELECT tide.run_now('cw_second')")?;
+        let waited: String = wait_for(
+            "the second to wait for room",
+            Duration::from_secs(30),
+            || {
+                c.query_opt(
+                    "SELECT reason FROM tide.run_event WHERE run_id = $1 AND to_state = 'waiting'
+                  ORDER BY event_id LIMIT 1",
+                    &[&second],
+                )
+                .map(|r| r.map(|r| r.get::<_, String>(0)))
+                .map_err(|e| pg_tide_pg_test::describe(&e))
+            },
+        )?;
+        assert!(
+            waited.contains("waits for a command worker: 1 run in database tide_workers (pg_tide.command_workers_per_database)"),
+            "{waited}"
+        );
+        let both: String = wait_for("both to succeed", Duration::from_secs(60), || {
+            c.query_opt(
+                "SELECT string_agg(concat_ws(':', run_id, state, tries, finished_at IS NOT NULL), ' ' ORDER BY run_id)
+                   FROM tide.run WHERE run_id IN ($1, $2) HAVING bool_and(state = 'succeeded')",
+                &[&first, &second],
+            )
+            .map(|r| r.and_then(|r| r.get::<_, Option<String>>(0)))
+            .map_err(|e| pg_tide_pg_test::describe(&e))
+        })?;
+        assert_eq!(
+            both,
+            format!("{first}:succeeded:1:t {second}:succeeded:1:t"),
+            "the wait counted no try"
+        );
+        // The second started only once the first was done.
+        let order: bool = one(
+            &mut c,
+            &format!(
+                "SELECT (SELECT finished_at FROM tide.run WHERE run_id = {first})
+                        <= (SELECT max(claimed_at) FROM tide.run WHERE run_id = {second})"
+            ),
+        )?;
+        assert!(order, "the second command waited for the first");
+        Ok(())
+    })();
+    exec(
+        &mut c,
+        "ALTER SYSTEM RESET pg_tide.command_workers_per_database",
+    )?;
+    exec(
+        &mut c,
+        "SELECT pg_reload_conf(); SELECT tide.unschedule('cw_first'); SELECT tide.unschedule('cw_second');",
+    )?;
+    result
+}
+
 fn main() {
     let tests: &[(&str, TestFn)] = &[
         (
@@ -2827,6 +2973,14 @@ fn main() {
         (
             "workers_top_level_commands_run_outside_a_transaction",
             top_level_commands_run_outside_a_transaction,
+        ),
+        (
+            "workers_command_workers_outlive_their_executor",
+            command_workers_outlive_their_executor,
+        ),
+        (
+            "workers_command_workers_per_database_bound_them",
+            command_workers_per_database_bound_them,
         ),
         (
             "enqueue_creates_one_off_and_delayed_runs",

@@ -624,8 +624,8 @@ fn commands_that_cannot_run_where_scheduled_are_refused(cluster: &Cluster) -> Re
 
 /// A task's database: one that does not exist, too long a name, a template, one that refuses
 /// connections or one its owner may not connect to is refused when the task is made (each its
-/// own SQLSTATE, the value named, a hint; nothing written). One dropped afterwards fails the
-/// run clearly, and never stops the others.
+/// own SQLSTATE, the value named, a hint; nothing written). One dropped or closed afterwards
+/// fails the run clearly, and never stops the others.
 fn a_database_that_cannot_be_reached_is_refused(cluster: &Cluster) -> Result<(), Failed> {
     let mut admin = cluster.connect("postgres")?;
     for sql in [
@@ -669,18 +669,38 @@ fn a_database_that_cannot_be_reached_is_refused(cluster: &Cluster) -> Result<(),
         "SELECT tide.schedule('to-gone', '@daily', 'SELECT 1', database => 'tide_cron_gone', max_attempts => 1);
          SELECT tide.schedule('here', '@daily', 'SELECT 1', max_attempts => 1);",
     )?;
-    exec(&mut admin, "DROP DATABASE tide_cron_gone")?;
+    exec(
+        &mut admin,
+        "ALTER DATABASE tide_cron_closed ALLOW_CONNECTIONS true",
+    )?;
     exec(
         &mut c,
-        "SELECT tide.run_now('to-gone'); SELECT tide.run_now('here');",
+        "SELECT tide.schedule('to-closed', '@daily', 'SELECT 1', database => 'tide_cron_closed', max_attempts => 1);",
+    )?;
+    exec(&mut admin, "DROP DATABASE tide_cron_gone")?;
+    exec(
+        &mut admin,
+        "ALTER DATABASE tide_cron_closed ALLOW_CONNECTIONS false",
+    )?;
+    exec(
+        &mut c,
+        "SELECT tide.run_now('to-gone'); SELECT tide.run_now('to-closed'); SELECT tide.run_now('here');",
     )?;
     assert_eq!(wait_state(&mut c, "to-gone", "succeeded,dead")?, "dead");
+    assert_eq!(wait_state(&mut c, "to-closed", "succeeded,dead")?, "dead");
     assert_eq!(wait_state(&mut c, "here", "succeeded,dead")?, "succeeded");
-    let error: String = one(
+    let errors = rows(
         &mut c,
-        "SELECT r.last_error FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'to-gone'",
+        "SELECT t.name || ': ' || r.last_error FROM tide.run r JOIN tide.task t USING (task_id)
+          WHERE t.name IN ('to-gone', 'to-closed') ORDER BY t.name",
     )?;
-    assert_eq!(error, "database \"tide_cron_gone\" does not exist");
+    assert_eq!(
+        errors,
+        [
+            "to-closed: database \"tide_cron_closed\" is not currently accepting connections",
+            "to-gone: database \"tide_cron_gone\" does not exist",
+        ]
+    );
     exec(&mut c, "DELETE FROM tide.task")?;
     Ok(())
 }
