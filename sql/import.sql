@@ -59,6 +59,21 @@ $$;
 COMMENT ON FUNCTION tide._import_differences(text, boolean, text, integer, text, interval, interval) IS
     'Internal: how an imported pg_cron job will behave differently in pg_tide, in words (the report of tide.import_pg_cron).';
 
+-- When an imported job's fire counts as missed (its misfire_threshold): a minute, or for a job of
+-- pg_cron's 'N seconds' syntax its period, so that after a stop at most the latest fire runs,
+-- late (pg_cron starts such a job once when it comes back).
+CREATE FUNCTION tide._import_threshold(p_schedule text) RETURNS interval
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN btrim(p_schedule) ~* '^[0-9]+\s*seconds?$'
+                THEN least(interval '60 seconds',
+                           make_interval(secs => greatest(least(substring(btrim(p_schedule) FROM '^[0-9]+')::numeric, 60), 1)::float8))
+                ELSE interval '60 seconds' END
+$$;
+COMMENT ON FUNCTION tide._import_threshold(text) IS
+    'Internal: the misfire_threshold of an imported pg_cron job: a minute, or the period of an ''N seconds'' job.';
+
 CREATE FUNCTION tide.import_pg_cron(apply boolean DEFAULT false, max_attempts integer DEFAULT 1,
                                     misfire text DEFAULT 'skip', timeout interval DEFAULT '0')
 RETURNS TABLE (jobid bigint, jobname text, task text, schedule text, tz text, command text, owner name,
@@ -122,12 +137,7 @@ BEGIN
         database := nullif(j.database, current_database());
         paused := NOT j.active;
         top_level := tide._needs_top_level(j.command);
-        -- A fire is missed when the scheduler comes to it later than this: a minute, or for a
-        -- job of pg_cron's 'N seconds' syntax its period, so that after a stop at most the
-        -- latest fire runs, late (pg_cron starts such a job once when it comes back).
-        threshold := CASE WHEN schedule ~* '^[0-9]+\s*seconds?$'
-                          THEN least(interval '60 seconds', make_interval(secs => substring(schedule FROM '^[0-9]+')::integer))
-                          ELSE interval '60 seconds' END;
+        threshold := tide._import_threshold(schedule);
         -- What the task gets beyond the columns above (the rest is tide.schedule's defaults:
         -- overlap queue, as pg_cron runs one instance of a job at a time).
         settings := jsonb_build_object('max_attempts', import_pg_cron.max_attempts, 'misfire', policy,

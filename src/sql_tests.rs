@@ -49,6 +49,153 @@ mod tests {
     }
 
     #[pg_test]
+    fn statements_that_refuse_a_transaction_block_are_told_apart() {
+        // What the import runs at top level: a statement that refuses a transaction block, or one
+        // CALL; several ordinary statements run as one transaction, as under pg_cron.
+        for (command, top_level) in [
+            ("VACUUM", true),
+            ("VACUUM (ANALYZE) t", true),
+            ("ANALYZE t", false),
+            ("SELECT 1; SELECT 2", false),
+            ("CALL p()", true),
+            ("CALL p(); SELECT 1", false),
+            ("CREATE INDEX CONCURRENTLY i ON t (x)", true),
+            ("CREATE INDEX i ON t (x)", false),
+            ("REINDEX TABLE CONCURRENTLY t", true),
+            ("REINDEX TABLE t", false),
+            ("REINDEX DATABASE d", true),
+            ("DROP INDEX CONCURRENTLY i", true),
+            ("DROP INDEX i", false),
+            ("CLUSTER", true),
+            ("CLUSTER t USING i", false),
+            ("DISCARD ALL", true),
+            ("DISCARD TEMP", false),
+            ("BEGIN; SELECT 1; COMMIT", true),
+            ("ALTER SYSTEM SET work_mem = '1MB'", true),
+            ("ALTER DATABASE d SET TABLESPACE s", true),
+            ("ALTER DATABASE d SET work_mem = '1MB'", false),
+            ("SELEC 1", false),
+        ] {
+            let got: bool = Spi::get_one_with_args::<bool>(
+                "SELECT tide._needs_top_level($1)",
+                &[command.into()],
+            )
+            .unwrap_or_else(|e| panic!("{command}: {e}"))
+            .unwrap_or_else(|| panic!("{command}: NULL"));
+            assert_eq!(got, top_level, "{command}");
+        }
+        let counts: String = one(
+            "SELECT concat_ws(',', tide._statement_count('SELECT 1; SELECT 2;'), tide._statement_count('SELECT 1'),
+                              tide._statement_count(''), tide._statement_count('SELEC 1'))",
+        );
+        assert_eq!(counts, "2,1,0,1");
+        let thresholds: String = one(
+            "SELECT concat_ws(',', tide._import_threshold('5 seconds'), tide._import_threshold(' 59 seconds '),
+                              tide._import_threshold('* * * * *'), tide._import_threshold('@hourly'))",
+        );
+        assert_eq!(thresholds, "00:00:05,00:00:59,00:01:00,00:01:00");
+    }
+
+    #[pg_test]
+    fn schedule_refuses_commands_that_could_only_fail_where_they_run() {
+        assert_refused(
+            "SELECT tide.schedule('n', '0 3 * * *', command => 'VACUUM big_table')",
+            "22023",
+            "task \"n\": VACUUM cannot run inside a transaction block",
+        );
+        assert_refused(
+            "SELECT tide.schedule('n', '0 3 * * *', command => 'SELECT 1; CREATE INDEX CONCURRENTLY i ON t (x)')",
+            "22023",
+            "CREATE INDEX CONCURRENTLY cannot run",
+        );
+        assert_refused(
+            "SELECT tide.schedule('n', '0 3 * * *', command => 'SELEC 1')",
+            "42601",
+            "task \"n\": the command does not parse: syntax error at or near \"SELEC\"",
+        );
+        assert_refused(
+            "SELECT tide.schedule('n', '0 3 * * *', command => 'SELEC 1', top_level => true)",
+            "42601",
+            "does not parse",
+        );
+        let written: i64 = one("SELECT count(*) FROM tide.task");
+        assert_eq!(written, 0);
+        // Top-level: accepted; several ordinary statements too; a CALL too.
+        run("SELECT tide.schedule('v', '0 3 * * *', command => 'VACUUM big_table', top_level => true)");
+        run("SELECT tide.schedule('two', '0 3 * * *', command => 'SELECT 1; SELECT 2')");
+        run("SELECT tide.schedule('call', '0 3 * * *', command => 'CALL p()')");
+        assert_refused(
+            "SELECT tide.alter('v', top_level => false)",
+            "22023",
+            "VACUUM cannot run inside a transaction block",
+        );
+        assert_refused(
+            "SELECT tide.alter('two', command => 'VACUUM')",
+            "22023",
+            "VACUUM cannot run",
+        );
+        let versions: String =
+            one("SELECT string_agg(name || version, ',' ORDER BY name) FROM tide.task");
+        assert_eq!(versions, "call1,two1,v1");
+    }
+
+    #[pg_test]
+    fn a_tasks_database_is_checked_when_the_task_is_made() {
+        for (sql, sqlstate, names) in [
+            (
+                "SELECT tide.schedule('d', '@daily', 'SELECT 1', database => 'no_such_database')".to_string(),
+                "3D000",
+                "task \"d\": database \"no_such_database\" does not exist",
+            ),
+            (
+                format!("SELECT tide.schedule('d', '@daily', 'SELECT 1', database => '{}')", "x".repeat(64)),
+                "22023",
+                "is too long (64 bytes, at most 63)",
+            ),
+            (
+                "SELECT tide.schedule('d', '@daily', 'SELECT 1', database => 'template1')".to_string(),
+                "22023",
+                "database \"template1\" is a template",
+            ),
+            (
+                "SELECT tide.schedule('d', '@daily', 'SELECT 1', database => 'template0')".to_string(),
+                "22023",
+                "database \"template0\" is a template",
+            ),
+            (
+                "SELECT tide.schedule('d', '@daily', database => 'postgres')".to_string(),
+                "22023",
+                "database => 'postgres' needs an SQL command",
+            ),
+            (
+                "SELECT tide.schedule('d', '@daily', 'SELECT NULL::jsonb', database => 'postgres', long => true)".to_string(),
+                "22023",
+                "cannot be a long task",
+            ),
+            (
+                "SELECT tide.schedule('d', '@daily', 'SELECT 1', database => 'postgres', ready_watermark => 'now()', watermark_stable_for => '1 minute')".to_string(),
+                "22023",
+                "cannot be a watermark",
+            ),
+        ] {
+            assert_refused(&sql, sqlstate, names);
+        }
+        let written: i64 = one("SELECT count(*) FROM tide.task");
+        assert_eq!(written, 0);
+        // This database, named or '', is the default: stored as NULL.
+        run("SELECT tide.schedule('here', '@daily', 'SELECT 1', database => current_database())");
+        run("SELECT tide.schedule('there', '@daily', 'SELECT 1', database => 'postgres')");
+        let stored: String = one(
+            "SELECT string_agg(name || '=' || coalesce(database, '-'), ',' ORDER BY name) FROM tide.task",
+        );
+        assert_eq!(stored, "here=-,there=postgres");
+        run("SELECT tide.alter('there', database => '')");
+        let back: String =
+            one("SELECT coalesce(database, '-') || version FROM tide.task WHERE name = 'there'");
+        assert_eq!(back, "-2", "back to this database, a new rule version");
+    }
+
+    #[pg_test]
     fn next_fires_follows_the_new_york_dst_rules() {
         let ok: bool = one(
             "SELECT array_agg(f) = ARRAY['2026-03-08 07:00Z', '2026-03-09 06:30Z']::timestamptz[]
