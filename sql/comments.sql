@@ -53,6 +53,12 @@ COMMENT ON FUNCTION tide._statement_count(text) IS
     'Internal: how many statements a command holds, as PostgreSQL''s parser reads it.';
 COMMENT ON FUNCTION tide._check_command(text, text, boolean) IS
     'Internal (tide._check_task): refuses a command that does not parse (42601) or, unless top-level, holds a statement PostgreSQL refuses inside a transaction block, naming it (22023, hint top_level => true).';
+COMMENT ON FUNCTION tide.test_channel(text) IS
+    'test_channel(name): sends a test message to one of your channels through pg_tide''s delivery worker, as an alert would go, and returns what the receiver answered: status (delivered, failed, refused, no answer), took, error (without secrets). Nothing is recorded. In the database pg_tide serves.';
+COMMENT ON FUNCTION tide._queue_claimed(text) IS
+    'Internal (tide._claim): notes in shared memory that an external worker claimed from a queue now, for the cause of a late start.';
+COMMENT ON FUNCTION tide._queue_claimed_at(text) IS
+    'Internal: when an external worker last claimed from a queue of this database since the server started (NULL: not since, or forgotten).';
 COMMENT ON FUNCTION tide._command_runs() IS
     'Internal: the runs whose commands a command worker runs or has run and whose outcome is not recorded yet (the tick leaves them to it).';
 COMMENT ON FUNCTION tide._command_workers() IS

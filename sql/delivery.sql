@@ -29,6 +29,22 @@ CREATE POLICY alert_channel_owner ON tide.alert_channel FOR SELECT USING (owner 
 GRANT SELECT ON tide.alert_channel TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('tide.alert_channel', '');
 
+-- Alert deliveries of each channel by outcome, counted as they happen (the outbox's rows are
+-- pruned; these counters never go down): the pg_tide_deliveries_total of tide.metrics().
+CREATE TABLE tide.delivery_count (
+    owner   name NOT NULL,
+    channel text NOT NULL,
+    outcome text NOT NULL CHECK (outcome IN ('sent', 'failed', 'dead')),
+    value   bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (owner, channel, outcome)
+);
+COMMENT ON TABLE tide.delivery_count IS
+    'Alert deliveries of pg_tide''s channels by outcome: sent, failed attempts, dead (given up). Counters that never go down (tide.metrics(): pg_tide_deliveries_total).';
+ALTER TABLE tide.delivery_count ENABLE ROW LEVEL SECURITY;
+CREATE POLICY delivery_count_owner ON tide.delivery_count FOR SELECT USING (tide._visible(owner));
+GRANT SELECT ON tide.delivery_count TO PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('tide.delivery_count', '');
+
 -- The keys each kind takes, for clear errors on typos.
 CREATE FUNCTION tide._channel_config(p_kind text, p_config jsonb) RETURNS jsonb
 LANGUAGE plpgsql IMMUTABLE
@@ -107,7 +123,7 @@ END
 $$;
 COMMENT ON FUNCTION tide._channel_config(text, jsonb) IS 'Internal: a channel''s config checked for its kind, else a clear error that never shows a secret.';
 
-CREATE FUNCTION tide.create_channel(name text, kind text, config jsonb, alerts text DEFAULT NULL) RETURNS text
+CREATE FUNCTION tide.create_channel(name text, kind text, config jsonb, alerts text DEFAULT 'warning') RETURNS text
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -127,7 +143,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide.create_channel(text, text, jsonb, text) IS
-    'create_channel(name, kind, config, alerts => NULL): a channel pg_tide''s delivery worker sends alerts to: kind webhook (config url, secret for an HMAC-SHA256 X-Tide-Signature, format chat or json) or email (config host, port, tls, username, password, from, to, ca_cert). alerts is the lowest severity routed to it (info, warning, critical), NULL for none. Creating an existing name changes it.';
+    'create_channel(name, kind, config, alerts => ''warning''): a channel pg_tide''s delivery worker sends alerts to: kind webhook (config url, secret for an HMAC-SHA256 X-Tide-Signature, format chat or json) or email (config host, port, tls, username, password, from, to, ca_cert). alerts is the lowest severity routed to it (info, warning, critical; by default warning), NULL for none. Creating an existing name changes it.';
 
 CREATE FUNCTION tide.drop_channel(name text) RETURNS boolean
 LANGUAGE plpgsql
@@ -162,9 +178,38 @@ $$;
 COMMENT ON FUNCTION tide._routed(name, name) IS
     'Internal: whether a role''s channels and routes receive another role''s alerts (its own, a role it is a member of, or all for a superuser or tide_admin).';
 
+-- Who takes an alert: the routes (sql/monitor.sql's tide.create_alert_route, taken by your own
+-- workers) and the channels (sent by pg_tide) that receive its owner's alerts of its severity
+-- (and kind), of its resolution when p_resolved. The one rule of tide._alert_deliver and of
+-- pg_tide's undelivered alert (no one takes an open alert). The alert's type is defined later
+-- (sql/monitor.sql): its fields come as text.
+CREATE FUNCTION tide._alert_takers(p_owner name, p_severity text, p_kind text, p_subject_type text, p_subject text,
+                                   p_resolved boolean)
+RETURNS TABLE (channel text, owner name)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+        SELECT r.channel::text, r.owner FROM tide.alert_route r
+         WHERE tide._routed(r.owner, p_owner) AND p_severity::tide.severity >= r.min_severity
+           AND (r.kinds IS NULL OR p_kind = ANY (r.kinds::text[]))
+           AND (NOT p_resolved OR r.resolved)
+        UNION
+        SELECT c.name::text, c.owner FROM tide.alert_channel c
+         WHERE c.alerts IS NOT NULL AND p_severity::tide.severity >= c.alerts AND tide._routed(c.owner, p_owner)
+           -- A channel is not told that it is failing (it would fail again).
+           AND NOT (p_kind = 'delivery_failed' AND p_subject_type = 'channel' AND p_subject = c.name
+                    AND p_owner = c.owner);
+END
+$$;
+COMMENT ON FUNCTION tide._alert_takers(name, text, text, text, text, boolean) IS
+    'Internal: the routes and channels that take an alert of an owner, severity, kind and subject (of its resolution when p_resolved).';
+
 -- Records the deliveries of one alert event (opened, escalated, renotify, resolved): one side
--- effect per route (sql/monitor.sql's tide.create_alert_route, taken by your own workers) and
--- per channel (sent by pg_tide), keyed alert:<id>:<event>:<channel>, so never twice.
+-- effect per route and channel that takes it (tide._alert_takers), keyed
+-- alert:<id>:<event>:<channel>, so never twice.
 CREATE FUNCTION tide._alert_deliver(p_event jsonb) RETURNS integer
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -177,17 +222,8 @@ BEGIN
         INSERT INTO tide.effect (channel, dedupe_key, payload, owner)
         SELECT x.channel, format('alert:%s:%s:%s', a.alert_id, tag, x.channel), p_event, x.owner
           FROM tide.alert a
-         CROSS JOIN LATERAL (
-               SELECT r.channel, r.owner FROM tide.alert_route r
-                WHERE tide._routed(r.owner, a.owner) AND a.severity >= r.min_severity
-                  AND (r.kinds IS NULL OR a.kind = ANY (r.kinds))
-                  AND (p_event->>'event' <> 'resolved' OR r.resolved)
-               UNION
-               SELECT c.name, c.owner FROM tide.alert_channel c
-                WHERE c.alerts IS NOT NULL AND a.severity >= c.alerts AND tide._routed(c.owner, a.owner)
-                  -- A channel is not told that it is failing (it would fail again).
-                  AND NOT (a.kind = 'delivery_failed' AND a.subject_type = 'channel' AND a.subject = c.name
-                           AND a.owner = c.owner)) x
+         CROSS JOIN LATERAL tide._alert_takers(a.owner, a.severity::text, a.kind::text, a.subject_type, a.subject,
+                                               p_event->>'event' = 'resolved') x
          WHERE a.alert_id = (p_event->>'alert_id')::bigint
         ON CONFLICT ON CONSTRAINT effect_owner_dedupe_key_key DO NOTHING
         RETURNING channel
@@ -261,6 +297,12 @@ BEGIN
         RAISE LOG 'pg_tide: delivery=% effect_id=% channel=% attempt=% error=%', next_state, p_effect_id,
             tide._logfmt(e.channel), e.attempts, tide._logfmt(p_error);
     END IF;
+    INSERT INTO tide.delivery_count AS d (owner, channel, outcome, value)
+    SELECT e.owner, e.channel, o.outcome, 1
+      FROM unnest(CASE WHEN p_error IS NULL THEN ARRAY['sent']
+                       WHEN next_state = 'dead' THEN ARRAY['failed', 'dead']
+                       ELSE ARRAY['failed'] END) AS o(outcome)
+    ON CONFLICT (owner, channel, outcome) DO UPDATE SET value = d.value + 1;
     RETURN next_state;
 END
 $$;
@@ -322,6 +364,17 @@ BEGIN
     IF tide._setting('allow_unscheduled', 'off') = 'on' THEN
         RETURN;
     END IF;
+    -- This database's scheduler may be starting (the server or the database is new, or it was
+    -- terminated): it connects within a second or two (its restart time is one second). Only one
+    -- still absent after three is worth a warning.
+    IF current_database() = tide._setting('database', 'postgres') THEN
+        FOR i IN 1..30 LOOP
+            PERFORM pg_stat_clear_snapshot();
+            EXIT WHEN EXISTS (SELECT 1 FROM pg_stat_activity a
+                               WHERE a.backend_type = 'pg_tide scheduler' AND a.datname = current_database());
+            PERFORM pg_sleep(0.1);
+        END LOOP;
+    END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_stat_activity a
                     WHERE a.backend_type = 'pg_tide scheduler' AND a.datname = current_database()) THEN
         RAISE WARNING 'no pg_tide scheduler is running for database "%": the task will not fire', current_database()
@@ -334,4 +387,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide._scheduler_warning() IS
-    'Internal: the WARNING tide.schedule and tide.alter give when no scheduler runs for this database or pg_tide.enabled is off.';
+    'Internal: the WARNING tide.schedule and tide.alter give when no scheduler runs for this database (one that is starting is waited for, up to 3 s) or pg_tide.enabled is off.';

@@ -172,6 +172,10 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value', HINT = 'claim at most 1000 runs at a time; batches of 10 to 100 work well';
     END IF;
     PERFORM tide._bounded('lease', p_lease, false);
+    IF NOT is_sql THEN
+        -- Noted whatever it finds: a late run of this queue then is not for want of workers.
+        PERFORM tide._queue_claimed(p_queue);
+    END IF;
     IF owners_ok IS NOT NULL THEN
         SELECT array_agg(g.owner), array_agg(g.object) INTO g_owners, g_queues FROM tide._granted('claim') g;
     END IF;
@@ -1058,8 +1062,9 @@ COMMENT ON FUNCTION tide._database_problem(text, name) IS
     'Internal: why a role cannot run commands in a database (too long a name, none such, a template, not accepting connections, no CONNECT privilege), as SQLSTATE, message and hint; no row when it can.';
 
 -- A command worker's outcome, recorded by whoever collects it: completed (with its statement
--- count and last command tag), or failed by the error's SQLSTATE (transient: retried; business:
--- dead letter), unless the run was taken back meanwhile.
+-- count and last command tag), stopped as asked (a cancel or pause interrupted it), or failed by
+-- the error's SQLSTATE (transient: retried; business: dead letter), unless the run was taken back
+-- meanwhile.
 CREATE FUNCTION tide._command_finish(p_run_id bigint, p_token bigint, p_sqlstate text, p_error text,
                                      p_statements integer, p_expected bigint, p_actual bigint, p_tag text)
 RETURNS text
@@ -1076,6 +1081,14 @@ BEGIN
                                  jsonb_strip_nulls(jsonb_build_object('statements', p_statements, 'tag', p_tag)),
                                  p_expected, p_actual)::text;
     END IF;
+    IF (SELECT x.control FROM tide.run x WHERE x.run_id = p_run_id) IS NOT NULL THEN
+        -- tide.cancel_run or tide.pause_run interrupted the command (tide._ask_to_stop): the run
+        -- stops as asked. A top-level command's statements before the interruption stay.
+        RETURN tide._stop_run(p_run_id, NULL, true,
+                              CASE WHEN p_statements > 0
+                                   THEN format('while running, its command interrupted after %s statements, which stay committed', p_statements)
+                                   ELSE 'while running, its command interrupted and its work rolled back' END)::text;
+    END IF;
     RETURN tide._fail(p_run_id, p_error,
                       tide._error_kind(p_sqlstate,
                                        (SELECT v.rules->'error_kinds' FROM tide.run r
@@ -1085,7 +1098,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide._command_finish(bigint, bigint, text, text, integer, bigint, bigint, text) IS
-    'Internal: records the outcome of a command worker (completed with its statement count and last command tag, or failed by its SQLSTATE) if the claim still holds the run.';
+    'Internal: records the outcome of a command worker (completed with its statement count and last command tag, stopped as a cancel or pause asked, or failed by its SQLSTATE) if the claim still holds the run.';
 
 -- No command worker was free for a claimed run (the limits, or max_worker_processes): it goes
 -- back in line for two seconds, without counting as a try, and its locks go back meanwhile.

@@ -12,7 +12,8 @@ COMMENT ON FUNCTION tide.checkpoint() IS 'Inside a task''s command: the run''s l
 -- Ends a running run that was asked to pause or cancel (between batches, at a heartbeat, or
 -- with its command interrupted: p_interrupted, the command's or batch's work rolled back). The
 -- reason keeps who asked, and why (recorded when they asked).
-CREATE FUNCTION tide._stop_run(p_run_id bigint, p_progress jsonb, p_interrupted boolean DEFAULT false)
+CREATE FUNCTION tide._stop_run(p_run_id bigint, p_progress jsonb, p_interrupted boolean DEFAULT false,
+                               p_note text DEFAULT NULL)
 RETURNS tide.run_state
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
@@ -23,7 +24,8 @@ AS $$
            finished_at = CASE WHEN x.control = 'cancel' THEN now() END, updated_at = now(),
            reason = format('%s %s (%s)',
                            CASE WHEN x.control = 'cancel' THEN 'cancelled' ELSE 'paused' END,
-                           CASE WHEN p_interrupted AND x.batches > 0
+                           CASE WHEN p_note IS NOT NULL THEN p_note
+                                WHEN p_interrupted AND x.batches > 0
                                 THEN format('after %s batches, its running batch interrupted and rolled back', x.batches)
                                 WHEN p_interrupted THEN 'while running, its command interrupted and its work rolled back'
                                 ELSE format('after %s batches', x.batches) END,
@@ -32,15 +34,18 @@ AS $$
      WHERE x.run_id = p_run_id AND x.state = 'running' AND x.control IS NOT NULL
     RETURNING x.state
 $$;
-COMMENT ON FUNCTION tide._stop_run(bigint, jsonb, boolean) IS
-    'Internal: pauses or cancels a running run whose pause or cancel was asked for, keeping its checkpoint (interrupted: its running command or batch was rolled back).';
+COMMENT ON FUNCTION tide._stop_run(bigint, jsonb, boolean, text) IS
+    'Internal: pauses or cancels a running run whose pause or cancel was asked for, keeping its checkpoint (interrupted: its running command or batch was rolled back; a note says otherwise what became of it).';
 
 -- Asks a running run to pause or cancel, recording who asked and why. A run of pg_tide's SQL
 -- executors has its command interrupted at once (a cancel always; a pause unless the task is
 -- long, which pauses between batches without losing work): the executor's backend gets a
 -- query cancel, and its error handler, waiting for this transaction's row lock, finds the
 -- request and stops the run. (The executor cannot finish the run meanwhile: this transaction
--- holds its row.)
+-- holds its row.) A run whose command a command worker runs (top-level, or in another
+-- database: src/command.rs) has that worker's statement cancelled, for a pause as for a cancel;
+-- the outcome, recorded by whoever collects it, finds the request and stops the run (a paused
+-- one runs again from its first statement when resumed).
 CREATE FUNCTION tide._ask_to_stop(r tide.run, p_control text, p_why text) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -55,9 +60,13 @@ BEGIN
         RETURN;  -- an external worker: it stops at its next heartbeat
     END IF;
     SELECT v.rules INTO rules FROM tide.task_version v WHERE v.task_id = r.task_id AND v.version = r.version;
-    IF coalesce((rules->>'top_level')::boolean, false) OR rules->>'database' IS NOT NULL
-       OR (p_control = 'pause' AND coalesce((rules->>'long')::boolean, false)) THEN
-        RETURN;  -- between batches, or when the command run by a worker of its own ends
+    IF coalesce((rules->>'top_level')::boolean, false) OR rules->>'database' IS NOT NULL THEN
+        PERFORM pg_cancel_backend(w.pid) FROM tide._command_workers() w
+         WHERE w.run_id = r.run_id AND w.state = 'running' AND w.pid IS NOT NULL;
+        RETURN;
+    END IF;
+    IF p_control = 'pause' AND coalesce((rules->>'long')::boolean, false) THEN
+        RETURN;  -- between batches
     END IF;
     PERFORM pg_cancel_backend(a.pid) FROM pg_stat_activity a
      WHERE a.pid = r.executor_pid AND a.backend_start = r.executor_start;

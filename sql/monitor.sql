@@ -81,7 +81,8 @@ END
 $$;
 COMMENT ON FUNCTION tide._severity(text, text) IS 'Internal: a severity given as text, or a clear error.';
 
-CREATE FUNCTION tide.monitor(task text, max_silence interval DEFAULT NULL, severity text DEFAULT NULL)
+CREATE FUNCTION tide.monitor(task text, max_silence interval DEFAULT NULL, severity text DEFAULT NULL,
+                             start_deadline interval DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -99,6 +100,7 @@ BEGIN
                   HINT = 'pass max_silence => ''2 hours'', or ''0'' to derive it from the schedule again';
     END IF;
     PERFORM tide._bounded('max_silence', monitor.max_silence, true);
+    PERFORM tide._bounded('start_deadline', monitor.start_deadline, true);
     PERFORM tide._text_arg('task', monitor.task, 200, 'pass the name of one of your tasks');
     SELECT * INTO t FROM tide.task x WHERE x.name = monitor.task AND x.owner = tide._caller() FOR NO KEY UPDATE;
     IF NOT FOUND THEN
@@ -109,15 +111,110 @@ BEGIN
        SET max_silence = CASE WHEN monitor.max_silence IS NULL THEN x.max_silence
                               WHEN monitor.max_silence = interval '0' THEN NULL
                               ELSE monitor.max_silence END,
-           severity = coalesce(tide._severity(monitor.severity, 'severity'), x.severity)
+           severity = coalesce(tide._severity(monitor.severity, 'severity'), x.severity),
+           start_deadline = CASE WHEN monitor.start_deadline IS NULL THEN x.start_deadline
+                                 WHEN monitor.start_deadline = interval '0' THEN NULL
+                                 ELSE monitor.start_deadline END
      WHERE x.task_id = t.task_id
     RETURNING * INTO t;
     RETURN jsonb_build_object('task', t.name, 'max_silence', tide._max_silence(t.max_silence, t.fire_gap, t.timeout),
-                              'derived', t.max_silence IS NULL, 'severity', t.severity);
+                              'derived', t.max_silence IS NULL, 'severity', t.severity,
+                              'start_deadline', tide._start_deadline(t.start_deadline, t.fire_gap, true),
+                              'start_deadline_derived', t.start_deadline IS NULL);
 END
 $$;
-COMMENT ON FUNCTION tide.monitor(text, interval, text) IS
-    'monitor(task, max_silence => NULL, severity => NULL): sets how long the task may go without a success before it is late (''0'' = derived from the schedule) and the severity of its alerts. NULL leaves a setting as it is. Not a rule change: makes no new version.';
+COMMENT ON FUNCTION tide.monitor(text, interval, text, interval) IS
+    'monitor(task, max_silence => NULL, severity => NULL, start_deadline => NULL): sets how long the task may go without a success before it is late (''0'' = derived from the schedule), the severity of its alerts, and how long a ready run may wait to start before a late_start alert opens (''0'' = derived). NULL leaves a setting as it is. Not a rule change: makes no new version.';
+
+-- How long a ready run may wait to start before it is late (a late_start alert): the task's
+-- start_deadline, else for a window run a quarter of the gap between its fires, between a
+-- minute and 15 minutes (a daily run: 15 minutes; a run every minute: a minute), else (a one-off
+-- or event run, or a schedule without gaps) pg_tide.start_deadline.
+CREATE FUNCTION tide._start_deadline(p_start_deadline interval, p_fire_gap interval, p_window boolean)
+RETURNS interval
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce(p_start_deadline,
+                    CASE WHEN p_window AND p_fire_gap IS NOT NULL
+                         THEN least(greatest(p_fire_gap / 4, interval '1 minute'), interval '15 minutes') END,
+                    tide._setting('start_deadline', '300')::interval)
+$$;
+COMMENT ON FUNCTION tide._start_deadline(interval, interval, boolean) IS
+    'Internal: how long a ready run may wait to start: the task''s start_deadline, else a quarter of its fire gap (1 to 15 minutes) for a window run, else pg_tide.start_deadline.';
+
+-- Why a ready run has not started, in words, as far as pg_tide can tell: its queue paused or at
+-- its limit, a lock another run holds, an earlier run of its serial group, no executor free or
+-- no command worker, or (external workers) no claim from its queue lately.
+CREATE FUNCTION tide._late_cause(p_run_id bigint) RETURNS text
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    r tide.run;
+    q tide.queue;
+    holder bigint;
+    running bigint;
+    executors integer := tide._setting('executors', '2')::integer;
+    seen timestamptz;
+BEGIN
+    SELECT * INTO r FROM tide.run x WHERE x.run_id = p_run_id;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    SELECT * INTO q FROM tide.queue x WHERE x.owner = r.owner AND x.name = r.queue;
+    IF FOUND AND q.paused THEN
+        RETURN format('queue %s is paused (tide.resume_queue)', r.queue);
+    END IF;
+    IF q.max_concurrency IS NOT NULL THEN
+        SELECT count(*) INTO running FROM tide.pending p
+         WHERE p.owner = r.owner AND p.queue = r.queue AND p.state = 'running';
+        IF running >= q.max_concurrency THEN
+            RETURN format('queue %s is at its limit: %s running of max_concurrency %s', r.queue, running, q.max_concurrency);
+        END IF;
+    END IF;
+    IF r.lock_key IS NOT NULL THEN
+        SELECT l.run_id INTO holder FROM tide.lock l WHERE l.key = r.lock_key AND l.run_id <> r.run_id LIMIT 1;
+        IF FOUND THEN
+            RETURN format('lock %s is held by run %s', r.lock_key, holder);
+        END IF;
+    END IF;
+    IF r.gate IS NOT NULL THEN
+        SELECT x.run_id INTO holder FROM tide.run x
+         WHERE x.run_id IN (SELECT p.run_id FROM tide.pending p WHERE p.task_id = r.task_id AND p.state = 'running')
+           AND x.gate = r.gate AND x.run_id <> r.run_id
+         ORDER BY x.run_id LIMIT 1;
+        IF FOUND THEN
+            RETURN format('behind run %s of its serial group (runs of %s go one at a time)', holder, r.gate);
+        END IF;
+    END IF;
+    IF r.reason LIKE 'waits for a command worker%' THEN
+        RETURN r.reason;
+    END IF;
+    IF r.executor = 'sql' THEN
+        IF NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.backend_type = 'pg_tide executor' AND a.datname = current_database()) THEN
+            RETURN format('no executor is running (pg_tide.executors = %s)', executors);
+        END IF;
+        SELECT count(*) INTO running FROM tide.run x
+         WHERE x.run_id IN (SELECT p.run_id FROM tide.pending p WHERE p.state = 'running' AND p.executor = 'sql')
+           AND x.run_id <> ALL (tide._command_runs());
+        IF running >= executors THEN
+            RETURN format('no executor free: all %s run other runs (raise pg_tide.executors)', executors);
+        END IF;
+        RETURN 'not claimed yet by an executor';
+    END IF;
+    seen := tide._queue_claimed_at(r.queue);
+    IF seen IS NULL OR seen < now() - interval '1 minute' THEN
+        RETURN format('no worker claimed from queue %s in the last minute%s', r.queue,
+                      CASE WHEN seen IS NULL THEN ' (none since the server started)'
+                           ELSE format(' (the last claim at %s)', seen) END);
+    END IF;
+    SELECT count(*) INTO running FROM tide.pending p WHERE p.queue = r.queue AND p.state = 'running';
+    RETURN format('queue %s''s workers are busy: %s of its runs running', r.queue, running);
+END
+$$;
+COMMENT ON FUNCTION tide._late_cause(bigint) IS
+    'Internal: why a ready run has not started, in words (a late_start alert''s cause).';
 
 -- The silence a task may reach: set, or the longest gap between its fires plus the time one
 -- run may take (its timeout, at most that gap). NULL when the schedule fires less than twice
@@ -447,7 +544,8 @@ RETURNS TABLE (task text, status text, severity tide.severity, last_success time
                p50_duration interval, p95_duration interval, p95_queue_wait interval,
                next_fire_at timestamptz, paused boolean, task_id bigint, owner name,
                tick_error text, tick_error_at timestamptz, tick_retry_at timestamptz,
-               open_differences integer, differences_for_a_person integer, held integer, held_since timestamptz)
+               open_differences integer, differences_for_a_person integer, held integer, held_since timestamptz,
+               oldest_ready_id bigint)
 -- PL/pgSQL, one RETURN QUERY, rather than SQL: a set-returning SQL function with SET clauses
 -- runs them around every row it returns (10,000 times per call over 10,000 tasks), and plans its
 -- query at every call; this one sets them once and its session keeps the plan (measured over
@@ -466,7 +564,7 @@ WITH open_runs AS (
     -- when the oldest ready run waits, and the oldest held one (after a rule change, R12.3,
     -- for tide.confirm), from those runs alone.
     SELECT o.*,
-           (SELECT coalesce(r.run_after, r.fire_at, r.created_at) FROM tide.run r WHERE r.run_id = o.oldest_ready_id) AS ready_since,
+           (SELECT greatest(r.updated_at, r.run_after) FROM tide.run r WHERE r.run_id = o.oldest_ready_id) AS ready_since,
            (SELECT r.updated_at FROM tide.run r WHERE r.run_id = o.oldest_held_id) AS held_since
       FROM (
     SELECT p.task_id,
@@ -527,7 +625,7 @@ WITH open_runs AS (
       JOIN tide.task t ON t.task_id = s.task_id
      WHERE cardinality(stale.ids) > 0
 ), h AS (
-    SELECT f.*, o.backlog, o.dead, o.need_check, o.held, o.held_since,
+    SELECT f.*, o.backlog, o.dead, o.need_check, o.held, o.held_since, o.oldest_ready_id,
            p_now - o.ready_since AS oldest_ready, tide._max_silence(f.max_silence, f.fire_gap, f.timeout) AS max_silence_eff,
            p_now - coalesce(f.last_success, f.created_at) AS silence, diff.open, diff.for_a_person
       FROM f
@@ -551,7 +649,7 @@ SELECT h.name,
        h.tick_error, h.tick_error_at, h.tick_retry_at,
        CASE WHEN h.reconcile IS NOT NULL THEN coalesce(h.open, 0)::integer END,
        CASE WHEN h.reconcile IS NOT NULL THEN coalesce(h.for_a_person, 0)::integer END,
-       coalesce(h.held, 0)::integer, h.held_since
+       coalesce(h.held, 0)::integer, h.held_since, h.oldest_ready_id
   FROM h;
 END
 $$;
@@ -566,7 +664,7 @@ RETURNS TABLE (status text, last_tick timestamptz, since_last_tick interval, sta
                last_tick_error text, last_tick_error_at timestamptz, scheduler_alive boolean, executors_alive integer,
                executors_expected integer, delivery_alive boolean, notifier_alive boolean, ready_runs integer, oldest_ready interval,
                deliveries_pending integer, deliveries_dead_24h integer, ping_configured boolean,
-               last_ping_at timestamptz, last_ping_status integer, owner name)
+               last_ping_at timestamptz, last_ping_status integer, owner name, alerts_untaken integer)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -603,7 +701,7 @@ BEGIN
     -- The ready runs (from tide.pending alone) and the wait of the oldest (by id, as task
     -- health takes it): one run read, not every ready run (with a backlog of 166,000 runs the
     -- join took most of a second).
-    SELECT q.n, p_now - (SELECT coalesce(r.run_after, r.fire_at, r.created_at) FROM tide.run r WHERE r.run_id = q.oldest_id) AS oldest
+    SELECT q.n, p_now - (SELECT greatest(r.updated_at, r.run_after) FROM tide.run r WHERE r.run_id = q.oldest_id) AS oldest
       INTO ready
       FROM (SELECT count(*) AS n, min(p.run_id) AS oldest_id FROM tide.pending p
              WHERE p.state = 'ready' AND (p.due_at IS NULL OR p.due_at <= p_now)) q;
@@ -612,11 +710,18 @@ BEGIN
       INTO dl
       FROM tide.effect e JOIN tide.alert_channel c ON c.owner = e.owner AND c.name = e.channel
      WHERE e.state IN ('pending', 'sending', 'dead');
+    alerts_untaken := tide._alerts_untaken();
     stalled_after := tide._setting('alert_stalled_after', '60s')::interval;
     status := CASE WHEN idle_at > coalesce(ok_at, '-infinity') AND idle_at > p_now - stalled_after THEN 'paused'
-                   WHEN procs.scheduler = 0 OR alive_at < p_now - stalled_after THEN 'down'
+                   -- No scheduler process: down once it has been gone a little while (10 s, or
+                   -- stalled_after if shorter) since its last sign of life; not while it starts
+                   -- with the server or restarts after a crash (pg_tide's own false alarm).
+                   WHEN (procs.scheduler = 0 AND alive_at < p_now - least(stalled_after, interval '10 seconds'))
+                        OR alive_at < p_now - stalled_after THEN 'down'
+                   WHEN procs.scheduler = 0 THEN 'late'
                    WHEN (w->>'failing')::boolean THEN 'failing'
-                   WHEN procs.executors < executors_expected OR procs.delivery = 0 OR procs.notifier = 0 OR dl.dead > 0 THEN 'late'
+                   WHEN procs.executors < executors_expected OR procs.delivery = 0 OR procs.notifier = 0 OR dl.dead > 0
+                        OR alerts_untaken > 0 THEN 'late'
                    ELSE 'ok' END;
     last_tick := ok_at;
     since_last_tick := p_now - alive_at;
@@ -641,9 +746,10 @@ $$;
 COMMENT ON FUNCTION tide._self(timestamptz) IS
     'Internal: pg_tide''s own health at an instant (tide.self_health), in the database it serves, for superusers and tide_admin.';
 
+
 CREATE VIEW tide.self_health WITH (security_invoker = true) AS SELECT * FROM tide._self(now());
 COMMENT ON VIEW tide.self_health IS
-    'pg_tide itself: status (ok, late, failing, down, paused), the last successful tick and the time since, tick errors since the server started and the last one, whether the scheduler, executors, delivery worker and notifier run, ready runs and the oldest one''s wait, alert deliveries pending and dead in 24 h, the ping. Shown in the database pg_tide serves, to superusers and members of tide_admin.';
+    'pg_tide itself: status (ok, late, failing, down, paused), the last successful tick and the time since, tick errors since the server started and the last one, whether the scheduler, executors, delivery worker and notifier run, ready runs and the oldest one''s wait, alert deliveries pending and dead in 24 h, the ping, and alerts_untaken: open alerts no channel or route takes (late while there are any). Shown in the database pg_tide serves, to superusers and members of tide_admin.';
 GRANT SELECT ON tide.self_health TO PUBLIC;
 
 CREATE VIEW tide.health WITH (security_invoker = true) AS
@@ -674,16 +780,16 @@ COMMENT ON FUNCTION tide._status_rank(text) IS 'Internal: sort order of statuses
 -- for their names, that was a quarter of the view's time). The outer ORDER BY is the
 -- subquery's: no second sort.
 CREATE VIEW tide.dashboard WITH (security_invoker = true) AS
-SELECT left(s.task, 18) AS task, s.status, left(s.severity::text, 4) AS sev, tide._short(s.silence) AS quiet,
+SELECT left(s.task, 16) AS task, s.status, left(s.severity::text, 4) AS sev, tide._short(s.silence) AS quiet,
        tide._short(s.max_silence) AS max, s.consecutive_failures AS fail, s.backlog AS todo,
-       tide._short(s.next_fire_at - now()) AS next
+       tide._short(s.oldest_ready) AS wait, tide._short(s.next_fire_at - now()) AS next
   FROM (SELECT tide._status_rank(h.status) AS rank, h.severity, h.silence, h.task, h.status, h.max_silence,
-               h.consecutive_failures, h.backlog, h.next_fire_at
+               h.consecutive_failures, h.backlog, h.oldest_ready, h.next_fire_at
           FROM tide.health h
          ORDER BY 1, 2 DESC, 3 DESC NULLS LAST, 4) s
  ORDER BY s.rank, s.severity DESC, s.silence DESC NULLS LAST, s.task;
 COMMENT ON VIEW tide.dashboard IS
-    'tide.health in 80 columns, worst first: status, severity, silence (quiet) against max_silence, failed attempts in a row, backlog (todo), time to the next fire.';
+    'tide.health in 80 columns, worst first: status, severity, silence (quiet) against max_silence, failed attempts in a row, backlog (todo), the oldest ready run''s wait (wait), time to the next fire.';
 GRANT SELECT ON tide.dashboard TO PUBLIC;
 
 -- ---------------------------------------------------------------------------------------------
@@ -898,7 +1004,7 @@ GRANT SELECT ON tide.check_status TO PUBLIC;
 CREATE TYPE tide.alert_kind AS ENUM (
     'silence', 'down', 'consecutive_failures', 'dead_letter', 'need_check', 'repeated_skips', 'retries',
     'backlog', 'catch_up_limit', 'not_ready', 'schedule_error', 'retry_budget', 'events_lost', 'backfill',
-    'reconciliation', 'held', 'delivery_failed', 'scheduler_down'
+    'reconciliation', 'held', 'delivery_failed', 'scheduler_down', 'undelivered', 'late_start'
 );
 COMMENT ON TYPE tide.alert_kind IS 'What an alert is about; see docs/operations.md, Alerts.';
 
@@ -916,8 +1022,19 @@ AS $$
            x.owner
       FROM tide._self(p_now) x
      WHERE x.status = 'down'
+    UNION ALL
+    -- Alerts that reach no person (no channel takes them): said once, as pg_tide's own warning,
+    -- which a channel of a superuser or of tide_admin takes. (Cast from text at run time: the
+    -- kind came in the same version.)
+    SELECT 'pg_tide', 'pg_tide', 'undelivered'::text::tide.alert_kind, 'warning'::tide.severity,
+           jsonb_build_object('alerts', x.alerts_untaken,
+                              'message', format('%s open alerts reach no one: no channel takes them', x.alerts_untaken),
+                              'hint', 'SELECT tide.create_channel(''ops'', ''webhook'', ''{"url": "https://..."}''); then SELECT * FROM tide.test_channel(''ops'');'),
+           x.owner
+      FROM tide._self(p_now) x
+     WHERE x.alerts_untaken > 0
 $$;
-COMMENT ON FUNCTION tide._self_causes(timestamptz) IS 'Internal: pg_tide''s own alert condition at an instant (scheduler_down).';
+COMMENT ON FUNCTION tide._self_causes(timestamptz) IS 'Internal: pg_tide''s own alert conditions at an instant (scheduler_down, undelivered).';
 
 CREATE TABLE tide.alert (
     alert_id     bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -946,6 +1063,43 @@ COMMENT ON TABLE tide.alert IS
 -- One open alert per owner, subject and kind (names are per owner): the tick's upsert relies on it.
 CREATE UNIQUE INDEX alert_open_key ON tide.alert (owner, subject_type, subject, kind) WHERE resolved_at IS NULL;
 CREATE INDEX alert_resolved_idx ON tide.alert (resolved_at) WHERE resolved_at IS NOT NULL;
+
+-- Open alerts that nobody takes: no channel of pg_tide's and no route of your own workers
+-- receives them (tide._alert_takers), so they reach no person. pg_tide's own alert of them is
+-- not counted, nor an alert seen by one evaluation only (one opened and resolved by the next
+-- would otherwise raise this for a moment: the evaluation counts the alerts open before it).
+CREATE FUNCTION tide._alerts_untaken() RETURNS integer
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT count(*)::integer FROM tide.alert a
+     WHERE a.resolved_at IS NULL AND NOT (a.subject_type = 'pg_tide' AND a.kind::text = 'undelivered')
+       AND a.last_seen_at > a.opened_at
+       AND NOT EXISTS (SELECT 1 FROM tide._alert_takers(a.owner, a.severity::text, a.kind::text, a.subject_type,
+                                                         a.subject, false))
+$$;
+COMMENT ON FUNCTION tide._alerts_untaken() IS
+    'Internal: how many open alerts, seen by more than one evaluation, no channel or route takes (pg_tide''s undelivered alert aside).';
+
+-- The caller's open alerts (its own, its teams', every role's for tide_admin) that no channel
+-- or route takes: they reach no person. Runs as the extension's owner (volatile and public: see
+-- src/caller.rs), as the channels of pg_tide's owner that take every role's alerts are not the
+-- caller's to read; tide._may_act keeps to the caller's alerts.
+CREATE FUNCTION tide.untaken_alerts()
+RETURNS TABLE (alert_id bigint, subject_type text, subject text, kind text, severity text, opened_at timestamptz, owner name)
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT a.alert_id, a.subject_type, a.subject, a.kind::text, a.severity::text, a.opened_at, a.owner
+      FROM tide.alert a
+     WHERE a.resolved_at IS NULL AND tide._may_act(a.owner)
+       AND NOT (a.subject_type = 'pg_tide' AND a.kind::text = 'undelivered')
+       AND NOT EXISTS (SELECT 1 FROM tide._alert_takers(a.owner, a.severity::text, a.kind::text, a.subject_type,
+                                                         a.subject, false))
+     ORDER BY a.severity DESC, a.opened_at
+$$;
+COMMENT ON FUNCTION tide.untaken_alerts() IS
+    'Your open alerts (your own, your teams'', every role''s for tide_admin) that no channel or route takes, so they reach no person: alert_id, subject_type, subject, kind, severity, opened_at, owner. Create a channel (tide.create_channel) or a route (tide.create_alert_route) that takes them.';
 
 -- Every condition that holds at an instant, as (subject, kind, details).
 CREATE FUNCTION tide._alert_causes(p_now timestamptz)
@@ -991,6 +1145,8 @@ RETURN QUERY
             OR h.consecutive_skips > cfg.skips OR h.retries_24h >= cfg.retries OR h.backlog >= cfg.backlog
             OR h.catch_up_limited_24h > 0 OR h.not_ready_24h > 0 OR h.tick_error IS NOT NULL
             OR h.held_since <= p_now - cfg.held_after
+            -- A ready run waiting long enough to be late (each task's deadline is checked below).
+            OR h.oldest_ready > interval '1 second'
     )
     SELECT 'task', h.task, c.kind, h.severity, c.details, h.owner
       FROM h CROSS JOIN cfg CROSS JOIN LATERAL (VALUES
@@ -1015,6 +1171,17 @@ RETURN QUERY
                             'confirm', format('SELECT tide.confirm(%L, version)', h.task)))
       ) AS c(kind, hit, details)
      WHERE c.hit
+    UNION ALL
+    -- A ready run not started by its deadline (tide._start_deadline): its wait and, as far as
+    -- pg_tide can tell, why. Resolves when it starts.
+    SELECT 'task', h.task, 'late_start'::text::tide.alert_kind, h.severity,
+           jsonb_build_object('run_id', l.run_id, 'waited', h.oldest_ready, 'start_deadline', l.deadline,
+                              'cause', tide._late_cause(l.run_id)),
+           h.owner
+      FROM h JOIN tide.task t ON t.task_id = h.task_id
+     CROSS JOIN LATERAL (SELECT r.run_id, tide._start_deadline(t.start_deadline, t.fire_gap, r.window_start IS NOT NULL) AS deadline
+                           FROM tide.run r WHERE r.run_id = h.oldest_ready_id) l
+     WHERE h.oldest_ready > l.deadline
     UNION ALL
     SELECT 'check', s.name, k.kind, s.severity,
            jsonb_build_object('status', s.status, 'last_beat', s.last_beat, 'expected_at', s.expected_at, 'message', s.message),

@@ -113,6 +113,9 @@ CREATE TABLE tide.task (
     -- by a worker of its own connected there; NULL = the database pg_tide serves. (Added in
     -- 0.2.2, last, as the upgrade adds it.)
     database     text,
+    -- Monitoring (tide.monitor): a ready run not started this long after it became ready opens
+    -- a late_start alert; NULL = derived (tide._start_deadline). Not a rule. (0.2.2, last.)
+    start_deadline interval CHECK (start_deadline > interval '0'),
     -- Names belong to their owner: two roles may each have a task of one name.
     CONSTRAINT task_owner_name_key UNIQUE (owner, name)
 );
@@ -154,6 +157,7 @@ COMMENT ON COLUMN tide.task.version IS 'Current rule version; runs record the ve
 COMMENT ON COLUMN tide.task.owner IS 'Role that created the task; its command runs as this role. Task names are unique per owner.';
 COMMENT ON COLUMN tide.task.tick_error IS 'Why the scheduler could not fire the task the last time it tried (NULL when it fired); an alert (schedule_error) is open meanwhile.';
 COMMENT ON COLUMN tide.task.database IS 'Database of the cluster the command runs in, as the owner, by a worker of pg_tide''s connected there (pg_cron''s schedule_in_database); NULL = the database pg_tide serves. The run, its retries, alerts and history stay in pg_tide''s database.';
+COMMENT ON COLUMN tide.task.start_deadline IS 'Longest a ready run may wait to start before a late_start alert opens (set with tide.monitor, not a rule); NULL = derived: a quarter of the gap between fires, 1 to 15 minutes, for window runs, pg_tide.start_deadline for one-off and event runs.';
 COMMENT ON COLUMN tide.task.tick_retry_at IS 'When the scheduler tries again to fire a task whose firing failed.';
 
 -- tide.emit finds the tasks subscribed to a topic.
@@ -191,7 +195,7 @@ AS $$
     SELECT pg_catalog.to_jsonb(t) OPERATOR(pg_catalog.-)
            ARRAY['task_id', 'version', 'owner', 'paused', 'paused_at', 'skip_until', 'next_fire_at',
                  'created_at', 'updated_at', 'max_silence', 'severity', 'fire_gap', 'tick_error',
-                 'tick_error_at', 'tick_retry_at']::pg_catalog.text[]
+                 'tick_error_at', 'tick_retry_at', 'start_deadline']::pg_catalog.text[]
 $$;
 COMMENT ON FUNCTION tide._task_rules(tide.task) IS
     'The rule snapshot of a task row, as stored in tide.task_version.rules.';
@@ -280,7 +284,8 @@ CREATE POLICY task_version_owner ON tide.task_version FOR SELECT USING (tide._vi
 -- Predefined roles (cluster-wide, created once, kept when the extension is dropped): tide_admin
 -- sees and manages every role's tasks; tide_worker claims and completes the runs of the queues
 -- it is granted; tide_producer emits to and enqueues into the topics and tasks it is granted
--- (tide.grant). Grant them to login roles: GRANT tide_admin TO alice.
+-- (tide.grant); tide_monitor reads every owner's metrics. Grant them to login roles:
+-- GRANT tide_admin TO alice.
 DO $roles$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'tide_admin') THEN
@@ -291,6 +296,11 @@ BEGIN
     END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'tide_producer') THEN
         CREATE ROLE tide_producer NOLOGIN;
+    END IF;
+    -- Reads every owner's metrics (tide.metrics(), tide.metric: each task's health and pg_tide's
+    -- own among them), and nothing else: for a scraper such as pg_tide-console --metrics-only.
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'tide_monitor') THEN
+        CREATE ROLE tide_monitor NOLOGIN;
     END IF;
 END
 $roles$;

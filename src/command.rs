@@ -61,6 +61,7 @@ extern "C-unwind" {
     fn enable_timeout_after(id: c_int, delay_ms: c_int);
     fn disable_timeout(id: c_int, keep_indicator: bool);
     fn die(postgres_signal_arg: c_int);
+    fn StatementCancelHandler(postgres_signal_arg: c_int);
 }
 
 extern "C" {
@@ -740,9 +741,11 @@ pub extern "C-unwind" fn pg_tide_command_main(arg: pg_sys::Datum) {
     let index = arg.value();
     let generation: u64 = BackgroundWorker::get_extra().parse().unwrap_or(0);
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP);
-    // SAFETY: as in every backend, SIGTERM ends the process at the next interrupt check.
+    // SAFETY: as in every backend, SIGTERM ends the process at the next interrupt check, and
+    // SIGINT (pg_cancel_backend: tide.cancel_run, tide.pause_run) cancels the running statement.
     unsafe {
         pg_sys::pqsignal(pg_sys::SIGTERM as c_int, Some(die));
+        pg_sys::pqsignal(pg_sys::SIGINT as c_int, Some(StatementCancelHandler));
     }
     let Some(job) = begin(index, generation) else {
         // Its slot was given up meanwhile (the executor that launched it saw it stop).

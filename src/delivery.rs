@@ -73,10 +73,315 @@ unsafe impl PGRXSharedMemory for Watch {}
 // SAFETY: the name is unique to pg_tide.
 static WATCH: PgLwLock<Watch> = unsafe { PgLwLock::new(c"pg_tide_watch") };
 
+/// Test messages asked for with `tide.test_channel`, each sent by the delivery worker, which
+/// writes back what the receiver answered.
+const TESTS: usize = 8;
+const TEXT: usize = 600;
+const FREE: u8 = 0;
+const ASKED: u8 = 1;
+const SENDING: u8 = 2;
+const ANSWERED: u8 = 3;
+
+#[derive(Copy, Clone)]
+#[repr(C)]
+struct TestSlot {
+    state: u8,
+    id: u64,
+    /// The PGPROC number of the backend waiting for the answer.
+    requester: i32,
+    owner: [u8; 64],
+    owner_len: u16,
+    name: [u8; 64],
+    name_len: u16,
+    status: [u8; 16],
+    status_len: u16,
+    took_ms: i64,
+    error: [u8; TEXT],
+    error_len: u16,
+}
+
+impl TestSlot {
+    const EMPTY: TestSlot = TestSlot {
+        state: FREE,
+        id: 0,
+        requester: -1,
+        owner: [0; 64],
+        owner_len: 0,
+        name: [0; 64],
+        name_len: 0,
+        status: [0; 16],
+        status_len: 0,
+        took_ms: 0,
+        error: [0; TEXT],
+        error_len: 0,
+    };
+}
+
+#[derive(Copy, Clone)]
+#[repr(C)]
+pub struct Tests {
+    next_id: u64,
+    slot: [TestSlot; TESTS],
+}
+
+impl Default for Tests {
+    fn default() -> Self {
+        Tests {
+            next_id: 0,
+            slot: [TestSlot::EMPTY; TESTS],
+        }
+    }
+}
+
+// SAFETY: plain data (no pointers), shared across processes under the LWLock.
+unsafe impl PGRXSharedMemory for Tests {}
+
+// SAFETY: the name is unique to pg_tide.
+static TESTS_ASKED: PgLwLock<Tests> = unsafe { PgLwLock::new(c"pg_tide_channel_tests") };
+
+/// Copies `value` into `buf`, cut at a character boundary; its length.
+fn put(buf: &mut [u8], value: &str) -> u16 {
+    let mut end = value.len().min(buf.len());
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    buf[..end].copy_from_slice(&value.as_bytes()[..end]);
+    u16::try_from(end).unwrap_or(0)
+}
+
+fn text_of(buf: &[u8], len: u16) -> String {
+    String::from_utf8_lossy(&buf[..usize::from(len).min(buf.len())]).into_owned()
+}
+
 /// Requests and sets up the shared state (from `_PG_init` while preloading).
 #[allow(unexpected_cfgs)]
 pub fn init_shared() {
     pgrx::pg_shmem_init!(WATCH);
+    pgrx::pg_shmem_init!(TESTS_ASKED);
+}
+
+/// How long `tide.test_channel` waits for the delivery worker's answer: its send timeout and a
+/// round of the worker's.
+const TEST_WAIT: Duration = Duration::from_secs(20);
+
+/// Sends a test message to one of the caller's channels through pg_tide's delivery worker, as an
+/// alert would go, and says what the receiver answered: `delivered`, `failed` (worth trying
+/// again: no answer, a 5xx, a timeout) or `refused` (a 4xx, a bad address), how long the send
+/// took, and the error (never with the channel's secrets). Nothing is recorded.
+#[allow(clippy::type_complexity)]
+#[pg_extern(volatile, schema = "tide", name = "test_channel")]
+#[search_path(pg_catalog, pg_temp)]
+fn test_channel(
+    name: Option<&str>,
+) -> TableIterator<
+    'static,
+    (
+        name!(channel, String),
+        name!(status, String),
+        name!(took, Option<pgrx::datum::Interval>),
+        name!(error, Option<String>),
+    ),
+> {
+    const F: &str = "tide.test_channel";
+    let name = crate::sqlerr::required(name, "name", F);
+    // A bad name is refused as tide.create_channel refuses it.
+    Spi::run_with_args("SELECT tide._channel($1)", &[name.into()]).or_raise(F);
+    let owner = crate::caller::caller_name();
+    let found = Spi::get_one_with_args::<bool>(
+        "SELECT EXISTS (SELECT FROM tide.alert_channel c WHERE c.name = $1 AND c.owner = $2::name)",
+        &[name.into(), owner.clone().into()],
+    )
+    .or_raise(F);
+    if found != Some(true) {
+        pgrx::pg_sys::panic::ErrorReport::new(
+            PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+            format!("channel \"{name}\" does not exist"),
+            F,
+        )
+        .set_hint("list your channels with: SELECT name, kind, alerts FROM tide.alert_channel")
+        .report(PgLogLevel::ERROR);
+    }
+    // SAFETY: the current database's name.
+    let here = unsafe {
+        std::ffi::CStr::from_ptr(pg_sys::get_database_name(pg_sys::MyDatabaseId))
+            .to_string_lossy()
+            .into_owned()
+    };
+    if here != settings::database() {
+        pgrx::pg_sys::panic::ErrorReport::new(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!(
+                "no delivery worker serves database \"{here}\": it serves \"{}\" (pg_tide.database)",
+                settings::database()
+            ),
+            F,
+        )
+        .set_hint("test the channels of the database pg_tide serves, where alerts are delivered")
+        .report(PgLogLevel::ERROR);
+    }
+    let asked = {
+        let mut tests = TESTS_ASKED.exclusive();
+        tests.next_id += 1;
+        let id = tests.next_id;
+        tests.slot.iter().position(|s| s.state == FREE).map(|i| {
+            let slot = &mut tests.slot[i];
+            *slot = TestSlot::EMPTY;
+            slot.state = ASKED;
+            slot.id = id;
+            slot.requester = crate::wake::procno();
+            slot.owner_len = put(&mut slot.owner, &owner);
+            slot.name_len = put(&mut slot.name, name);
+            (i, id)
+        })
+    };
+    let Some((index, id)) = asked else {
+        pgrx::pg_sys::panic::ErrorReport::new(
+            PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+            format!("{TESTS} channel tests are under way already"),
+            F,
+        )
+        .set_hint("try again in a few seconds")
+        .report(PgLogLevel::ERROR);
+        unreachable!()
+    };
+    crate::wake::wake_delivery();
+    let deadline = Instant::now() + TEST_WAIT;
+    let answer = loop {
+        {
+            let mut tests = TESTS_ASKED.exclusive();
+            let slot = &mut tests.slot[index];
+            if slot.id == id && slot.state == ANSWERED {
+                let answer = (
+                    text_of(&slot.status, slot.status_len),
+                    slot.took_ms,
+                    Some(text_of(&slot.error, slot.error_len)).filter(|e| !e.is_empty()),
+                );
+                slot.state = FREE;
+                break Some(answer);
+            }
+            if Instant::now() >= deadline {
+                if slot.id == id {
+                    slot.state = FREE;
+                }
+                break None;
+            }
+        }
+        // SAFETY: waits on this backend's latch (set by the delivery worker when it answers),
+        // at most 100 ms, ending the backend if the postmaster dies.
+        unsafe {
+            pg_sys::WaitLatch(
+                pg_sys::MyLatch,
+                (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+                100,
+                pg_sys::PG_WAIT_EXTENSION,
+            );
+            pg_sys::ResetLatch(pg_sys::MyLatch);
+        }
+        pgrx::check_for_interrupts!();
+    };
+    let row = match answer {
+        Some((status, took_ms, error)) => (
+            name.to_string(),
+            status,
+            pgrx::datum::Interval::new(0, 0, took_ms.saturating_mul(1000)).ok(),
+            error,
+        ),
+        None => (
+            name.to_string(),
+            "no answer".to_string(),
+            None,
+            Some(format!(
+                "the delivery worker did not answer within {} s: is it running? (SELECT delivery_alive FROM tide.self_health)",
+                TEST_WAIT.as_secs()
+            )),
+        ),
+    };
+    TableIterator::once(row)
+}
+
+/// The delivery worker sends the test messages asked for: each channel read as its owner's, a
+/// test alert sent to it as an alert would go, the receiver's answer written back.
+fn serve_tests() {
+    loop {
+        let asked = {
+            let mut tests = TESTS_ASKED.exclusive();
+            tests.slot.iter().position(|s| s.state == ASKED).map(|i| {
+                let slot = &mut tests.slot[i];
+                slot.state = SENDING;
+                (
+                    i,
+                    slot.id,
+                    text_of(&slot.owner, slot.owner_len),
+                    text_of(&slot.name, slot.name_len),
+                )
+            })
+        };
+        let Some((index, id, owner, name)) = asked else {
+            return;
+        };
+        let channel = worker::in_transaction("channel test", || {
+            Spi::connect(|client| {
+                client
+                    .select(
+                        "SELECT c.kind, c.config FROM tide.alert_channel c WHERE c.owner = $1::name AND c.name = $2",
+                        None,
+                        &[owner.clone().into(), name.clone().into()],
+                    )
+                    .or_raise(F)
+                    .next()
+                    .map(|row| {
+                        (
+                            row.get::<String>(1).or_raise(F).unwrap_or_default(),
+                            row.get::<JsonB>(2).or_raise(F).map(|j| j.0).unwrap_or(Value::Null),
+                        )
+                    })
+            })
+        });
+        let started = Instant::now();
+        let outcome = match channel {
+            Ok(Some((kind, config))) => {
+                let job = Job {
+                    effect_id: 0,
+                    token: 0,
+                    kind,
+                    config,
+                    payload: json!({
+                        "event": "test",
+                        "subject_type": "channel",
+                        "subject": name,
+                        "kind": "test",
+                        "severity": "info",
+                        "details": {"message": format!(
+                            "a test of channel {name} of {owner}, sent with tide.test_channel: alerts of this channel arrive like this"),
+                            "database": settings::database()},
+                    }),
+                    delivery_id: format!("test:{id}"),
+                };
+                send(&job)
+            }
+            Ok(None) => Outcome::Permanent("the channel was dropped".to_string()),
+            Err(e) => Outcome::Retry(e),
+        };
+        let took_ms = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
+        let (status, error) = match outcome {
+            Outcome::Delivered => ("delivered", String::new()),
+            Outcome::Retry(e) => ("failed", e),
+            Outcome::Permanent(e) => ("refused", e),
+        };
+        let requester = {
+            let mut tests = TESTS_ASKED.exclusive();
+            let slot = &mut tests.slot[index];
+            if slot.id != id || slot.state != SENDING {
+                continue; // the asker gave up meanwhile
+            }
+            slot.status_len = put(&mut slot.status, status);
+            slot.took_ms = took_ms;
+            slot.error_len = put(&mut slot.error, &error);
+            slot.state = ANSWERED;
+            slot.requester
+        };
+        crate::wake::set_latch(requester);
+    }
 }
 
 fn now_ms() -> i64 {
@@ -301,7 +606,8 @@ fn maybe_ping(last: &mut Option<Instant>) {
     }
     *last = Some(Instant::now());
     let (ok, body) = scheduler_ok();
-    let status = match notify::ping(&url, ok, &body, SEND_TIMEOUT) {
+    let fail_url = settings::ping_fail_url();
+    let status = match notify::ping(&url, fail_url.as_deref(), ok, &body, SEND_TIMEOUT) {
         Ok(status) => i32::from(status),
         Err(e) => {
             warning!("pg_tide: ping failed: {e}");
@@ -317,6 +623,8 @@ fn maybe_ping(last: &mut Option<Instant>) {
 #[no_mangle]
 pub extern "C-unwind" fn pg_tide_delivery_main(_arg: pg_sys::Datum) {
     worker::start(F);
+    // Woken by tide.test_channel.
+    crate::wake::register(crate::wake::DELIVERY);
     let mut recovered = false;
     let mut last_ping: Option<Instant> = None;
     let mut last_watch: Option<Instant> = None;
@@ -335,6 +643,7 @@ pub extern "C-unwind" fn pg_tide_delivery_main(_arg: pg_sys::Datum) {
             })
             .is_ok();
         }
+        serve_tests();
         while deliver_batch() > 0 {}
         let every = Duration::from_millis(
             u64::try_from(settings::MONITOR_INTERVAL.get()).unwrap_or(10_000),

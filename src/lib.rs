@@ -163,6 +163,7 @@ pub extern "C-unwind" fn _PG_init() {
     delivery::init_shared();
     wake::init_shared();
     command::init_shared();
+    monitor::init_shared();
 }
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -1,9 +1,12 @@
-//! Calendar helpers of the monitoring SQL (`sql/monitor.sql`): how long a task's silence may
-//! normally grow (the longest gap between its fires), and when a heartbeat check with a cron
-//! schedule next expects a beat.
+//! Helpers of the monitoring SQL (`sql/monitor.sql`): how long a task's silence may normally
+//! grow (the longest gap between its fires), when a heartbeat check with a cron schedule next
+//! expects a beat, and when external workers last claimed from each queue (a late start's
+//! cause: "no worker claimed from queue Q in the last minute").
 
 use pgrx::datum::{Interval, TimestampWithTimeZone};
+use pgrx::lwlock::PgLwLock;
 use pgrx::prelude::*;
+use pgrx::{pg_sys, PGRXSharedMemory};
 
 use crate::calendar::{
     fire_iter, longest_gap, parse_zone, DstGap, DstOverlap, DstPolicy, Schedule,
@@ -49,4 +52,94 @@ fn next_fire(
     fire_iter(&schedule, tz, DstPolicy::default(), after)
         .next()
         .map(to_pg)
+}
+
+/// Queues whose last external claim is remembered; beyond, the oldest is forgotten (its cause
+/// then reads "none since the server started").
+const QUEUES: usize = 256;
+const NAME: usize = 64;
+
+#[derive(Copy, Clone)]
+#[repr(C)]
+pub struct Claims {
+    db: [u32; QUEUES],
+    len: [u8; QUEUES],
+    name: [[u8; NAME]; QUEUES],
+    /// TimestampTz of the latest claim; 0: an empty entry.
+    at: [i64; QUEUES],
+}
+
+impl Default for Claims {
+    fn default() -> Self {
+        Claims {
+            db: [0; QUEUES],
+            len: [0; QUEUES],
+            name: [[0; NAME]; QUEUES],
+            at: [0; QUEUES],
+        }
+    }
+}
+
+impl Claims {
+    fn find(&self, db: u32, queue: &[u8]) -> Option<usize> {
+        (0..QUEUES).find(|&i| {
+            self.at[i] != 0
+                && self.db[i] == db
+                && &self.name[i][..usize::from(self.len[i])] == queue
+        })
+    }
+}
+
+// SAFETY: plain data, shared across processes under the LWLock.
+unsafe impl PGRXSharedMemory for Claims {}
+
+// SAFETY: the name is unique to pg_tide.
+static CLAIMS: PgLwLock<Claims> = unsafe { PgLwLock::new(c"pg_tide_queue_claims") };
+
+/// Requests and sets up the shared table (from `_PG_init` while preloading).
+#[allow(unexpected_cfgs)]
+pub fn init_shared() {
+    pgrx::pg_shmem_init!(CLAIMS);
+}
+
+/// An external worker claimed from `queue` (called by `tide._claim`, whatever it found).
+#[pg_extern(volatile, parallel_unsafe, schema = "tide", name = "_queue_claimed")]
+fn queue_claimed(queue: &str) {
+    let bytes = queue.as_bytes();
+    if bytes.len() >= NAME {
+        return;
+    }
+    // SAFETY: reads the clock and this backend's database id.
+    let (now, db) = unsafe {
+        (
+            pg_sys::GetCurrentTimestamp(),
+            u32::from(pg_sys::MyDatabaseId),
+        )
+    };
+    let mut claims = CLAIMS.exclusive();
+    let i = claims.find(db, bytes).unwrap_or_else(|| {
+        // A free entry, else the one claimed from longest ago.
+        (0..QUEUES).min_by_key(|&i| claims.at[i]).unwrap_or(0)
+    });
+    claims.db[i] = db;
+    claims.len[i] = bytes.len() as u8;
+    claims.name[i] = [0; NAME];
+    claims.name[i][..bytes.len()].copy_from_slice(bytes);
+    claims.at[i] = now;
+}
+
+/// When an external worker last claimed from `queue` in this database, since the server
+/// started (NULL: not since, or forgotten).
+#[pg_extern(
+    volatile,
+    parallel_restricted,
+    schema = "tide",
+    name = "_queue_claimed_at"
+)]
+fn queue_claimed_at(queue: &str) -> Option<TimestampWithTimeZone> {
+    // SAFETY: reads this backend's database id.
+    let db = u32::from(unsafe { pg_sys::MyDatabaseId });
+    let claims = CLAIMS.share();
+    let i = claims.find(db, queue.as_bytes())?;
+    TimestampWithTimeZone::try_from(claims.at[i]).ok()
 }

@@ -286,21 +286,33 @@ pub fn send_email(config: &Value, event: &Value, delivery_id: &str, timeout: Dur
     }
 }
 
-/// Pings a dead-man's-switch URL (Healthchecks style): `url` while all is well, `url/fail`
-/// otherwise, with a short text body. Returns the HTTP status, or an error without the URL.
-pub fn ping(url: &str, ok: bool, body: &str, timeout: Duration) -> Result<u16, String> {
-    let target = if ok {
-        url.to_string()
-    } else {
-        format!("{}/fail", url.trim_end_matches('/'))
-    };
+/// Where a dead-man's-switch ping goes: `url` while all is well; otherwise the failure URL when
+/// one is set (Uptime Kuma's push URL with `status=down`), else Healthchecks' `url/fail`.
+pub fn ping_target(url: &str, fail_url: Option<&str>, ok: bool) -> String {
+    match (ok, fail_url) {
+        (true, _) => url.to_string(),
+        (false, Some(fail)) => fail.to_string(),
+        (false, None) => format!("{}/fail", url.trim_end_matches('/')),
+    }
+}
+
+/// Pings a dead-man's-switch URL (see `ping_target`) with a short text body. Returns the HTTP
+/// status, or an error without the URLs.
+pub fn ping(
+    url: &str,
+    fail_url: Option<&str>,
+    ok: bool,
+    body: &str,
+    timeout: Duration,
+) -> Result<u16, String> {
+    let target = ping_target(url, fail_url, ok);
     match agent(timeout)
         .post(&target)
         .header("Content-Type", "text/plain")
         .send(body)
     {
         Ok(r) => Ok(r.status().as_u16()),
-        Err(e) => Err(scrub(&http_error(&e), &[url])),
+        Err(e) => Err(scrub(&http_error(&e), &[url, fail_url.unwrap_or("")])),
     }
 }
 
@@ -312,6 +324,24 @@ mod tests {
         json!({"event": "opened", "alert_id": 7, "subject_type": "task", "subject": "nightly",
                "kind": "dead_letter", "severity": "critical", "opened_at": "2026-12-01T10:00:00+00:00",
                "details": {"dead": 1}})
+    }
+
+    #[test]
+    fn a_failing_ping_goes_to_the_failure_url_or_to_slash_fail() {
+        let hc = "https://hc-ping.com/uuid";
+        assert_eq!(ping_target(hc, None, true), hc);
+        assert_eq!(
+            ping_target(hc, None, false),
+            "https://hc-ping.com/uuid/fail"
+        );
+        assert_eq!(
+            ping_target("https://hc-ping.com/uuid/", None, false),
+            "https://hc-ping.com/uuid/fail"
+        );
+        let up = "https://kuma.example.com/api/push/Tok?status=up&msg=OK";
+        let down = "https://kuma.example.com/api/push/Tok?status=down&msg=pg_tide";
+        assert_eq!(ping_target(up, Some(down), true), up);
+        assert_eq!(ping_target(up, Some(down), false), down);
     }
 
     #[test]

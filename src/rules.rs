@@ -385,6 +385,12 @@ const INTERVAL_BOUNDS: &[(&str, i64, i64, &str)] = &[
     ),
     ("grace", SECOND, 366, "an interval of 1 second to 366 days"),
     (
+        "start_deadline",
+        SECOND,
+        31,
+        "an interval of 1 second to 31 days",
+    ),
+    (
         "max_silence",
         SECOND,
         3660,

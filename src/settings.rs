@@ -48,8 +48,13 @@ pub static ALERT_HELD: GucSetting<i32> = GucSetting::<i32>::new(3600);
 pub static ALERT_RENOTIFY: GucSetting<i32> = GucSetting::<i32>::new(4 * 3600);
 /// Seconds after which an open, unacknowledged alert is raised one severity; 0 = never.
 pub static ALERT_ESCALATE: GucSetting<i32> = GucSetting::<i32>::new(3600);
+/// Seconds a one-off or event run may wait to start before a late_start alert opens (task
+/// runs of a schedule derive theirs from its period; see `tide._start_deadline`).
+pub static START_DEADLINE: GucSetting<i32> = GucSetting::<i32>::new(300);
 /// Dead-man's switch: a URL the delivery worker pings while ticks succeed (`<url>/fail` else).
 pub static PING_URL: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+/// Where the ping goes while ticks fail or stop (`<ping_url>/fail` when unset).
+pub static PING_FAIL_URL: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 /// Seconds between two pings.
 pub static PING_INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(60);
 /// Lets a superuser create the extension in a database no scheduler serves.
@@ -156,7 +161,16 @@ pub fn define() {
         GucContext::Sighup,
         GucFlags::SUPERUSER_ONLY,
     );
-    let seconds: [(&'static std::ffi::CStr, &'static std::ffi::CStr, &'static GucSetting<i32>, i32, GucContext); 5] = [
+    GucRegistry::define_string_guc(
+        c"pg_tide.ping_fail_url",
+        c"Where the dead-man's-switch ping goes while ticks fail or stop (default: <ping_url>/fail).",
+        c"Uptime Kuma: its push URL with status=down. Healthchecks: leave it unset (<ping_url>/fail).",
+        &PING_FAIL_URL,
+        GucContext::Sighup,
+        GucFlags::SUPERUSER_ONLY,
+    );
+    let seconds: [(&'static std::ffi::CStr, &'static std::ffi::CStr, &'static GucSetting<i32>, i32, GucContext); 6] = [
+        (c"pg_tide.start_deadline", c"Time a one-off or event run may wait to start before a late_start alert opens (a task's tide.monitor start_deadline wins).", &START_DEADLINE, 1, GucContext::Suset),
         (c"pg_tide.ping_interval", c"Time between two pings of pg_tide.ping_url.", &PING_INTERVAL, 1, GucContext::Sighup),
         (c"pg_tide.alert_stalled_after", c"Time without a successful tick after which the scheduler_down alert opens.", &ALERT_STALLED, 5, GucContext::Sighup),
         (c"pg_tide.alert_held_after", c"Time a run may stay held after a rule change before the held alert opens.", &ALERT_HELD, 1, GucContext::Suset),
@@ -198,6 +212,14 @@ pub fn define() {
 /// The ping URL, if one is set.
 pub fn ping_url() -> Option<String> {
     PING_URL
+        .get()
+        .and_then(|c| c.into_string().ok())
+        .filter(|s| !s.trim().is_empty())
+}
+
+/// The ping's failure URL, if one is set.
+pub fn ping_fail_url() -> Option<String> {
+    PING_FAIL_URL
         .get()
         .and_then(|c| c.into_string().ok())
         .filter(|s| !s.trim().is_empty())

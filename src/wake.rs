@@ -30,14 +30,17 @@ use pgrx::{pg_sys, PGRXSharedMemory, PgXactCallbackEvent};
 
 use crate::sqlerr::OrRaise;
 
-const SLOTS: usize = 66;
+const SLOTS: usize = 67;
 /// The notifier's slot in `Procs`.
 pub const NOTIFIER: usize = 65;
+/// The delivery worker's slot in `Procs`.
+pub const DELIVERY: usize = 66;
 
 #[derive(Copy, Clone)]
 #[repr(C)]
 pub struct Procs {
-    /// Slot 0: the scheduler; 1..=64: executor n; 65: the notifier. -1: none.
+    /// Slot 0: the scheduler; 1..=64: executor n; 65: the notifier; 66: the delivery worker.
+    /// -1: none.
     procno: [i32; SLOTS],
 }
 
@@ -153,7 +156,17 @@ pub fn register(slot: usize) {
     }
 }
 
-fn set_latch(procno: i32) {
+/// This process's PGPROC number, for another to set its latch (`set_latch`).
+pub fn procno() -> i32 {
+    my_procno()
+}
+
+/// Sets the delivery worker's latch now (a test message to send).
+pub fn wake_delivery() {
+    set_latch(PROCS.share().procno[DELIVERY]);
+}
+
+pub fn set_latch(procno: i32) {
     if procno < 0 {
         return;
     }
