@@ -11,12 +11,15 @@ PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
 # chromium, chromium-driver: a real headless browser (through WebDriver) for the console's tests.
 # golang-go, golang-github-lib-pq-dev: the Go example worker (examples/go), built without modules.
 # dpkg-dev: dpkg-deb and dpkg-shlibdeps for `make package`.
+# prometheus (for promtool), python3-yaml: the console tier checks and tests monitoring/'s alert
+# rules and Grafana panels against a recorded scrape of /metrics.
 APT_PACKAGES=(postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo make python3-prometheus-client
               postgresql-15-cron
               python3-venv
               chromium chromium-driver
               golang-go golang-github-lib-pq-dev
-              dpkg-dev)
+              dpkg-dev
+              prometheus python3-yaml)
 PGSPOT_VERSION=0.9.4
 PGSPOT_VENV=${PG_TIDE_PGSPOT_VENV:-$HOME/.cache/pg_tide/pgspot-venv}
 

@@ -5,11 +5,13 @@
 
 use std::collections::HashMap;
 
+use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::spi::SpiHeapTupleData;
 
 use crate::prometheus::{
-    bucket_of, render, samples, AlertCount, CheckStatus, Figures, RunCount, TaskFigures,
+    bucket_of, render, samples, AlertCount, CheckStatus, DeliveryCount, Figures, QueueFigures,
+    RunCount, SelfFigures, TaskFigures,
 };
 use crate::sqlerr::OrRaise;
 
@@ -24,8 +26,42 @@ SELECT h.task_id, h.owner::text, h.task, h.status, h.backlog, h.consecutive_fail
        date_part('epoch', h.p95_queue_wait), h.open_differences, h.differences_for_a_person,
        (SELECT ARRAY[x.left_count, x.right_count] FROM tide.recon_result x
          WHERE h.open_differences IS NOT NULL AND x.task_id = h.task_id
-         ORDER BY x.result_id DESC LIMIT 1)
+         ORDER BY x.result_id DESC LIMIT 1),
+       date_part('epoch', h.last_success), date_part('epoch', h.oldest_ready)
   FROM tide._health(now()) h";
+
+/// Each queue with runs ready or running: how many, and the oldest ready run's wait (by the
+/// oldest id, as task health takes it).
+const QUEUES: &str = "
+SELECT q.owner::text, q.queue, q.ready, q.running,
+       date_part('epoch', now() - (SELECT greatest(r.updated_at, r.run_after) FROM tide.run r
+                                   WHERE r.run_id = q.oldest_id))
+  FROM (SELECT p.owner, p.queue,
+               count(*) FILTER (WHERE p.state = 'ready' AND (p.parked OR p.due_at IS NULL OR p.due_at <= now())) AS ready,
+               count(*) FILTER (WHERE p.state = 'running') AS running,
+               min(p.run_id) FILTER (WHERE p.state = 'ready' AND (p.parked OR p.due_at IS NULL OR p.due_at <= now())) AS oldest_id
+          FROM tide.pending p WHERE p.state IN ('ready', 'running')
+         GROUP BY p.owner, p.queue) q
+ ORDER BY 1, 2";
+
+/// Every channel of pg_tide's with its deliveries by outcome (0 for none yet).
+const DELIVERIES: &str = "
+SELECT c.owner::text, c.name::text,
+       coalesce(sum(d.value) FILTER (WHERE d.outcome = 'sent'), 0)::float8,
+       coalesce(sum(d.value) FILTER (WHERE d.outcome = 'failed'), 0)::float8,
+       coalesce(sum(d.value) FILTER (WHERE d.outcome = 'dead'), 0)::float8
+  FROM tide.alert_channel c
+  LEFT JOIN tide.delivery_count d ON d.owner = c.owner AND d.channel = c.name
+ GROUP BY 1, 2 ORDER BY 1, 2";
+
+/// pg_tide itself, for those who may see it (no row for others).
+const OWN: &str = "
+SELECT x.scheduler_alive::integer, x.executors_alive, x.executors_expected, x.delivery_alive::integer,
+       x.notifier_alive::integer, date_part('epoch', x.last_tick)
+  FROM tide._self(now()) x";
+
+/// The busy command workers (asked only of those who see pg_tide itself).
+const COMMAND_WORKERS: &str = "SELECT count(*)::integer FROM tide._command_workers()";
 
 /// The counters of every task: those folded and what was added since the last fold, read once
 /// for the runs by outcome and for the duration and wait sums and counts.
@@ -83,6 +119,8 @@ fn task_figures(row: &SpiHeapTupleData) -> (i64, TaskFigures) {
             .get::<Vec<i64>>(16)
             .or_raise(F)
             .and_then(|v| Some((*v.first()?, *v.get(1)?))),
+        last_success: float(row, 17),
+        oldest_ready: float(row, 18),
         ..TaskFigures::default()
     };
     (id, figures)
@@ -142,10 +180,59 @@ fn rows<T>(
         .collect()
 }
 
-/// The caller's tasks, checks and open alerts as Prometheus text (see sql/comments.sql).
+/// Whether the caller reads every owner's figures as a member of `tide_monitor` (and is not a
+/// superuser, who reads them anyway).
+fn monitor_role() -> bool {
+    Spi::get_one::<bool>(
+        "SELECT NOT tide._caller_is_superuser()
+                AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = 'tide_monitor')
+                AND pg_catalog.pg_has_role('tide_monitor', 'MEMBER')",
+    )
+    .or_raise(F)
+    .unwrap_or(false)
+}
+
+/// The owner of the extension (who reads every row).
+fn extension_owner() -> Option<pg_sys::Oid> {
+    Spi::get_one::<pg_sys::Oid>(
+        "SELECT e.extowner FROM pg_catalog.pg_extension e WHERE e.extname = 'pg_tide'",
+    )
+    .or_raise(F)
+}
+
+/// The caller's tasks, checks and open alerts as Prometheus text (see sql/comments.sql). A
+/// member of `tide_monitor` reads every owner's, and pg_tide's own figures, and nothing else:
+/// the queries below run as the extension's owner for it, and it reads no table itself.
 #[pg_extern(stable, schema = "tide", name = "metrics")]
 #[search_path(pg_catalog, pg_temp)]
 fn metrics() -> String {
+    let as_owner = if monitor_role() {
+        extension_owner()
+    } else {
+        None
+    };
+    let Some(owner) = as_owner else {
+        return figures_text();
+    };
+    let mut saved_user = pg_sys::Oid::INVALID;
+    let mut saved_context: std::ffi::c_int = 0;
+    // SAFETY: switches to the extension's owner as a security-definer function switches, for
+    // the read-only queries of figures_text; restored below, and by an abort on error.
+    unsafe {
+        pg_sys::GetUserIdAndSecContext(&mut saved_user, &mut saved_context);
+        pg_sys::SetUserIdAndSecContext(
+            owner,
+            saved_context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as std::ffi::c_int,
+        );
+    }
+    let text = figures_text();
+    // SAFETY: back to the caller.
+    unsafe { pg_sys::SetUserIdAndSecContext(saved_user, saved_context) };
+    text
+}
+
+/// The exposition of what the current user may see.
+fn figures_text() -> String {
     let figures = Spi::connect(|client| {
         let (ids, mut tasks): (Vec<i64>, Vec<TaskFigures>) =
             rows(client, TASKS, task_figures).into_iter().unzip();
@@ -170,6 +257,47 @@ fn metrics() -> String {
                 kind: text(row, 1),
                 severity: text(row, 2),
                 open: bigint(row, 3).unwrap_or(0),
+            }),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            queues: rows(client, QUEUES, |row| QueueFigures {
+                owner: text(row, 1),
+                queue: text(row, 2),
+                ready: bigint(row, 3).unwrap_or(0),
+                running: bigint(row, 4).unwrap_or(0),
+                oldest_ready: float(row, 5),
+            }),
+            deliveries: rows(client, DELIVERIES, |row| DeliveryCount {
+                owner: text(row, 1),
+                channel: text(row, 2),
+                values: [
+                    float(row, 3).unwrap_or(0.0),
+                    float(row, 4).unwrap_or(0.0),
+                    float(row, 5).unwrap_or(0.0),
+                ],
+            }),
+            own: rows(client, OWN, |row| SelfFigures {
+                workers: [
+                    ("scheduler", int(row, 1).unwrap_or(0), 1),
+                    (
+                        "executor",
+                        int(row, 2).unwrap_or(0),
+                        int(row, 3).unwrap_or(0),
+                    ),
+                    ("delivery", int(row, 4).unwrap_or(0), 1),
+                    ("notifier", int(row, 5).unwrap_or(0), 1),
+                ],
+                command_workers: 0,
+                last_tick: float(row, 6),
+            })
+            .into_iter()
+            .next()
+            .map(|mut own| {
+                own.command_workers = rows(client, COMMAND_WORKERS, |row| int(row, 1))
+                    .into_iter()
+                    .next()
+                    .flatten()
+                    .unwrap_or(0);
+                own
             }),
         }
     });

@@ -60,6 +60,58 @@ pub struct TaskFigures {
     pub open_differences: Option<(i64, i64)>,
     /// Rows of each side in a reconciliation's latest comparison, when there was one.
     pub recon_rows: Option<(i64, i64)>,
+    /// The last success, in seconds since the epoch (None: never).
+    pub last_success: Option<f64>,
+    /// How long the oldest ready run has waited to start, in seconds (None: no ready run).
+    pub oldest_ready: Option<f64>,
+}
+
+/// A task's statuses (tide.health), each with its gauge line (1 for the current one, 0 else).
+pub const TASK_STATUSES: [&str; 7] = [
+    "ok",
+    "late",
+    "failing",
+    "unbalanced",
+    "down",
+    "paused",
+    "never_ran",
+];
+
+/// A heartbeat check's statuses (tide.check_status).
+pub const CHECK_STATUSES: [&str; 5] = ["new", "up", "late", "down", "paused"];
+
+/// The outcomes of alert deliveries counted per channel.
+pub const DELIVERY_OUTCOMES: [&str; 3] = ["sent", "failed", "dead"];
+
+/// A queue's runs waiting to start, running, and the wait of its oldest ready run.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct QueueFigures {
+    pub owner: String,
+    pub queue: String,
+    pub ready: i64,
+    pub running: i64,
+    pub oldest_ready: Option<f64>,
+}
+
+/// Alert deliveries of one of pg_tide's channels by outcome (`pg_tide_deliveries_total`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DeliveryCount {
+    pub owner: String,
+    pub channel: String,
+    /// sent, failed, dead: in `DELIVERY_OUTCOMES`' order.
+    pub values: [f64; 3],
+}
+
+/// pg_tide itself (tide.self_health), for those who may see it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SelfFigures {
+    /// The workers alive of each kind, and how many are expected: scheduler, executor,
+    /// delivery, notifier.
+    pub workers: [(&'static str, i64, i64); 4],
+    /// The command workers busy now (top-level commands, commands in other databases).
+    pub command_workers: i64,
+    /// The last successful tick, in seconds since the epoch.
+    pub last_tick: Option<f64>,
 }
 
 /// Runs of a task that reached an outcome (`pg_tide_runs_total`).
@@ -90,10 +142,16 @@ pub struct AlertCount {
 /// Everything one exposition shows.
 #[derive(Debug, Clone, Default)]
 pub struct Figures {
+    /// pg_tide's version (`pg_tide_build_info`).
+    pub version: String,
     pub alerts: Vec<AlertCount>,
     pub checks: Vec<CheckStatus>,
     pub tasks: Vec<TaskFigures>,
     pub runs: Vec<RunCount>,
+    pub queues: Vec<QueueFigures>,
+    pub deliveries: Vec<DeliveryCount>,
+    /// None: the reader may not see pg_tide itself (not a superuser, tide_admin or tide_monitor).
+    pub own: Option<SelfFigures>,
 }
 
 /// Appends a label value, quoted and escaped.
@@ -219,9 +277,10 @@ impl Text<'_> {
         }
     }
 
-    /// A histogram family: for each task with observations, its cumulative buckets, the +Inf
-    /// bucket (the count: observations above the largest bound, or counted before buckets were,
-    /// are only there), `_sum` and `_count`; a task with none has `+Inf`, `_sum` and `_count` 0.
+    /// A histogram family: for each task, its cumulative buckets (0 before its first
+    /// observation: a rate over them works from the start), the +Inf bucket (the count:
+    /// observations above the largest bound, or counted before buckets were, are only there),
+    /// `_sum` and `_count`.
     fn histogram(
         &mut self,
         name: &str,
@@ -242,12 +301,10 @@ impl Text<'_> {
                     Value::Num(Some(value)),
                 )
             };
-            if count > 0.0 {
-                let mut cumulative = 0.0;
-                for ((le, _), n) in BUCKETS.iter().zip(buckets) {
-                    cumulative += n;
-                    line("_bucket", Some(le), cumulative);
-                }
+            let mut cumulative = 0.0;
+            for ((le, _), n) in BUCKETS.iter().zip(buckets) {
+                cumulative += n;
+                line("_bucket", Some(le), cumulative);
             }
             line("_bucket", Some("+Inf"), count);
             line("_sum", None, sum);
@@ -274,17 +331,95 @@ pub fn render(f: &Figures) -> String {
         x.sample("pg_tide_alerts_open", &labels, Value::Int(a.open));
     }
     x.family(
+        "pg_tide_build_info",
+        "gauge",
+        "pg_tide's version (always 1).",
+    );
+    x.sample(
+        "pg_tide_build_info",
+        &[("version", f.version.as_str())],
+        Value::Int(1),
+    );
+    x.family(
         "pg_tide_check_status",
         "gauge",
-        "1 for the current status of each heartbeat check.",
+        "1 for the current status of each heartbeat check, 0 for the others.",
     );
     for c in &f.checks {
-        let labels = [
-            ("owner", c.owner.as_str()),
-            ("check", c.check.as_str()),
-            ("status", c.status.as_str()),
-        ];
-        x.sample("pg_tide_check_status", &labels, Value::Int(1));
+        for status in CHECK_STATUSES {
+            let labels = [
+                ("owner", c.owner.as_str()),
+                ("check", c.check.as_str()),
+                ("status", status),
+            ];
+            x.sample(
+                "pg_tide_check_status",
+                &labels,
+                Value::Int(i64::from(c.status == status)),
+            );
+        }
+    }
+    x.family(
+        "pg_tide_command_workers_busy",
+        "gauge",
+        "Command workers running (or reporting) a top-level command or a command in another database.",
+    );
+    if let Some(own) = &f.own {
+        x.sample(
+            "pg_tide_command_workers_busy",
+            &[],
+            Value::Int(own.command_workers),
+        );
+    }
+    x.family(
+        "pg_tide_deliveries_total",
+        "counter",
+        "Alert deliveries of pg_tide's channels: sent, failed attempts, and given up (dead).",
+    );
+    for d in &f.deliveries {
+        for (outcome, value) in DELIVERY_OUTCOMES.iter().zip(d.values) {
+            let labels = [
+                ("owner", d.owner.as_str()),
+                ("channel", d.channel.as_str()),
+                ("outcome", outcome),
+            ];
+            x.sample("pg_tide_deliveries_total", &labels, Value::Num(Some(value)));
+        }
+    }
+    x.family(
+        "pg_tide_last_tick_timestamp_seconds",
+        "gauge",
+        "When pg_tide's scheduler last ticked successfully (seconds since the epoch; NaN: not since the server started).",
+    );
+    if let Some(own) = &f.own {
+        x.sample(
+            "pg_tide_last_tick_timestamp_seconds",
+            &[],
+            Value::Num(own.last_tick),
+        );
+    }
+    type QueueGauge = (&'static str, &'static str, fn(&QueueFigures) -> Value);
+    let queue_gauges: [QueueGauge; 3] = [
+        (
+            "pg_tide_queue_oldest_ready_seconds",
+            "How long the oldest ready run of the queue has waited to start (0: none).",
+            |q| Value::Num(Some(q.oldest_ready.unwrap_or(0.0))),
+        ),
+        (
+            "pg_tide_queue_ready",
+            "Runs of the queue ready to start.",
+            |q| Value::Int(q.ready),
+        ),
+        ("pg_tide_queue_running", "Runs of the queue running.", |q| {
+            Value::Int(q.running)
+        }),
+    ];
+    for (name, help, value) in queue_gauges {
+        x.family(name, "gauge", help);
+        for q in &f.queues {
+            let labels = [("owner", q.owner.as_str()), ("queue", q.queue.as_str())];
+            x.sample(name, &labels, value(q));
+        }
     }
     x.histogram(
         "pg_tide_queue_wait_seconds",
@@ -338,7 +473,7 @@ pub fn render(f: &Figures) -> String {
         x.sample("pg_tide_runs_total", &labels, Value::Num(Some(r.value)));
     }
     type Gauge = (&'static str, &'static str, fn(&TaskFigures) -> Value);
-    let gauges: [Gauge; 7] = [
+    let gauges: [Gauge; 9] = [
         ("pg_tide_task_backlog", "Runs ready or waiting.", |t| {
             Value::Int(t.backlog)
         }),
@@ -358,9 +493,19 @@ pub fn render(f: &Figures) -> String {
             |t| Value::Num(t.p95_duration),
         ),
         (
+            "pg_tide_task_last_success_timestamp_seconds",
+            "When the task last succeeded (seconds since the epoch; NaN: never).",
+            |t| Value::Num(t.last_success),
+        ),
+        (
             "pg_tide_task_max_silence_seconds",
             "Silence after which the task is late.",
             |t| Value::Num(t.max_silence),
+        ),
+        (
+            "pg_tide_task_oldest_ready_seconds",
+            "How long the task's oldest ready run has waited to start (0: none).",
+            |t| Value::Num(Some(t.oldest_ready.unwrap_or(0.0))),
         ),
         (
             "pg_tide_task_queue_wait_p95_seconds",
@@ -378,19 +523,26 @@ pub fn render(f: &Figures) -> String {
             [Some(("", None, value(t))), None, None, None]
         });
     }
-    x.per_task(
+    x.family(
         "pg_tide_task_status",
         "gauge",
-        "1 for the current status of each task.",
-        |t| {
-            [
-                Some(("", Some(("status", t.status.as_str())), Value::Int(1))),
-                None,
-                None,
-                None,
-            ]
-        },
+        "1 for the current status of each task, 0 for the others.",
     );
+    {
+        let Text { out, tasks } = &mut x;
+        for (t, labels) in tasks.iter() {
+            for status in TASK_STATUSES {
+                task_line(
+                    out,
+                    "pg_tide_task_status",
+                    "",
+                    labels,
+                    Some(("status", status)),
+                    Value::Int(i64::from(t.status == status)),
+                );
+            }
+        }
+    }
     x.per_task(
         "pg_tide_task_unresolved_runs",
         "gauge",
@@ -404,6 +556,26 @@ pub fn render(f: &Figures) -> String {
             ]
         },
     );
+    for (name, help, index) in [
+        (
+            "pg_tide_workers",
+            "pg_tide's background workers alive, by kind (scheduler, executor, delivery, notifier).",
+            1,
+        ),
+        (
+            "pg_tide_workers_expected",
+            "pg_tide's background workers that should be alive, by kind.",
+            2,
+        ),
+    ] {
+        x.family(name, "gauge", help);
+        if let Some(own) = &f.own {
+            for w in own.workers {
+                let value = if index == 1 { w.1 } else { w.2 };
+                x.sample(name, &[("kind", w.0)], Value::Int(value));
+            }
+        }
+    }
     x.out
 }
 
@@ -582,6 +754,7 @@ mod tests {
                 outcome: "succeeded".into(),
                 value: 7.0,
             }],
+            ..Figures::default()
         });
         let families: Vec<&str> = lines(&text)
             .into_iter()
@@ -592,7 +765,7 @@ mod tests {
         sorted.sort_unstable();
         sorted.dedup();
         assert_eq!(families, sorted, "families once each, in name order");
-        assert_eq!(families.len(), 16);
+        assert_eq!(families.len(), 27);
         assert!(
             families.contains(&"pg_tide_check_status"),
             "an empty family keeps its header"
@@ -613,6 +786,8 @@ mod tests {
             "pg_tide_reconciliation_rows{owner=\"alice\",task=\"recon\",side=\"right\"} 99",
             "pg_tide_reconciliation_open_differences{owner=\"alice\",task=\"new_recon\",for=\"all\"} 0",
             "pg_tide_task_status{owner=\"alice\",task=\"plain\",status=\"ok\"} 1",
+            "pg_tide_task_status{owner=\"alice\",task=\"plain\",status=\"down\"} 0",
+            "pg_tide_build_info{version=\"\"} 1",
             "pg_tide_task_unresolved_runs{owner=\"alice\",task=\"plain\",state=\"need_check\"} 0",
         ] {
             assert!(lines(&text).contains(&line), "no {line} in\n{text}");
@@ -649,9 +824,10 @@ mod tests {
         assert_eq!(bucket("h", "1").as_deref(), Some("3"));
         assert_eq!(bucket("h", "21600").as_deref(), Some("3"));
         assert_eq!(bucket("h", "+Inf").as_deref(), Some("4"));
-        // A task with nothing observed: +Inf, _sum and _count, no finite buckets.
+        // A task with nothing observed has every bucket, at 0, from the start.
         assert_eq!(bucket("idle", "+Inf").as_deref(), Some("0"));
-        assert_eq!(bucket("idle", "0.01"), None);
+        assert_eq!(bucket("idle", "0.01").as_deref(), Some("0"));
+        assert_eq!(bucket("idle", "21600").as_deref(), Some("0"));
         assert!(text.contains("# TYPE pg_tide_run_duration_seconds histogram\n"));
         assert!(text.contains("# TYPE pg_tide_queue_wait_seconds histogram\n"));
         // Every bound has its label, in increasing order, and the labels read back as them.
@@ -663,6 +839,81 @@ mod tests {
             assert_eq!(bucket_of(le).map(|i| BUCKETS[i].1), Some(bound));
         }
         assert_eq!(bucket_of("+Inf"), None);
+    }
+
+    #[test]
+    fn pg_tide_itself_queues_and_deliveries_with_their_zeros() {
+        let mut t = task("t");
+        t.status = "late".into();
+        t.last_success = Some(1_765_000_000.5);
+        t.oldest_ready = None;
+        let text = render(&Figures {
+            version: "0.2.2".into(),
+            tasks: vec![t],
+            checks: vec![CheckStatus {
+                owner: "alice".into(),
+                check: "backup".into(),
+                status: "up".into(),
+            }],
+            queues: vec![QueueFigures {
+                owner: "alice".into(),
+                queue: "default".into(),
+                ready: 3,
+                running: 1,
+                oldest_ready: Some(42.5),
+            }],
+            deliveries: vec![DeliveryCount {
+                owner: "alice".into(),
+                channel: "ops".into(),
+                values: [5.0, 0.0, 0.0],
+            }],
+            own: Some(SelfFigures {
+                workers: [
+                    ("scheduler", 1, 1),
+                    ("executor", 1, 2),
+                    ("delivery", 1, 1),
+                    ("notifier", 0, 1),
+                ],
+                command_workers: 2,
+                last_tick: Some(1_765_000_100.25),
+            }),
+            ..Figures::default()
+        });
+        for line in [
+            "pg_tide_build_info{version=\"0.2.2\"} 1",
+            "pg_tide_check_status{owner=\"alice\",check=\"backup\",status=\"up\"} 1",
+            "pg_tide_check_status{owner=\"alice\",check=\"backup\",status=\"down\"} 0",
+            "pg_tide_command_workers_busy 2",
+            "pg_tide_deliveries_total{owner=\"alice\",channel=\"ops\",outcome=\"sent\"} 5",
+            "pg_tide_deliveries_total{owner=\"alice\",channel=\"ops\",outcome=\"dead\"} 0",
+            "pg_tide_last_tick_timestamp_seconds 1765000100.25",
+            "pg_tide_queue_oldest_ready_seconds{owner=\"alice\",queue=\"default\"} 42.5",
+            "pg_tide_queue_ready{owner=\"alice\",queue=\"default\"} 3",
+            "pg_tide_queue_running{owner=\"alice\",queue=\"default\"} 1",
+            "pg_tide_task_last_success_timestamp_seconds{owner=\"alice\",task=\"t\"} 1765000000.5",
+            "pg_tide_task_oldest_ready_seconds{owner=\"alice\",task=\"t\"} 0",
+            "pg_tide_task_status{owner=\"alice\",task=\"t\",status=\"late\"} 1",
+            "pg_tide_task_status{owner=\"alice\",task=\"t\",status=\"ok\"} 0",
+            "pg_tide_workers{kind=\"executor\"} 1",
+            "pg_tide_workers{kind=\"notifier\"} 0",
+            "pg_tide_workers_expected{kind=\"executor\"} 2",
+        ] {
+            assert!(lines(&text).contains(&line), "no {line} in\n{text}");
+        }
+        // Every status of the task and the check, once each.
+        let statuses = |prefix: &str| {
+            lines(&text)
+                .iter()
+                .filter(|l| l.starts_with(prefix))
+                .count()
+        };
+        assert_eq!(statuses("pg_tide_task_status{"), TASK_STATUSES.len());
+        assert_eq!(statuses("pg_tide_check_status{"), CHECK_STATUSES.len());
+        // Without pg_tide itself (a role that may not see it): its families have no samples.
+        let other = render(&Figures::default());
+        assert!(other.contains("# TYPE pg_tide_workers gauge\n"));
+        assert!(!other.contains("pg_tide_workers{"));
+        assert!(!other.contains("\npg_tide_last_tick_timestamp_seconds "));
     }
 
     #[test]

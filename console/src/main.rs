@@ -7,6 +7,7 @@
 
 mod html;
 mod live;
+mod metrics;
 mod pages;
 mod session;
 
@@ -29,32 +30,45 @@ pub struct App {
     pub sessions: Sessions,
     pub read_only: bool,
     secure_cookies: bool,
+    /// `/metrics`, when `--metrics-database` is given.
+    pub metrics: Option<metrics::Metrics>,
 }
 
 pub type AppState = State<Arc<App>>;
 
 const USAGE: &str =
     "usage: pg_tide-console --database URL [--listen ADDR] [--read-only] [--secure-cookies]
+                       [--metrics-database URL] [--metrics-only]
 
   --database URL     where pg_tide is: postgres://host:port/dbname (user and password come
                      from each person's sign-in); also PG_TIDE_CONSOLE_DATABASE
   --listen ADDR      address to serve on (default 127.0.0.1:8790: loopback only)
   --read-only        show everything, change nothing (no action buttons; every transaction
                      read-only)
-  --secure-cookies   mark the session cookie Secure (behind a reverse proxy with TLS)";
+  --secure-cookies   mark the session cookie Secure (behind a reverse proxy with TLS)
+  --metrics-database URL
+                     serve /metrics (Prometheus) from a read-only connection of its own, as the
+                     role in URL, a member of tide_monitor:
+                     postgres://scraper:password@host:port/dbname; also
+                     PG_TIDE_CONSOLE_METRICS_DATABASE
+  --metrics-only     serve /metrics alone, no web pages (--database is then not needed)";
 
 struct Args {
-    database: String,
+    database: Option<String>,
     listen: SocketAddr,
     read_only: bool,
     secure_cookies: bool,
+    metrics_database: Option<String>,
+    metrics_only: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
     let mut database = std::env::var("PG_TIDE_CONSOLE_DATABASE").ok();
+    let mut metrics_database = std::env::var("PG_TIDE_CONSOLE_METRICS_DATABASE").ok();
     let mut listen = "127.0.0.1:8790".to_string();
     let mut read_only = false;
     let mut secure_cookies = false;
+    let mut metrics_only = false;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -62,6 +76,10 @@ fn parse_args() -> Result<Args, String> {
             "--listen" => listen = it.next().ok_or("--listen needs a value")?,
             "--read-only" => read_only = true,
             "--secure-cookies" => secure_cookies = true,
+            "--metrics-database" => {
+                metrics_database = Some(it.next().ok_or("--metrics-database needs a value")?)
+            }
+            "--metrics-only" => metrics_only = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -69,7 +87,12 @@ fn parse_args() -> Result<Args, String> {
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
-    let database = database.ok_or("--database is required")?;
+    if metrics_only && metrics_database.is_none() {
+        return Err("--metrics-only needs --metrics-database".into());
+    }
+    if !metrics_only && database.is_none() {
+        return Err("--database is required".into());
+    }
     let listen = listen
         .parse()
         .map_err(|e| format!("--listen {listen:?} is not an address like 127.0.0.1:8790: {e}"))?;
@@ -78,6 +101,16 @@ fn parse_args() -> Result<Args, String> {
         listen,
         read_only,
         secure_cookies,
+        metrics_database,
+        metrics_only,
+    })
+}
+
+/// A connection URL, or exit with what is wrong with it.
+fn config_of(option: &str, url: &str) -> tokio_postgres::Config {
+    url.parse().unwrap_or_else(|e| {
+        eprintln!("pg_tide-console: {option} {url:?}: {e}");
+        std::process::exit(2);
     })
 }
 
@@ -90,19 +123,60 @@ async fn main() {
             std::process::exit(2);
         }
     };
-    let base: tokio_postgres::Config = match args.database.parse() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("pg_tide-console: --database {:?}: {e}", args.database);
-            std::process::exit(2);
-        }
-    };
+    // Metrics only: no pages, and no database for them (a base that is never connected to).
+    let base = args
+        .database
+        .as_deref()
+        .map_or_else(tokio_postgres::Config::new, |url| {
+            config_of("--database", url)
+        });
     let app = Arc::new(App {
         sessions: Sessions::new(base, args.read_only),
         read_only: args.read_only,
         secure_cookies: args.secure_cookies,
+        metrics: args
+            .metrics_database
+            .as_deref()
+            .map(|url| metrics::Metrics::new(config_of("--metrics-database", url))),
     });
-    let router = Router::new()
+    let router = if args.metrics_only {
+        Router::new()
+            .route("/metrics", get(metrics::serve))
+            .fallback(|| async {
+                (
+                    StatusCode::NOT_FOUND,
+                    "pg_tide-console --metrics-only serves /metrics alone\n",
+                )
+            })
+            .with_state(app)
+    } else {
+        pages_router(app)
+    };
+    let listener = match tokio::net::TcpListener::bind(args.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("pg_tide-console: cannot listen on {}: {e}", args.listen);
+            std::process::exit(1);
+        }
+    };
+    println!(
+        "pg_tide-console: serving http://{} for {}{}{}",
+        listener.local_addr().unwrap_or(args.listen),
+        args.database.as_deref().unwrap_or("metrics only"),
+        if args.read_only { " (read-only)" } else { "" },
+        if args.metrics_database.is_some() {
+            ", /metrics"
+        } else {
+            ""
+        }
+    );
+    serve(listener, router).await;
+}
+
+/// The console's pages (and /metrics when it is configured).
+fn pages_router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics::serve))
         .route("/", get(pages::overview))
         .route("/login", get(login_page).post(login))
         .route("/logout", post(logout))
@@ -128,20 +202,11 @@ async fn main() {
         )
         .fallback(|| async { Fail::NotFound("no such page".into()) })
         .layer(axum::middleware::map_response(security_headers))
-        .with_state(app);
-    let listener = match tokio::net::TcpListener::bind(args.listen).await {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("pg_tide-console: cannot listen on {}: {e}", args.listen);
-            std::process::exit(1);
-        }
-    };
-    println!(
-        "pg_tide-console: serving http://{} for {}{}",
-        listener.local_addr().unwrap_or(args.listen),
-        args.database,
-        if args.read_only { " (read-only)" } else { "" }
-    );
+        .with_state(app)
+}
+
+/// Serves until SIGTERM or ^C.
+async fn serve(listener: tokio::net::TcpListener, router: Router) {
     let served = axum::serve(listener, router)
         .with_graceful_shutdown(async {
             let mut term =

@@ -82,9 +82,28 @@ pub async fn overview(ctx: Ctx, Query(q): Query<PageQuery>) -> Result<Response, 
         &[],
     )
     .await?;
+    // Open alerts that reach no person: no channel or route takes them.
+    let untaken = rows(
+        &ctx,
+        "SELECT count(*)::text, string_agg(DISTINCT severity, ', ') FROM tide.untaken_alerts()",
+        &[],
+    )
+    .await?;
     let tasks = rows(&ctx, OVERVIEW_SQL, &[&PAGE, &offset]).await?;
     let frame = ctx.frame("overview", Some(String::new()));
     let mut b = String::new();
+    if let Some(u) = untaken.first().filter(|u| s(u, 0) != "0") {
+        let n = s(u, 0);
+        let _ = write!(
+            b,
+            "<section id=\"untaken-alerts\" class=\"untaken\"><strong>{n} open alert{} that no channel takes</strong> ({}): \
+             they reach no one. Create a channel for them: \
+             <code>SELECT tide.create_channel('ops', 'webhook', url =&gt; '…')</code> (it takes warning and above), \
+             then <code>SELECT * FROM tide.test_channel('ops')</code>; <code>SELECT * FROM tide.untaken_alerts()</code> lists them.</section>",
+            if n == "1" { "" } else { "s" },
+            esc(s(u, 1)),
+        );
+    }
     if !alerts.is_empty() {
         b.push_str("<section id=\"open-alerts\"><h2>Open alerts</h2><ul class=\"alerts\">");
         for a in &alerts {

@@ -3,7 +3,7 @@
 //! with passwords (SCRAM) share the database. Screenshots of every page at desktop and phone
 //! width are written to target/console-screenshots/.
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -22,7 +22,11 @@ fn main() {
         "console",
         "pg_tide.monitor_interval = '1s'",
         &[
+            // First: its recorded scrape is compared with exact expectations (no other test's
+            // tasks, alerts and deliveries in it yet).
+            ("metrics_are_served_to_a_scraper", metrics_for_a_scraper),
             ("a_failing_task_is_replayed_from_the_browser", browser_story),
+            ("alerts_that_reach_no_one_are_flagged", untaken_alerts),
             ("the_read_only_console_changes_nothing", read_only),
             ("forged_and_foreign_posts_are_refused", forged_posts),
             ("upcoming_fires_mark_dst_days", dst_days),
@@ -942,5 +946,407 @@ fn dst_days(cluster: &Cluster) -> Result<(), Failed> {
         page.contains("2027-03-15 06:30:00") && page.contains("2027-03-15 10:30:00 UTC"),
         "{page}"
     );
+    Ok(())
+}
+
+// ---- /metrics for a scraper ----------------------------------------------------------------
+
+/// The roles of the metrics test: mona and otto own tasks, scraper is a member of tide_monitor
+/// and nothing else; all three sign in with passwords (SCRAM). Idempotent.
+fn metrics_roles(cluster: &Cluster) -> Result<Client, Failed> {
+    let hba = cluster.data_dir.join("pg_hba.conf");
+    let text = std::fs::read_to_string(&hba).map_err(|e| e.to_string())?;
+    if !text.contains("mona,otto,scraper") {
+        std::fs::write(
+            &hba,
+            format!("host all mona,otto,scraper 127.0.0.1/32 scram-sha-256\n{text}"),
+        )
+        .map_err(|e| e.to_string())?;
+    }
+    let mut c = cluster.workers_db()?;
+    c.batch_execute(
+        "DO $$ BEGIN
+             IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'mona') THEN CREATE ROLE mona LOGIN; END IF;
+             IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'otto') THEN CREATE ROLE otto LOGIN; END IF;
+             IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'scraper') THEN CREATE ROLE scraper LOGIN; END IF;
+         END $$;
+         GRANT tide_monitor TO scraper;
+         SET password_encryption = 'scram-sha-256';
+         ALTER ROLE mona PASSWORD 'mona-secret';
+         ALTER ROLE otto PASSWORD 'otto-secret';
+         ALTER ROLE scraper PASSWORD 'scraper-secret';
+         SELECT pg_reload_conf();",
+    )
+    .map_err(db_err)?;
+    Ok(c)
+}
+
+/// pg_tide-console serving /metrics alone, as `user`.
+fn metrics_console(
+    cluster: &Cluster,
+    user: &str,
+    password: &str,
+) -> Result<(Proc, String), Failed> {
+    let port = free_port();
+    let child = Command::new(CONSOLE)
+        .arg("--metrics-only")
+        .arg("--metrics-database")
+        .arg(format!(
+            "postgres://{user}:{password}@127.0.0.1:{}/{WORKERS_DB}",
+            cluster.port
+        ))
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("start {CONSOLE}: {e}"))?;
+    let mut p = Proc(child, "pg_tide-console --metrics-only");
+    wait_port(port, &mut p)?;
+    Ok((p, format!("http://127.0.0.1:{port}")))
+}
+
+fn get_plain(url: &str) -> Result<(u16, String, String), Failed> {
+    let mut r = agent().get(url).call().map_err(|e| e.to_string())?;
+    let status = r.status().as_u16();
+    let kind = r
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    Ok((
+        status,
+        kind,
+        r.body_mut().read_to_string().map_err(|e| e.to_string())?,
+    ))
+}
+
+/// Runs a Python program of the reference parser's (prometheus_client) over the exposition.
+fn python(program: &str, args: &[&str], stdin: &str) -> Result<String, Failed> {
+    let mut child = Command::new("/usr/bin/python3")
+        .arg("-c")
+        .arg(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("python3: {e} (scripts/setup.sh installs it)"))?;
+    child
+        .stdin
+        .take()
+        .ok_or("no stdin")?
+        .write_all(stdin.as_bytes())
+        .map_err(|e| e.to_string())?;
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!(
+            "python3 failed:\n{}{}\n--- input ---\n{stdin}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Each sample as "type|name{label=value,...} value" (labels sorted), by the reference parser.
+fn parse_exposition(text: &str) -> Result<Vec<String>, Failed> {
+    const PARSER: &str = "
+import sys
+from prometheus_client.parser import text_string_to_metric_families
+for family in text_string_to_metric_families(sys.stdin.read()):
+    for s in family.samples:
+        labels = ','.join('%s=%s' % kv for kv in sorted(s.labels.items()))
+        print('%s|%s{%s} %r' % (family.type, s.name, labels, s.value))
+";
+    Ok(python(PARSER, &[], text)?
+        .lines()
+        .map(str::to_string)
+        .collect())
+}
+
+/// The value of one sample, by its exact "type|name{labels}" key.
+fn sample(samples: &[String], key: &str) -> Option<f64> {
+    samples.iter().find_map(|s| {
+        s.strip_prefix(key)
+            .and_then(|rest| rest.strip_prefix(' '))
+            .and_then(|v| v.parse().ok())
+    })
+}
+
+/// /metrics, served by pg_tide-console alone (--metrics-only) from its own read-only connection
+/// as a role that is only a member of tide_monitor: every owner's figures and pg_tide's own,
+/// liveness of each kind of worker, the last tick, build_info, each task's last success,
+/// delivery counters per channel, histogram buckets and status zeros from the start; parsed
+/// with the reference parser. The scraper reads none of pg_tide's tables itself. Then the
+/// alert rules and Grafana panels of monitoring/ against the recorded scrape (promtool).
+fn metrics_for_a_scraper(cluster: &Cluster) -> Result<(), Failed> {
+    let mut admin = metrics_roles(cluster)?;
+    // mona: a task that succeeds (run by an executor), one whose run is dead (a business
+    // error), and a channel to a port nobody listens on (it takes warnings: her dead letter).
+    let dead_port = free_port();
+    let mut mona = connect_as(cluster, "mona", "mona-secret")?;
+    mona.batch_execute(&format!(
+        "SELECT tide.schedule('m_ok', '0 0 1 1 *', command => 'SELECT 1');
+         SELECT tide.schedule('m_bad', NULL, topics => '{{m_bad}}', queue => 'm_bad');
+         SELECT tide.create_channel('m_nowhere', 'webhook', '{{\"url\": \"http://127.0.0.1:{dead_port}/\"}}');
+         SELECT tide.emit('m_bad');"
+    ))
+    .map_err(db_err)?;
+    let ok_run: i64 = one(&mut mona, "SELECT tide.run_now('m_ok')")?;
+    let (run, token) = claim_one(&mut mona, "m_bad", "w1")?;
+    mona.execute(
+        "SELECT tide.fail_run($1, $2, 'no such account', kind => 'business')",
+        &[&run, &token],
+    )
+    .map_err(db_err)?;
+    // otto: two runs waiting in a queue that no worker serves, and a task that never ran.
+    let mut otto = connect_as(cluster, "otto", "otto-secret")?;
+    otto.batch_execute(
+        "SELECT tide.schedule('o_jobs', NULL, topics => '{o_never}', queue => 'o_queue');
+         SELECT tide.enqueue('o_jobs', '[{\"n\": 1}, {\"n\": 2}]');",
+    )
+    .map_err(db_err)?;
+    wait("m_ok's run to succeed", Duration::from_secs(30), || {
+        Ok((run_state(&mut admin, ok_run)? == "succeeded").then_some(()))
+    })?;
+
+    // The cluster started moments ago: pg_tide raised no false alarm of its own while its
+    // workers started (no scheduler_down, nothing undelivered).
+    let own: String = one(
+        &mut admin,
+        "SELECT coalesce(string_agg(kind::text, ','), '') FROM tide.alert WHERE subject_type = 'pg_tide'",
+    )?;
+    assert_eq!(own, "", "pg_tide's own alerts at start");
+    // Without --metrics-database the console has no /metrics.
+    let (_pages, pages_url) = console(cluster, &[])?;
+    let (status, _, body) = get_plain(&format!("{pages_url}/metrics"))?;
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("--metrics-database"), "{body}");
+
+    let (_metrics, url) = metrics_console(cluster, "scraper", "scraper-secret")?;
+    let (status, _, body) = get_plain(&format!("{url}/"))?;
+    assert_eq!(status, 404, "--metrics-only serves no pages: {body}");
+    let version: String = one(
+        &mut admin,
+        "SELECT extversion FROM pg_extension WHERE extname = 'pg_tide'",
+    )?;
+    let scrape = || -> Result<(String, Vec<String>), Failed> {
+        let (status, kind, text) = get_plain(&format!("{url}/metrics"))?;
+        assert_eq!(status, 200, "{text}");
+        assert!(kind.starts_with("text/plain; version=0.0.4"), "{kind}");
+        let samples = parse_exposition(&text)?;
+        Ok((text, samples))
+    };
+    // Polled until the delivery worker has tried mona's channel (and failed) and every worker
+    // of pg_tide is counted alive.
+    let (text, samples) = wait(
+        "a failed delivery and every worker alive in /metrics",
+        Duration::from_secs(60),
+        || {
+            let (text, samples) = scrape()?;
+            let failed = sample(
+                &samples,
+                "counter|pg_tide_deliveries_total{channel=m_nowhere,outcome=failed,owner=mona}",
+            )
+            .unwrap_or(0.0);
+            let all_alive = ["scheduler", "executor", "delivery", "notifier"]
+                .iter()
+                .all(|k| {
+                    let alive = sample(&samples, &format!("gauge|pg_tide_workers{{kind={k}}}"));
+                    alive.is_some()
+                        && alive
+                            == sample(
+                                &samples,
+                                &format!("gauge|pg_tide_workers_expected{{kind={k}}}"),
+                            )
+                });
+            Ok((failed >= 1.0 && all_alive).then_some((text, samples)))
+        },
+    )?;
+    let has = |key: &str| sample(&samples, key);
+    let all = samples.join("\n");
+    assert_eq!(
+        has(&format!("gauge|pg_tide_build_info{{version={version}}}")),
+        Some(1.0),
+        "{all}"
+    );
+    assert_eq!(
+        has("gauge|pg_tide_workers{kind=scheduler}"),
+        Some(1.0),
+        "{all}"
+    );
+    let now: f64 = one(&mut admin, "SELECT date_part('epoch', now())")?;
+    let tick = has("gauge|pg_tide_last_tick_timestamp_seconds{}").ok_or("no last tick")?;
+    assert!((now - tick).abs() < 120.0, "last tick {tick}, now {now}");
+    let success = has("gauge|pg_tide_task_last_success_timestamp_seconds{owner=mona,task=m_ok}")
+        .ok_or_else(|| format!("no last success of m_ok:\n{all}"))?;
+    let finished: f64 = one(
+        &mut admin,
+        &format!("SELECT date_part('epoch', finished_at) FROM tide.run WHERE run_id = {ok_run}"),
+    )?;
+    assert!(
+        (success - finished).abs() < 0.001,
+        "{success} against {finished}"
+    );
+    // Every owner's figures: mona's and otto's, to a role that owns none.
+    assert_eq!(
+        has("gauge|pg_tide_task_status{owner=mona,status=failing,task=m_bad}"),
+        Some(1.0),
+        "{all}"
+    );
+    assert_eq!(
+        has("gauge|pg_tide_queue_ready{owner=otto,queue=o_queue}"),
+        Some(2.0),
+        "{all}"
+    );
+    // Zeros from the start: every status of a task, every bucket of a histogram of a task that
+    // never finished a run, every outcome of a channel.
+    for status in ["ok", "late", "failing", "down", "paused"] {
+        assert!(
+            has(&format!(
+                "gauge|pg_tide_task_status{{owner=otto,status={status},task=o_jobs}}"
+            ))
+            .is_some(),
+            "no {status} for o_jobs:\n{all}"
+        );
+    }
+    let buckets: Vec<&String> = samples
+        .iter()
+        .filter(|s| {
+            s.starts_with("histogram|pg_tide_run_duration_seconds_bucket{")
+                && s.contains("owner=otto,task=o_jobs}")
+        })
+        .collect();
+    assert_eq!(buckets.len(), 14, "13 bounds and +Inf: {buckets:?}");
+    assert!(buckets.iter().all(|b| b.ends_with(" 0.0")), "{buckets:?}");
+    assert_eq!(
+        has("counter|pg_tide_deliveries_total{channel=m_nowhere,outcome=sent,owner=mona}"),
+        Some(0.0),
+        "{all}"
+    );
+
+    // The scraper itself reads nothing of pg_tide's: no tasks, runs or alerts, no commands.
+    let mut scraper = connect_as(cluster, "scraper", "scraper-secret")?;
+    for table in [
+        "tide.task",
+        "tide.run",
+        "tide.alert",
+        "tide.alert_channel",
+        "tide.health",
+    ] {
+        let seen: i64 = one(&mut scraper, &format!("SELECT count(*) FROM {table}"))?;
+        assert_eq!(seen, 0, "the scraper reads {table}");
+    }
+    // Its connection is read-only: the console cannot write through it.
+    let session: String = one(
+        &mut admin,
+        "SELECT string_agg(DISTINCT application_name, ',') FROM pg_stat_activity WHERE usename = 'scraper' AND application_name <> ''",
+    )?;
+    assert_eq!(session, "pg_tide-console metrics");
+
+    // The rules and panels of monitoring/ against this scrape.
+    let dir = std::env::temp_dir().join(format!("pg_tide-promtool-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let recorded = dir.join("scrape.txt");
+    std::fs::write(&recorded, format!("# recorded_at {now}\n{text}")).map_err(|e| e.to_string())?;
+    let failing = json!({"alertname": "PgTideTaskFailing",
+                         "labels": {"owner": "mona", "task": "m_bad", "status": "failing", "severity": "warning"}});
+    let deliveries = json!({"alertname": "PgTideDeliveriesFailing",
+                            "labels": {"owner": "mona", "channel": "m_nowhere", "outcome": "failed", "severity": "warning"}});
+    let expect = json!({
+        "as_recorded": [failing, deliveries],
+        "scheduler_stopped": [
+            failing, deliveries,
+            {"alertname": "PgTideSchedulerDown", "labels": {"kind": "scheduler", "severity": "critical"}},
+            {"alertname": "PgTideSchedulerStalled", "labels": {"severity": "critical"}},
+            {"alertname": "PgTideWorkersMissing", "labels": {"kind": "scheduler", "severity": "warning"}}
+        ]
+    });
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = Command::new("/usr/bin/python3")
+        .arg(root.join("console/tests/promtool_case.py"))
+        .arg(&recorded)
+        .arg(expect.to_string())
+        .arg(root.join("monitoring/prometheus-rules.yml"))
+        .arg(root.join("monitoring/grafana-prometheus.json"))
+        .arg(&dir)
+        .output()
+        .map_err(|e| format!("promtool_case.py: {e}"))?;
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if !out.status.success() {
+        let open: String = one(
+            &mut admin,
+            "SELECT coalesce(string_agg(format('%s %s %s (%s) %s opened %s seen %s resolved %s', subject_type, subject, kind,
+                                               owner, details, opened_at, last_seen_at, resolved_at), E'\n' ORDER BY alert_id), '-')
+               FROM tide.alert",
+        )?;
+        return Err(
+            format!("{said}\n--- alerts ---\n{open}\n--- the recorded scrape ---\n{text}").into(),
+        );
+    }
+    println!("{}", said.trim());
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// The overview flags the open alerts of the signed-in role that no channel takes, until a
+/// channel takes them.
+fn untaken_alerts(cluster: &Cluster) -> Result<(), Failed> {
+    roles(cluster)?;
+    let mut bob = connect_as(cluster, "bob", "bob-secret")?;
+    bob.batch_execute(
+        "SELECT tide.drop_channel(name) FROM tide.alert_channel WHERE owner = 'bob';
+         SELECT tide.schedule('c_untaken', NULL, topics => '{c_untaken}', queue => 'c_untaken');
+         SELECT tide.emit('c_untaken');",
+    )
+    .map_err(db_err)?;
+    let (run, token) = claim_one(&mut bob, "c_untaken", "w1")?;
+    bob.execute(
+        "SELECT tide.fail_run($1, $2, 'no', kind => 'business')",
+        &[&run, &token],
+    )
+    .map_err(db_err)?;
+    let alert: i64 = wait("bob's dead letter alert", Duration::from_secs(30), || {
+        let id: Option<i64> = bob
+            .query_opt(
+                "SELECT alert_id FROM tide.alert WHERE subject = 'c_untaken' AND kind = 'dead_letter' AND resolved_at IS NULL",
+                &[],
+            )
+            .map_err(db_err)?
+            .map(|r| r.get(0));
+        Ok(id)
+    })?;
+    let untaken: Vec<i64> = bob
+        .query("SELECT alert_id FROM tide.untaken_alerts()", &[])
+        .map_err(db_err)?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(untaken.contains(&alert), "{untaken:?}");
+    let (_console, url) = console(cluster, &[])?;
+    let cookie = http_sign_in(&url, "bob", "bob-secret")?;
+    let (status, page) = http_get(&format!("{url}/"), &cookie)?;
+    assert_eq!(status, 200, "{page}");
+    assert!(
+        page.contains("id=\"untaken-alerts\"") && page.contains("that no channel takes"),
+        "{page}"
+    );
+    // A channel of bob's that takes warnings (the default): nothing left to flag.
+    bob.batch_execute(&format!(
+        "SELECT tide.create_channel('c_bob_ops', 'webhook', '{{\"url\": \"http://127.0.0.1:{}/\"}}')",
+        free_port()
+    ))
+    .map_err(db_err)?;
+    let left: i64 = one(&mut bob, "SELECT count(*) FROM tide.untaken_alerts()")?;
+    assert_eq!(left, 0);
+    let (_, page) = http_get(&format!("{url}/"), &cookie)?;
+    assert!(!page.contains("id=\"untaken-alerts\""), "{page}");
     Ok(())
 }
