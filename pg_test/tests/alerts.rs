@@ -149,6 +149,36 @@ fn deliveries(c: &mut Client, like: &str) -> Result<String, Failed> {
     )
 }
 
+/// A channel made without `alerts` takes warnings and above (a channel that takes nothing must
+/// say so: `alerts => NULL`).
+fn a_channel_made_without_alerts_takes_warnings(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("a_default_channel")?;
+    exec(
+        &mut c,
+        "SELECT tide.create_channel('ops', 'webhook', '{\"url\": \"https://chat.example/hook\"}');
+         SELECT tide.create_channel('none', 'webhook', '{\"url\": \"https://none.example/hook\"}', alerts => NULL);
+         SELECT tide.schedule('dflt', '0 0 1 1 *', max_attempts => 1);
+         SELECT tide.monitor('dflt', max_silence => '3000 days', severity => 'warning');",
+    )?;
+    let takes: String = one(
+        &mut c,
+        "SELECT string_agg(name || '=' || coalesce(alerts::text, '-'), ',' ORDER BY name) FROM tide.alert_channel",
+    )?;
+    assert_eq!(takes, "none=-,ops=warning");
+    let run: i64 = one(&mut c, "SELECT tide.rerun('dflt', window_start => (date_trunc('year', now() AT TIME ZONE 'UTC') - interval '2 years') AT TIME ZONE 'UTC')")?;
+    let token: i64 = one(
+        &mut c,
+        "SELECT lease_token FROM tide.claim_runs(worker => 'w')",
+    )?;
+    exec(
+        &mut c,
+        &format!("SELECT tide.fail_run({run}, {token}, 'no such account', 'business')"),
+    )?;
+    tick(&mut c, "now()")?;
+    assert_eq!(deliveries(&mut c, "dflt")?, "opened:ops");
+    Ok(())
+}
+
 fn escalation_reminders_ack_and_resolution_are_each_notified_once(
     cluster: &Cluster,
 ) -> Result<(), Failed> {
@@ -160,7 +190,7 @@ fn escalation_reminders_ack_and_resolution_are_each_notified_once(
         "SET pg_tide.alert_escalate_after = '1h'; SET pg_tide.alert_renotify_interval = '4h';
          SELECT tide.create_channel('ops', 'webhook', '{\"url\": \"https://chat.example/hook\"}', 'warning');
          SELECT tide.create_channel('pager', 'webhook', '{\"url\": \"https://pager.example/hook\"}', 'critical');
-         SELECT tide.create_channel('quiet', 'webhook', '{\"url\": \"https://quiet.example/hook\"}');
+         SELECT tide.create_channel('quiet', 'webhook', '{\"url\": \"https://quiet.example/hook\"}', alerts => NULL);
          SELECT tide.schedule('esc', '0 0 1 1 *', max_attempts => 1);
          SELECT tide.monitor('esc', max_silence => '3000 days', severity => 'warning');",
     )?;
@@ -611,6 +641,51 @@ fn the_watchdog_and_the_ping_notice_a_stopped_scheduler(cluster: &Cluster) -> Re
         },
     )?;
     assert!(fails >= 1);
+    // Uptime Kuma's push monitor: a failure URL of its own (status=down), not /fail.
+    exec(
+        &mut db,
+        &format!(
+            "ALTER SYSTEM SET pg_tide.ping_url = '{}'",
+            r.url("/api/push/tok?status=up&msg=OK")
+        ),
+    )?;
+    exec(
+        &mut db,
+        &format!(
+            "ALTER SYSTEM SET pg_tide.ping_fail_url = '{}'",
+            r.url("/api/push/tok?status=down&msg=pg_tide")
+        ),
+    )?;
+    exec(&mut db, "SELECT pg_reload_conf()")?;
+    wait_for("a Kuma-style ping", Duration::from_secs(30), || {
+        Ok(r.requests()
+            .iter()
+            .any(|q| q.path == "/api/push/tok?status=up&msg=OK")
+            .then_some(()))
+    })?;
+    let pid = cluster.pids("pg_tide scheduler")?[0];
+    let stop = Command::new("kill")
+        .args(["-STOP", &pid.to_string()])
+        .status()?;
+    assert!(stop.success());
+    let down = wait_for("a Kuma-style failure ping", Duration::from_secs(60), || {
+        Ok(r.requests()
+            .iter()
+            .any(|q| q.path == "/api/push/tok?status=down&msg=pg_tide")
+            .then_some(()))
+    });
+    let cont = Command::new("kill")
+        .args(["-CONT", &pid.to_string()])
+        .status()?;
+    assert!(cont.success());
+    down?;
+    assert!(
+        !r.requests()
+            .iter()
+            .any(|q| q.path.starts_with("/api/push/tok?status=up&msg=OK/fail")),
+        "no /fail appended to a URL with a failure URL of its own"
+    );
+    exec(&mut db, "ALTER SYSTEM RESET pg_tide.ping_fail_url")?;
     exec(&mut db, "ALTER SYSTEM RESET pg_tide.ping_url")?;
     exec(
         &mut db,
@@ -655,6 +730,38 @@ fn create_extension_refuses_where_pg_tide_cannot_work(cluster: &Cluster) -> Resu
     assert!(warned.contains("HINT:"), "{warned}");
     let (_, quiet) = cluster.psql("tide_workers", "SET pg_tide.allow_unscheduled = off; SELECT tide.schedule('a_quiet', '0 0 1 1 *', 'SELECT 1'); SELECT tide.unschedule('a_quiet')")?;
     assert!(!quiet.contains("WARNING"), "{quiet}");
+    // Nor while the scheduler is starting: terminated, it is back within a second or two, and
+    // tide.schedule waits for it rather than warn (the demo's first screen showed such false
+    // warnings while the scheduler connected to its new database). Tried until the call begins
+    // while the scheduler is away (it says so: absent=0).
+    let mut admin = cluster.connect("postgres")?;
+    let mut exercised = false;
+    for _ in 0..5 {
+        let old: Vec<i32> = cluster.pids("pg_tide scheduler")?;
+        exec(
+            &mut admin,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE backend_type = 'pg_tide scheduler'",
+        )?;
+        wait_for("the scheduler to exit", Duration::from_secs(10), || {
+            let now = cluster.pids("pg_tide scheduler")?;
+            Ok((!now.iter().any(|p| old.contains(p))).then_some(()))
+        })?;
+        let (out, starting) = cluster.psql(
+            "tide_workers",
+            "SET pg_tide.allow_unscheduled = off;
+             SELECT 'absent=' || count(*) FROM pg_stat_activity WHERE backend_type = 'pg_tide scheduler';
+             SELECT tide.schedule('a_starting', '0 0 1 1 *', 'SELECT 1'); SELECT tide.unschedule('a_starting')",
+        )?;
+        assert!(!starting.contains("WARNING"), "{starting}");
+        if out.contains("absent=0") {
+            exercised = true;
+            break;
+        }
+    }
+    assert!(
+        exercised,
+        "tide.schedule never began while the scheduler was away"
+    );
     // A server without pg_tide preloaded.
     let bare = Cluster::start_with("a_bare", "shared_preload_libraries = ''")?;
     let mut c = bare.connect("postgres")?;
@@ -833,7 +940,9 @@ fn readiness_deferrals_count_as_skips_and_held_runs_alert(cluster: &Cluster) -> 
     assert_eq!(details, "SELECT tide.confirm('rules', version)");
     exec(&mut c, "SELECT tide.confirm('rules', 2)")?;
     tick(&mut c, "now() + interval '62 minutes'")?;
-    assert_eq!(kinds(&mut c, "rules")?, "");
+    // Confirmed, the run is ready; no executor serves this database, so it now waits past its
+    // start deadline instead (a quarter of a yearly task's fire gap, at most 15 minutes).
+    assert_eq!(kinds(&mut c, "rules")?, "late_start");
     Ok(())
 }
 
@@ -893,6 +1002,307 @@ fn backlog_catch_up_limit_and_not_ready_alert(cluster: &Cluster) -> Result<(), F
     Ok(())
 }
 
+/// tide.test_channel sends a test message through the delivery worker and says what the
+/// receiver answered, for a receiver that answers and for a port nobody listens on; a role tests
+/// its own channels only. Open alerts that no channel takes are counted in tide.self_health and
+/// raise pg_tide's own `undelivered` alert, which resolves once a channel takes them.
+fn channels_are_tested_and_alerts_that_reach_no_one_are_flagged(
+    cluster: &Cluster,
+) -> Result<(), Failed> {
+    let r = Receiver::start()?;
+    let closed = {
+        // A port nobody listens on: bound, then let go.
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        l.local_addr()?.port()
+    };
+    let mut db = cluster.workers_db()?;
+    exec(
+        &mut db,
+        &format!(
+            "SELECT tide.create_channel('t_ok', 'webhook', jsonb_build_object('url', '{}'));
+             SELECT tide.create_channel('t_dead', 'webhook', jsonb_build_object('url', 'http://127.0.0.1:{closed}/hook'));",
+            r.url("/test-hook")
+        ),
+    )?;
+    let ok: String = one(
+        &mut db,
+        "SELECT concat_ws('|', channel, status, took IS NOT NULL, coalesce(error, '-')) FROM tide.test_channel('t_ok')",
+    )?;
+    assert_eq!(ok, "t_ok|delivered|t|-");
+    let got = r
+        .requests()
+        .into_iter()
+        .find(|q| q.path == "/test-hook")
+        .ok_or("the receiver got no test message")?;
+    assert!(got.body.contains("a test of channel t_ok"), "{}", got.body);
+    assert_eq!(got.header("X-Tide-Event"), Some("test"));
+    let dead: String = one(
+        &mut db,
+        "SELECT concat_ws('|', status, error) FROM tide.test_channel('t_dead')",
+    )?;
+    assert!(dead.starts_with("failed|connection failed"), "{dead}");
+    assert!(
+        !dead.contains(&closed.to_string()),
+        "no URL in the error: {dead}"
+    );
+    let recorded: i64 = one(
+        &mut db,
+        "SELECT count(*) FROM tide.effect WHERE dedupe_key LIKE 'test:%'",
+    )?;
+    assert_eq!(recorded, 0, "a test records nothing");
+    for (sql, code) in [
+        ("SELECT * FROM tide.test_channel('t_none')", "42704"),
+        ("SELECT * FROM tide.test_channel('bad name!')", "22023"),
+        ("SELECT * FROM tide.test_channel(NULL)", "22004"),
+    ] {
+        let (got, message, hint) = refused(&mut db, sql)?;
+        assert_eq!(got, code, "{sql}: {message}");
+        assert!(!hint.is_empty(), "{sql}");
+    }
+    exec(
+        &mut db,
+        "DROP ROLE IF EXISTS t_other; CREATE ROLE t_other LOGIN;",
+    )?;
+    let mut other = cluster.connect_as(pg_tide_pg_test::WORKERS_DB, "t_other")?;
+    let (code, _, _) = refused(&mut other, "SELECT * FROM tide.test_channel('t_ok')")?;
+    assert_eq!(code, "42704", "another role's channel reads as none");
+
+    // No channel at all: a dead letter's alert reaches no one, and pg_tide says so.
+    exec(
+        &mut db,
+        "SELECT tide.drop_channel(name) FROM tide.alert_channel;
+         SELECT tide.schedule('t_failing', '0 0 1 1 *', 'SELECT 1 / 0', max_attempts => 1);
+         SELECT tide.run_now('t_failing');",
+    )?;
+    let untaken: i32 = wait_for(
+        "the untaken alert to be counted",
+        Duration::from_secs(60),
+        || {
+            let row = db
+                .query_one("SELECT alerts_untaken, status FROM tide.self_health", &[])
+                .map_err(|e| describe(&e))?;
+            let (n, status): (i32, String) = (row.get(0), row.get(1));
+            Ok((n >= 1 && status == "late").then_some(n))
+        },
+    )?;
+    assert!(untaken >= 1);
+    let details: String = wait_for(
+        "pg_tide's undelivered alert",
+        Duration::from_secs(60),
+        || {
+            db.query_opt(
+                "SELECT details->>'message' FROM tide.alert
+              WHERE subject_type = 'pg_tide' AND kind = 'undelivered' AND resolved_at IS NULL",
+                &[],
+            )
+            .map(|r| r.map(|r| r.get::<_, String>(0)))
+            .map_err(|e| describe(&e))
+        },
+    )?;
+    assert!(details.contains("reach no one"), "{details}");
+    let dashboard: String = one(
+        &mut db,
+        "SELECT status FROM tide.dashboard WHERE task = 'pg_tide'",
+    )?;
+    assert_eq!(dashboard, "late");
+    // A channel takes them: the count goes back to 0 and the alert resolves.
+    exec(
+        &mut db,
+        &format!(
+            "SELECT tide.create_channel('t_ok', 'webhook', jsonb_build_object('url', '{}'), alerts => 'info')",
+            r.url("/test-hook")
+        ),
+    )?;
+    wait_for(
+        "the undelivered alert to resolve",
+        Duration::from_secs(60),
+        || {
+            let open: i64 = db
+            .query_one(
+                "SELECT count(*) FROM tide.alert WHERE subject_type = 'pg_tide' AND kind = 'undelivered' AND resolved_at IS NULL",
+                &[],
+            )
+            .map_err(|e| describe(&e))?
+            .get(0);
+            Ok((open == 0).then_some(()))
+        },
+    )?;
+    let now_taken: i32 = one(&mut db, "SELECT alerts_untaken FROM tide.self_health")?;
+    assert_eq!(now_taken, 0);
+    exec(
+        &mut db,
+        "SELECT tide.unschedule('t_failing'); SELECT tide.drop_channel('t_ok');",
+    )?;
+    Ok(())
+}
+
+/// The late_start alert of a task, once open: its details' cause.
+fn late_cause(c: &mut Client, task: &str) -> Result<String, Failed> {
+    Ok(wait_for(
+        &format!("a late_start alert of {task}"),
+        Duration::from_secs(30),
+        || {
+            c.query_opt(
+                "SELECT details->>'cause' FROM tide.alert
+                  WHERE subject = $1 AND kind = 'late_start' AND resolved_at IS NULL",
+                &[&task],
+            )
+            .map(|r| r.map(|r| r.get::<_, String>(0)))
+            .map_err(|e| describe(&e))
+        },
+    )?)
+}
+
+fn late_start_resolved(c: &mut Client, task: &str) -> Result<(), Failed> {
+    wait_for(
+        &format!("{task}'s late_start alert to resolve"),
+        Duration::from_secs(60),
+        || {
+            let open: i64 = c
+                .query_one(
+                    "SELECT count(*) FROM tide.alert WHERE subject = $1 AND kind = 'late_start' AND resolved_at IS NULL",
+                    &[&task],
+                )
+                .map_err(|e| describe(&e))?
+                .get(0);
+            Ok((open == 0).then_some(()))
+        },
+    )?;
+    Ok(())
+}
+
+/// A run that does not start by its deadline opens a late_start alert naming the run, its wait
+/// and the likely cause, for each cause pg_tide can tell; it resolves when the run starts.
+fn late_starts_alert_with_their_cause(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "CREATE TABLE IF NOT EXISTS ls_hold (go boolean); TRUNCATE ls_hold;
+         SELECT tide.create_queue('ls_paused'); SELECT tide.pause_queue('ls_paused');
+         SELECT tide.create_queue('ls_one', max_concurrency => 1);
+         SELECT tide.schedule('ls_in_paused', '0 0 1 1 *', 'SELECT 1', queue => 'ls_paused');
+         SELECT tide.schedule('ls_busy', '0 0 1 1 *', $c$SELECT pg_sleep(60)$c$, queue => 'ls_one');
+         SELECT tide.schedule('ls_behind', '0 0 1 1 *', 'SELECT 1', queue => 'ls_one');
+         SELECT tide.schedule('ls_locker', '0 0 1 1 *', $c$SELECT pg_sleep(60)$c$, lock_key => 'acct:1');
+         SELECT tide.schedule('ls_locked', '0 0 1 1 *', 'SELECT 1', lock_key => 'acct:1');
+         SELECT tide.schedule('ls_external', '0 0 1 1 *', queue => 'ls_ext');",
+    )?;
+    for task in ["ls_in_paused", "ls_behind", "ls_locked", "ls_external"] {
+        exec(
+            &mut c,
+            &format!("SELECT tide.monitor('{task}', start_deadline => '1 second')"),
+        )?;
+    }
+    // A paused queue.
+    let paused_run: i64 = one(&mut c, "SELECT tide.run_now('ls_in_paused')")?;
+    let cause = late_cause(&mut c, "ls_in_paused")?;
+    assert_eq!(cause, "queue ls_paused is paused (tide.resume_queue)");
+    let details: String = one(
+        &mut c,
+        "SELECT concat_ws('|', details->>'run_id', (details->>'waited')::interval >= interval '1 second',
+                          details->>'start_deadline')
+           FROM tide.alert WHERE subject = 'ls_in_paused' AND kind = 'late_start' AND resolved_at IS NULL",
+    )?;
+    assert_eq!(details, format!("{paused_run}|t|00:00:01"));
+    // The wait shows in health, the dashboard and the metrics (per task and per queue).
+    let shown: String = one(
+        &mut c,
+        "SELECT concat_ws('|', (SELECT h.oldest_ready >= interval '1 second' FROM tide.health h WHERE h.task = 'ls_in_paused'),
+                          (SELECT d.wait <> '' FROM tide.dashboard d WHERE d.task = 'ls_in_paused'),
+                          (SELECT m.value >= 1 FROM tide.metric m
+                            WHERE m.metric = 'pg_tide_task_oldest_ready_seconds' AND m.task = 'ls_in_paused'),
+                          (SELECT m.value >= 1 FROM tide.metric m
+                            WHERE m.metric = 'pg_tide_queue_oldest_ready_seconds' AND m.labels->>'queue' = 'ls_paused'),
+                          (SELECT m.value >= 1 FROM tide.metric m
+                            WHERE m.metric = 'pg_tide_alerts_open' AND m.labels->>'kind' = 'late_start'
+                              AND m.labels->>'severity' = 'warning'))",
+    )?;
+    assert_eq!(shown, "t|t|t|t|t");
+    exec(&mut c, "SELECT tide.resume_queue('ls_paused')")?;
+    late_start_resolved(&mut c, "ls_in_paused")?;
+
+    // A queue at its limit, and a lock another run holds.
+    exec(
+        &mut c,
+        "SELECT tide.run_now('ls_busy'); SELECT tide.run_now('ls_locker');",
+    )?;
+    wait_for("the holders to run", Duration::from_secs(30), || {
+        let n: i64 = c
+            .query_one(
+                "SELECT count(*) FROM tide.run r JOIN tide.task t USING (task_id)
+                  WHERE t.name IN ('ls_busy', 'ls_locker') AND r.state = 'running'",
+                &[],
+            )
+            .map_err(|e| describe(&e))?
+            .get(0);
+        Ok((n == 2).then_some(()))
+    })?;
+    let locker: i64 = one(
+        &mut c,
+        "SELECT r.run_id FROM tide.run r JOIN tide.task t USING (task_id) WHERE t.name = 'ls_locker'",
+    )?;
+    exec(
+        &mut c,
+        "SELECT tide.run_now('ls_behind'); SELECT tide.run_now('ls_locked');",
+    )?;
+    assert_eq!(
+        late_cause(&mut c, "ls_behind")?,
+        "queue ls_one is at its limit: 1 running of max_concurrency 1"
+    );
+    assert_eq!(
+        late_cause(&mut c, "ls_locked")?,
+        format!("lock acct:1 is held by run {locker}")
+    );
+    // Every executor busy: the two holders keep both; a third SQL run waits for one.
+    exec(
+        &mut c,
+        "SELECT tide.schedule('ls_starved', '0 0 1 1 *', 'SELECT 1');
+         SELECT tide.monitor('ls_starved', start_deadline => '1 second');
+         SELECT tide.run_now('ls_starved');",
+    )?;
+    assert_eq!(
+        late_cause(&mut c, "ls_starved")?,
+        "no executor free: all 2 run other runs (raise pg_tide.executors)"
+    );
+    exec(
+        &mut c,
+        "SELECT tide.cancel_run(r.run_id) FROM tide.run r JOIN tide.task t USING (task_id)
+          WHERE t.name IN ('ls_busy', 'ls_locker') AND r.state = 'running'",
+    )?;
+    for task in ["ls_behind", "ls_locked", "ls_starved"] {
+        late_start_resolved(&mut c, task)?;
+    }
+
+    // An external queue no worker claims from.
+    exec(&mut c, "SELECT tide.run_now('ls_external')")?;
+    let cause = late_cause(&mut c, "ls_external")?;
+    assert!(
+        cause.starts_with("no worker claimed from queue ls_ext in the last minute"),
+        "{cause}"
+    );
+    let claimed: i64 = one(
+        &mut c,
+        "SELECT count(tide.complete_run(run_id, lease_token)) FROM tide.claim_runs('ls_ext', worker => 'w')",
+    )?;
+    assert_eq!(claimed, 1);
+    late_start_resolved(&mut c, "ls_external")?;
+
+    // Bad input.
+    let (code, message, hint) = refused(
+        &mut c,
+        "SELECT tide.monitor('ls_starved', start_deadline => '-1 minute')",
+    )?;
+    assert_eq!(code, "22023", "{message}");
+    assert!(message.contains("start_deadline"), "{message}");
+    assert!(!hint.is_empty());
+    exec(
+        &mut c,
+        "SELECT tide.unschedule(name) FROM tide.task WHERE name LIKE 'ls\\_%';
+         SELECT tide.drop_queue('ls_paused'); SELECT tide.drop_queue('ls_one');",
+    )?;
+    Ok(())
+}
+
 fn main() {
     let tests: &[(&'static str, TestFn)] = &[
         (
@@ -921,6 +1331,10 @@ fn main() {
         ),
         ("email_arrives_over_starttls", email_arrives_over_starttls),
         (
+            "a_channel_made_without_alerts_takes_warnings",
+            a_channel_made_without_alerts_takes_warnings,
+        ),
+        (
             "the_watchdog_and_the_ping_notice_a_stopped_scheduler",
             the_watchdog_and_the_ping_notice_a_stopped_scheduler,
         ),
@@ -939,6 +1353,14 @@ fn main() {
         (
             "backlog_catch_up_limit_and_not_ready_alert",
             backlog_catch_up_limit_and_not_ready_alert,
+        ),
+        (
+            "late_starts_alert_with_their_cause",
+            late_starts_alert_with_their_cause,
+        ),
+        (
+            "channels_are_tested_and_alerts_that_reach_no_one_are_flagged",
+            channels_are_tested_and_alerts_that_reach_no_one_are_flagged,
         ),
         // Last: it reads the server log every other test wrote.
         (

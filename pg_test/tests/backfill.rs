@@ -985,6 +985,88 @@ fn workers_kill_9_and_restart_mid_backfill(cluster: &Cluster) -> Result<(), Fail
     Ok(())
 }
 
+/// R9.2 measured: a backfill with `pause` releases each batch only once the one before it has
+/// ended and the pause has passed; one with `rate` starts its windows no faster than the rate.
+fn workers_pause_and_rate_space_the_backfill(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "CREATE TABLE bf_spaced (d date);
+         SELECT tide.schedule('bf_spaced', '0 3 * * *', overlap => 'allow',
+                              command => $$INSERT INTO bf_spaced SELECT tide.biz_date()$$);",
+    )?;
+    // Six windows in batches of two, two seconds between one batch's end and the next.
+    let id: i64 = one(
+        &mut c,
+        "SELECT tide.backfill('bf_spaced', current_date - 7, current_date - 2, concurrency => 2, batch => 2,
+                              pause => '2 seconds', canary => 0)",
+    )?;
+    wait_backfill(&mut c, id, "done", Duration::from_secs(120))?;
+    let batches: Vec<(f64, f64)> = c
+        .query(
+            "SELECT extract(epoch FROM min(w.released_at))::float8, extract(epoch FROM max(w.finished_at))::float8
+               FROM tide.backfill_window w WHERE w.backfill_id = $1
+              GROUP BY (w.seq - 1) / 2 ORDER BY (w.seq - 1) / 2",
+            &[&id],
+        )
+        .map_err(db_err)?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(batches.len(), 3, "{batches:?}");
+    for pair in batches.windows(2) {
+        let (ended, next) = (pair[0].1, pair[1].0);
+        assert!(
+            next - ended >= 2.0,
+            "a batch released {:.3} s after the previous one ended, before its pause of 2 s: {batches:?}",
+            next - ended
+        );
+    }
+    let together: i64 = one(
+        &mut c,
+        &format!(
+            "SELECT count(*) FROM (SELECT (seq - 1) / 2 FROM tide.backfill_window WHERE backfill_id = {id}
+                                    GROUP BY 1 HAVING count(DISTINCT released_at) > 1) x"
+        ),
+    )?;
+    assert_eq!(together, 0, "the windows of a batch are released together");
+
+    // Five windows released at once, started at most 2 a second.
+    let id: i64 = one(
+        &mut c,
+        "SELECT tide.backfill('bf_spaced', current_date - 14, current_date - 10, concurrency => 5, batch => 10,
+                              rate => 2, canary => 0)",
+    )?;
+    wait_backfill(&mut c, id, "done", Duration::from_secs(120))?;
+    let starts: Vec<f64> = c
+        .query(
+            "SELECT extract(epoch FROM r.started_at)::float8 FROM tide.backfill_window w JOIN tide.run r USING (run_id)
+              WHERE w.backfill_id = $1 ORDER BY r.started_at",
+            &[&id],
+        )
+        .map_err(db_err)?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(starts.len(), 5);
+    // The queue's token bucket holds one second's worth (2 starts) and refills at 2 a second:
+    // the k-th start (k from 1) comes (k - 2) / 2 seconds after the first at the earliest (a
+    // tenth allowed for the instants the bucket and the claim read), so five take 1.5 s.
+    for (k, at) in starts.iter().enumerate().map(|(i, at)| (i + 1, at)) {
+        let earliest = (k as f64 - 2.0).max(0.0) / 2.0;
+        assert!(
+            at - starts[0] >= earliest * 0.9,
+            "start {k} came {:.3} s after the first, before {earliest:.1} s: faster than 2 a second: {starts:?}",
+            at - starts[0]
+        );
+    }
+    exec(
+        &mut c,
+        "SELECT tide.unschedule('bf_spaced'); DROP TABLE bf_spaced;",
+    )?;
+    Ok(())
+}
+
 fn main() {
     let tests: &[(&str, TestFn)] = &[
         ("modes_choose_the_windows", modes_choose_the_windows),
@@ -1007,6 +1089,10 @@ fn main() {
         (
             "workers_long_task_waits_without_an_executor",
             workers_long_task_waits_without_an_executor,
+        ),
+        (
+            "workers_pause_and_rate_space_the_backfill",
+            workers_pause_and_rate_space_the_backfill,
         ),
         (
             "workers_kill_9_and_restart_mid_backfill",

@@ -2870,6 +2870,109 @@ fn command_workers_outlive_their_executor(cluster: &Cluster) -> Result<(), Faile
     Ok(())
 }
 
+/// Stop means stop for a command worker's run too: tide.cancel_run of a running top-level
+/// command, and of a command in another database, interrupts its statement at once and ends the
+/// run cancelled, saying who asked; tide.pause_run interrupts it and the run is paused, and once
+/// resumed it runs again from its first statement (statements committed before stay).
+fn command_workers_are_stopped_when_asked(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "CREATE TABLE IF NOT EXISTS cw_steps (step text);
+         SELECT tide.schedule('cw_long', '0 0 1 1 *', top_level => true, max_attempts => 1,
+                              command => 'SELECT pg_sleep(60)');
+         SELECT tide.schedule('cw_remote', '0 0 1 1 *', database => 'postgres', max_attempts => 1,
+                              command => 'SELECT pg_sleep(60)');
+         SELECT tide.schedule('cw_pausable', '0 0 1 1 *', top_level => true, max_attempts => 1,
+                              command => $c$INSERT INTO cw_steps VALUES ('first');
+                                          SELECT pg_sleep(CASE WHEN EXISTS (SELECT 1 FROM cw_steps WHERE step = 'resumed')
+                                                               THEN 0 ELSE 60 END)$c$);",
+    )?;
+    let running = |c: &mut Client, run: i64| -> Result<(), Failed> {
+        wait_for("its command worker to run", Duration::from_secs(30), || {
+            let n: i64 = c
+                .query_one(
+                    "SELECT count(*) FROM tide._command_workers() WHERE run_id = $1 AND state = 'running'
+                        AND pid IN (SELECT pid FROM pg_stat_activity)",
+                    &[&run],
+                )
+                .map_err(|e| pg_tide_pg_test::describe(&e))?
+                .get(0);
+            Ok((n == 1).then_some(()))
+        })?;
+        Ok(())
+    };
+    let ended = |c: &mut Client, run: i64, state: &str| -> Result<String, Failed> {
+        Ok(wait_for(
+            &format!("run {run} to be {state}"),
+            Duration::from_secs(5),
+            || {
+                c.query_opt(
+                    "SELECT reason FROM tide.run WHERE run_id = $1 AND state::text = $2",
+                    &[&run, &state],
+                )
+                .map(|r| r.map(|r| r.get::<_, String>(0)))
+                .map_err(|e| pg_tide_pg_test::describe(&e))
+            },
+        )?)
+    };
+    for task in ["cw_long", "cw_remote"] {
+        let run: i64 = one(&mut c, &format!("SELECT tide.run_now('{task}')"))?;
+        running(&mut c, run)?;
+        let asked: String = one(
+            &mut c,
+            &format!("SELECT tide.cancel_run({run}, reason => 'wrong day')"),
+        )?;
+        assert_eq!(asked, "cancelling");
+        let reason = ended(&mut c, run, "cancelled")?;
+        assert!(
+            reason.starts_with("cancelled while running, its command interrupted")
+                && reason.contains("asked by postgres: wrong day"),
+            "{task}: {reason}"
+        );
+    }
+    let run: i64 = one(&mut c, "SELECT tide.run_now('cw_pausable')")?;
+    running(&mut c, run)?;
+    wait_for(
+        "the first statement to commit",
+        Duration::from_secs(30),
+        || {
+            let n: i64 = c
+                .query_one("SELECT count(*) FROM cw_steps WHERE step = 'first'", &[])
+                .map_err(|e| pg_tide_pg_test::describe(&e))?
+                .get(0);
+            Ok((n == 1).then_some(()))
+        },
+    )?;
+    let asked: String = one(&mut c, &format!("SELECT tide.pause_run({run})"))?;
+    assert_eq!(asked, "pausing");
+    let reason = ended(&mut c, run, "paused")?;
+    assert!(
+        reason.contains("interrupted after 1 statements, which stay committed"),
+        "{reason}"
+    );
+    exec(
+        &mut c,
+        &format!("INSERT INTO cw_steps VALUES ('resumed'); SELECT tide.resume_run({run});"),
+    )?;
+    let done: String = wait_for("the resumed run", Duration::from_secs(30), || {
+        c.query_opt(
+            "SELECT concat_ws('|', state, attempts, (SELECT count(*) FROM cw_steps WHERE step = 'first'))
+               FROM tide.run WHERE run_id = $1 AND state IN ('succeeded', 'dead')",
+            &[&run],
+        )
+        .map(|r| r.map(|r| r.get::<_, String>(0)))
+        .map_err(|e| pg_tide_pg_test::describe(&e))
+    })?;
+    assert_eq!(done, "succeeded|2|2", "run again from its first statement");
+    exec(
+        &mut c,
+        "SELECT tide.unschedule('cw_long'); SELECT tide.unschedule('cw_remote');
+         SELECT tide.unschedule('cw_pausable'); DROP TABLE cw_steps;",
+    )?;
+    Ok(())
+}
+
 /// With pg_tide.command_workers_per_database = 1, a second command of the same database waits
 /// in line (no attempt counted, its reason saying why) until the first is done, then runs.
 fn command_workers_per_database_bound_them(cluster: &Cluster) -> Result<(), Failed> {
@@ -2981,6 +3084,10 @@ fn main() {
         (
             "workers_command_workers_per_database_bound_them",
             command_workers_per_database_bound_them,
+        ),
+        (
+            "workers_command_workers_are_stopped_when_asked",
+            command_workers_are_stopped_when_asked,
         ),
         (
             "enqueue_creates_one_off_and_delayed_runs",

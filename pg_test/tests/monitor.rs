@@ -809,7 +809,10 @@ fn alert_causes_match_every_tasks_health(cluster: &Cluster) -> Result<(), Failed
                     ('catch_up_limit', h.catch_up_limited_24h > 0),
                     ('not_ready', h.not_ready_24h > 0),
                     ('schedule_error', h.tick_error IS NOT NULL),
-                    ('held', h.held_since <= {at} - tide._setting('alert_held_after', '1h')::interval))
+                    ('held', h.held_since <= {at} - tide._setting('alert_held_after', '1h')::interval),
+                    ('late_start', h.oldest_ready > (SELECT tide._start_deadline(t.start_deadline, t.fire_gap, r.window_start IS NOT NULL)
+                                                       FROM tide.task t, tide.run r
+                                                      WHERE t.task_id = h.task_id AND r.run_id = h.oldest_ready_id)))
                     AS v(k, hit)
                   WHERE v.hit"
             ),
@@ -848,8 +851,9 @@ fn alert_causes_match_every_tasks_health(cluster: &Cluster) -> Result<(), Failed
     )?;
     let soon = format!("{now} + interval '5 minutes'");
     let found = compare(&mut c, &soon)?;
+    // (e's three event runs have waited five minutes by then: pg_tide.start_deadline's default.)
     assert_eq!(
-        found, "idle_3:down idle_3:silence w:dead_letter",
+        found, "e:late_start idle_3:down idle_3:silence w:dead_letter",
         "before the fold"
     );
     tick(&mut c, &now)?;
@@ -1296,6 +1300,45 @@ fn pruning_removes_only_what_it_should(cluster: &Cluster) -> Result<(), Failed> 
     Ok(())
 }
 
+/// The fields of a run log line, in order (R8.7).
+const LOG_KEYS: [&str; 10] = [
+    "event", "task", "run_id", "biz_date", "trigger", "version", "attempt", "state", "duration",
+    "error",
+];
+
+/// The key=value fields of a `pg_tide: event=...` log line, in order; a quoted value is a JSON
+/// string (tide._logfmt).
+fn log_fields(line: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let Some(start) = line.find("pg_tide: ") else {
+        return out;
+    };
+    let mut rest = &line[start + "pg_tide: ".len()..];
+    while let Some(eq) = rest.find('=') {
+        let key = rest[..eq].trim().to_string();
+        let after = &rest[eq + 1..];
+        let (value, next) = if after.starts_with('"') {
+            // The closing quote: the first one not escaped.
+            let bytes = after.as_bytes();
+            let mut i = 1;
+            while i < bytes.len() && bytes[i] != b'"' {
+                i += if bytes[i] == b'\\' { 2 } else { 1 };
+            }
+            let quoted = &after[..(i + 1).min(after.len())];
+            (
+                serde_json::from_str::<String>(quoted).unwrap_or_else(|_| quoted.to_string()),
+                &after[(i + 1).min(after.len())..],
+            )
+        } else {
+            let end = after.find(' ').unwrap_or(after.len());
+            (after[..end].to_string(), &after[end..])
+        };
+        out.push((key, value));
+        rest = next.trim_start();
+    }
+    out
+}
+
 fn run_log_lines(cluster: &Cluster) -> Result<(), Failed> {
     let mut c = cluster.fresh_db("m_logs")?;
     let log = cluster.data_dir.join("server.log");
@@ -1355,7 +1398,33 @@ fn run_log_lines(cluster: &Cluster) -> Result<(), Failed> {
         lines[3]
     );
     assert!(lines.iter().all(|l| l.contains(" LOG: ")), "{lines:#?}");
-
+    // R8.7: every line has every field, in order, with the run's own business date and rule
+    // version.
+    let (biz_date, version): (String, String) = {
+        let row = c
+            .query_one(
+                &format!("SELECT biz_date::text, version::text FROM tide.run WHERE run_id = {run}"),
+                &[],
+            )
+            .map_err(db_err)?;
+        (row.get(0), row.get(1))
+    };
+    for line in &lines {
+        let f = log_fields(line);
+        let keys: Vec<&str> = f.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, LOG_KEYS, "{line}");
+        let get = |k: &str| {
+            f.iter()
+                .find(|(x, _)| x == k)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default()
+        };
+        assert_eq!(get("task"), "logged task", "{line}");
+        assert_eq!(get("run_id"), run.to_string(), "{line}");
+        assert_eq!(get("biz_date"), biz_date, "{line}");
+        assert_eq!(get("trigger"), "manual", "{line}");
+        assert_eq!(get("version"), version, "{line}");
+    }
     // Off: nothing; an idle tick logs nothing either way.
     let mark = read_from(0)?.len();
     exec(&mut c, "SET pg_tide.log_runs = 'off'")?;
@@ -1373,6 +1442,53 @@ fn run_log_lines(cluster: &Cluster) -> Result<(), Failed> {
     assert!(stray.is_empty(), "{stray:#?}");
     let (code, _, _) = refused(&mut c, "SET pg_tide.log_runs = 'loud'")?;
     assert_eq!(code, "22023");
+    // A skip line (last: the silence its missed fires open is logged too): fires missed by more than the misfire threshold, recorded as skipped.
+    exec(
+        &mut c,
+        "SELECT tide.schedule('skipped task', '*/10 * * * *', misfire => 'skip')",
+    )?;
+    let mark = read_from(0)?.len();
+    tick(&mut c, "now() + interval '35 minutes'")?;
+    let skipped: (i64, String) = {
+        let row = c
+            .query_one(
+                "SELECT r.run_id, r.biz_date::text FROM tide.run r JOIN tide.task t USING (task_id)
+                  WHERE t.name = 'skipped task' AND r.state = 'skipped' ORDER BY r.run_id LIMIT 1",
+                &[],
+            )
+            .map_err(db_err)?;
+        (row.get(0), row.get(1))
+    };
+    let skip_line = pg_tide_pg_test::wait_for("a skip line", Duration::from_secs(10), || {
+        let text = read_from(mark)?;
+        Ok(text
+            .lines()
+            .find(|l| {
+                l.contains("pg_tide: event=skip") && l.contains(&format!("run_id={} ", skipped.0))
+            })
+            .map(str::to_string))
+    })?;
+    let f = log_fields(&skip_line);
+    let keys: Vec<&str> = f.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(keys, LOG_KEYS, "{skip_line}");
+    let values: Vec<&str> = f.iter().map(|(_, v)| v.as_str()).collect();
+    assert_eq!(
+        values,
+        [
+            "skip",
+            "skipped task",
+            &skipped.0.to_string(),
+            &skipped.1,
+            "skip:misfire",
+            "1",
+            "0",
+            "skipped",
+            "-",
+            "-"
+        ],
+        "{skip_line}"
+    );
+
     Ok(())
 }
 
@@ -1467,7 +1583,7 @@ fn dashboard_is_worst_first_in_80_columns(cluster: &Cluster) -> Result<(), Faile
     let order: String = one(&mut c, "SELECT string_agg(task, ',') FROM tide.dashboard")?;
     assert_eq!(
         order,
-        "b_broken,x_never_critical,y_never,z_never,w_never_newer,a_fine_task_with_a,c_paused"
+        "b_broken,x_never_critical,y_never,z_never,w_never_newer,a_fine_task_with,c_paused"
     );
     let (text, errors) = cluster.psql("m_dashboard", "SELECT * FROM tide.dashboard")?;
     assert!(
