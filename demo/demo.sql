@@ -430,9 +430,14 @@ SELECT * FROM tide.explain(:recon_run);
 
 \echo
 \echo '== Monitoring: a partner import keeps failing; the tick opens an alert and pg_tide delivers it'
-\echo '   a channel: alerts of severity warning and up go to a webhook (Slack, Mattermost, Discord or your own),'
-\echo '   signed with HMAC-SHA256; the demo started a receiver for it on 127.0.0.1'
-SELECT tide.create_channel('ops', 'webhook', jsonb_build_object('url', :'hook_url', 'secret', :'hook_secret'), alerts => 'warning');
+\echo '   no channel yet: the open alerts reach no one, and pg_tide says so (tide.untaken_alerts):'
+SELECT alert_id, subject, kind, severity FROM tide.untaken_alerts();
+\echo '   a channel: alerts of severity warning and up (the default) go to a webhook (Slack, Mattermost,'
+\echo '   Discord or your own), signed with HMAC-SHA256; the demo started a receiver for it on 127.0.0.1'
+SELECT tide.create_channel('ops', 'webhook', jsonb_build_object('url', :'hook_url', 'secret', :'hook_secret'));
+\echo '   tested before relying on it: a test message through the delivery worker, and the receiver''s answer'
+SELECT channel, status, took < interval '20 seconds' AS answered_in_time, error FROM tide.test_channel('ops');
+SELECT count(*) AS alerts_no_channel_takes FROM tide.untaken_alerts();
 SELECT tide.schedule('partner_import', '0 4 * * *', biz_window => 'day',
     command => $$SELECT tide.business_error('partner file for ' || tide.biz_date() || ' is malformed')$$);
 SELECT tide.monitor('partner_import', severity => 'critical');
@@ -441,7 +446,7 @@ SELECT tide.create_check('offsite_backup', '1 day', grace => '2 hours');
 SELECT tide.heartbeat_check('offsite_backup', message => 'rsync ok, 12 GB');
 LISTEN pg_tide_alert;
 SELECT tide.rerun('partner_import', biz_date => DATE '2026-11-01') AS run_id \gset
-\echo '   the alert opens within pg_tide.monitor_interval (10 s) of the dead letter:'
+\echo '   the alert opens within pg_tide.monitor_interval (2 s here; 10 s by default) of the dead letter:'
 CALL demo_wait($$(SELECT count(*) > 0 FROM tide.alert WHERE subject = 'partner_import' AND resolved_at IS NULL)$$);
 \echo '   the story of the dead run:'
 SELECT * FROM tide.explain(:run_id);
@@ -456,6 +461,33 @@ SELECT e.dedupe_key AS delivery_id, e.state, e.attempts, to_char(e.delivered_at,
 \echo '   acknowledged from psql: no more reminders, no escalation (its resolution is still sent):'
 SELECT tide.ack(alert_id, 'partner says the file is fixed tomorrow') FROM tide.alert
  WHERE subject = 'partner_import' AND kind = 'dead_letter' AND resolved_at IS NULL;
+\echo
+\echo '== A run that cannot start: the nightly export''s queue was left paused. Its run waits; past its'
+\echo '   start deadline (3 s here: tide.monitor(start_deadline => ...)) a late_start alert names the run, its'
+\echo '   wait and why'
+SELECT tide.create_queue('exports');
+SELECT tide.pause_queue('exports');
+SELECT tide.schedule('nightly_export', '0 2 * * *', queue => 'exports', command => $$SELECT 'exported'$$);
+SELECT tide.monitor('nightly_export', start_deadline => '3 seconds');
+SELECT tide.run_now('nightly_export') AS export_run \gset
+CALL demo_wait($$(SELECT count(*) > 0 FROM tide.alert WHERE subject = 'nightly_export' AND kind = 'late_start' AND resolved_at IS NULL)$$);
+SELECT subject, kind, severity, details->>'run_id' AS run_id, details->>'cause' AS cause
+  FROM tide.alert WHERE subject = 'nightly_export' AND kind = 'late_start' AND resolved_at IS NULL;
+\echo '   the queue resumed: the run starts, and the alert resolves'
+SELECT tide.resume_queue('exports');
+CALL demo_wait($$(SELECT state = 'succeeded' FROM tide.run WHERE run_id = $$ || :export_run || $$)$$);
+CALL demo_wait($$(SELECT count(*) = 0 FROM tide.alert WHERE subject = 'nightly_export' AND kind = 'late_start' AND resolved_at IS NULL)$$);
+SELECT subject, kind, resolved_at IS NOT NULL AS resolved FROM tide.alert WHERE subject = 'nightly_export' AND kind = 'late_start';
+\echo
+\echo '== Stop means stop: a top-level command (run by a command worker of its own) cancelled while it runs'
+SELECT tide.schedule('slow_maintenance', '0 3 * * 0', top_level => true, command => 'SELECT pg_sleep(60)');
+SELECT tide.run_now('slow_maintenance') AS slow_run \gset
+CALL demo_wait($$(SELECT state = 'running' FROM tide.run WHERE run_id = $$ || :slow_run || $$)$$);
+SELECT pg_sleep(0.5);
+SELECT tide.cancel_run(:slow_run, 'maintenance window moved');
+CALL demo_wait($$(SELECT state = 'cancelled' FROM tide.run WHERE run_id = $$ || :slow_run || $$)$$, 10);
+SELECT run_id, state, finished_at - started_at AS ran_for, reason FROM tide.run WHERE run_id = :slow_run;
+\echo
 \echo '   heartbeats, pg_tide''s own tasks included (each success is a beat):'
 SELECT kind, name, status, to_char(expected_at, 'YYYY-MM-DD HH24:MI') AS next_beat_by FROM tide.check_status
  WHERE kind = 'check' OR status <> 'new' ORDER BY kind, name;
@@ -467,3 +499,8 @@ SELECT * FROM tide.self_health;
 \echo
 \echo '== The dashboard, worst first (SELECT * FROM tide.dashboard)'
 SELECT * FROM tide.dashboard;
+-- The role the console's /metrics reads as (scripts/demo.sh): a member of tide_monitor only.
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'scraper') THEN CREATE ROLE scraper LOGIN; END IF;
+END $$;
+GRANT tide_monitor TO scraper;

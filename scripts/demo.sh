@@ -6,7 +6,9 @@
 # paused and resumed; pg_cron jobs imported (one of another database, run there) and a VACUUM run
 # at top level; one-off and delayed
 # jobs; a queue limit holding; then a failing task's alert delivered to a webhook receiver the
-# demo starts, a heartbeat check, pg_tide's own health and the dashboard.
+# demo starts (its channel tested first), a run that cannot start (late_start, and its cause), a
+# top-level command cancelled while it runs, a heartbeat check, pg_tide's own health, the
+# dashboard, and the console's /metrics as a Prometheus scraper reads it.
 # The cluster is left running for you to explore.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,9 +24,12 @@ install_release
 # pg_cron beside pg_tide, for the import of pg_cron jobs the demo shows.
 # Room for pg_tide's command workers (top-level commands, commands in other databases) beside its
 # own workers, pg_cron's launcher and the logical replication launcher.
+# Alerts evaluated every 2 s rather than 10 (pg_tide.monitor_interval), so that the demo's
+# alerts open and resolve while you watch.
 start_cluster "$DATA" "$PORT" "$DB" "shared_preload_libraries = 'pg_tide,pg_cron'
 cron.database_name = '$DB'
-max_worker_processes = 16"
+max_worker_processes = 16
+pg_tide.monitor_interval = '2s'"
 
 # A webhook receiver on 127.0.0.1 (the demo's alerts arrive there), kept running beside the
 # cluster and stopped by make demo-stop.
@@ -41,6 +46,13 @@ PSQL=("$BIN/psql" -X -h 127.0.0.1 -p "$PORT" -U postgres)
 "${PSQL[@]}" -q -d postgres -c "CREATE DATABASE $DB"
 # An application database, where a job moved from pg_cron (schedule_in_database) runs.
 "${PSQL[@]}" -q -d postgres -c "CREATE DATABASE ${DB}_app"
+# The scheduler connects to the new database within a second or two (it retries every second):
+# the demo schedules its first task once it is there.
+for _ in $(seq 1 100); do
+    up=$("${PSQL[@]}" -qtA -d postgres -c "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_tide scheduler' AND datname = '$DB'")
+    [ "$up" = 1 ] && break
+    sleep 0.1
+done
 "${PSQL[@]}" -d "$DB" -v ON_ERROR_STOP=1 -P pager=off -v hook_url="http://127.0.0.1:$HOOK_PORT/hooks/ops" \
     -v hook_secret="$HOOK_SECRET" -f demo/demo.sql
 
@@ -55,7 +67,10 @@ CONSOLE_LOG="$DATA/console.log"
 echo "==> building the console (release)"
 cargo build -q --release -p pg_tide_console
 if [ -f "$DATA.console.pid" ]; then kill "$(cat "$DATA.console.pid")" 2>/dev/null || true; fi
+# /metrics too, read as the role scraper, a member of tide_monitor (demo.sql made it): every
+# owner's figures and nothing else.
 nohup target/release/pg_tide-console --database "postgres://127.0.0.1:$PORT/$DB" \
+    --metrics-database "postgres://scraper@127.0.0.1:$PORT/$DB" \
     --listen "127.0.0.1:$CONSOLE_PORT" > "$CONSOLE_LOG" 2>&1 &
 echo $! > "$DATA.console.pid"
 for _ in $(seq 100); do
@@ -63,6 +78,18 @@ for _ in $(seq 100); do
     sleep 0.1
 done
 grep -q serving "$CONSOLE_LOG" || { echo "the console did not start:"; cat "$CONSOLE_LOG"; exit 1; }
+echo
+echo "==> Prometheus scrapes http://127.0.0.1:$CONSOLE_PORT/metrics (as scraper, a member of tide_monitor); a few of its series:"
+python3 - "http://127.0.0.1:$CONSOLE_PORT/metrics" <<'PY'
+import sys, urllib.request
+text = urllib.request.urlopen(sys.argv[1], timeout=30).read().decode()
+keep = ('pg_tide_build_info', 'pg_tide_workers{', 'pg_tide_last_tick_timestamp_seconds',
+        'pg_tide_deliveries_total{', 'pg_tide_task_last_success_timestamp_seconds{owner="postgres",task="daily_total"}',
+        'pg_tide_task_status{owner="postgres",task="partner_import"', 'pg_tide_alerts_open{kind="late_start"')
+lines = [l for l in text.splitlines() if l.startswith(keep)]
+print("\n".join("    " + l for l in lines))
+print("    ... %d lines in all; monitoring/prometheus-rules.yml and grafana-prometheus.json use them" % len(text.splitlines()))
+PY
 
 cat <<EOT
 
