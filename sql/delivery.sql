@@ -364,10 +364,12 @@ BEGIN
     IF tide._setting('allow_unscheduled', 'off') = 'on' THEN
         RETURN;
     END IF;
-    -- This database's scheduler may be starting (the server or the database is new, or it was
-    -- terminated): it connects within a second or two (its restart time is one second). Only one
-    -- still absent after three is worth a warning.
-    IF current_database() = tide._setting('database', 'postgres') THEN
+    -- This database's scheduler may be starting: the server started, or the scheduler last
+    -- ticked, in the last 10 s (it was terminated or crashed: its restart time is one second). It
+    -- connects within a second or two: only one still absent after three is worth a warning.
+    -- One gone for longer is warned of at once (an import of many jobs does not wait for each).
+    IF current_database() = tide._setting('database', 'postgres')
+       AND (tide._watch()->>'alive_at')::float8 / 1000 > extract(epoch FROM clock_timestamp()) - 10 THEN
         FOR i IN 1..30 LOOP
             PERFORM pg_stat_clear_snapshot();
             EXIT WHEN EXISTS (SELECT 1 FROM pg_stat_activity a
@@ -387,4 +389,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide._scheduler_warning() IS
-    'Internal: the WARNING tide.schedule and tide.alter give when no scheduler runs for this database (one that is starting is waited for, up to 3 s) or pg_tide.enabled is off.';
+    'Internal: the WARNING tide.schedule and tide.alter give when no scheduler runs for this database (one that is starting, with the server or after a crash, is waited for, up to 3 s) or pg_tide.enabled is off.';

@@ -174,7 +174,8 @@ BEGIN
         END IF;
     END IF;
     IF r.lock_key IS NOT NULL THEN
-        SELECT l.run_id INTO holder FROM tide.lock l WHERE l.key = r.lock_key AND l.run_id <> r.run_id LIMIT 1;
+        SELECT l.run_id INTO holder FROM tide.lock l
+         WHERE l.owner = r.owner AND l.key = r.lock_key AND l.run_id <> r.run_id LIMIT 1;
         IF FOUND THEN
             RETURN format('lock %s is held by run %s', r.lock_key, holder);
         END IF;
@@ -209,7 +210,8 @@ BEGIN
                       CASE WHEN seen IS NULL THEN ' (none since the server started)'
                            ELSE format(' (the last claim at %s)', seen) END);
     END IF;
-    SELECT count(*) INTO running FROM tide.pending p WHERE p.queue = r.queue AND p.state = 'running';
+    SELECT count(*) INTO running FROM tide.pending p
+     WHERE p.owner = r.owner AND p.queue = r.queue AND p.state = 'running';
     RETURN format('queue %s''s workers are busy: %s of its runs running', r.queue, running);
 END
 $$;
@@ -1016,23 +1018,22 @@ RETURNS TABLE (subject_type text, subject text, kind tide.alert_kind, severity t
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT 'pg_tide', 'pg_tide', 'scheduler_down'::tide.alert_kind, 'critical'::tide.severity,
-           jsonb_build_object('last_tick', x.last_tick, 'since_last_tick', x.since_last_tick, 'scheduler_alive', x.scheduler_alive,
-                              'last_tick_error', x.last_tick_error, 'last_tick_error_at', x.last_tick_error_at),
-           x.owner
+    -- pg_tide's health read once, for both conditions. The kinds are cast from text at run
+    -- time: undelivered came in the same version as this function.
+    SELECT 'pg_tide', 'pg_tide', c.kind::tide.alert_kind, c.severity::tide.severity, c.details, x.owner
       FROM tide._self(p_now) x
-     WHERE x.status = 'down'
-    UNION ALL
-    -- Alerts that reach no person (no channel takes them): said once, as pg_tide's own warning,
-    -- which a channel of a superuser or of tide_admin takes. (Cast from text at run time: the
-    -- kind came in the same version.)
-    SELECT 'pg_tide', 'pg_tide', 'undelivered'::text::tide.alert_kind, 'warning'::tide.severity,
-           jsonb_build_object('alerts', x.alerts_untaken,
-                              'message', format('%s open alerts reach no one: no channel takes them', x.alerts_untaken),
-                              'hint', 'SELECT tide.create_channel(''ops'', ''webhook'', ''{"url": "https://..."}''); then SELECT * FROM tide.test_channel(''ops'');'),
-           x.owner
-      FROM tide._self(p_now) x
-     WHERE x.alerts_untaken > 0
+     CROSS JOIN LATERAL (VALUES
+        ('scheduler_down', 'critical', x.status = 'down',
+         jsonb_build_object('last_tick', x.last_tick, 'since_last_tick', x.since_last_tick, 'scheduler_alive', x.scheduler_alive,
+                            'last_tick_error', x.last_tick_error, 'last_tick_error_at', x.last_tick_error_at)),
+        -- Alerts that reach no person (no channel takes them): said once, as pg_tide's own
+        -- warning, which a channel of a superuser or of tide_admin takes.
+        ('undelivered', 'warning', x.alerts_untaken > 0,
+         jsonb_build_object('alerts', x.alerts_untaken,
+                            'message', format('%s open alerts reach no one: no channel takes them', x.alerts_untaken),
+                            'hint', 'SELECT tide.create_channel(''ops'', ''webhook'', ''{"url": "https://..."}''); then SELECT * FROM tide.test_channel(''ops'');'))
+     ) AS c(kind, severity, hit, details)
+     WHERE c.hit
 $$;
 COMMENT ON FUNCTION tide._self_causes(timestamptz) IS 'Internal: pg_tide''s own alert conditions at an instant (scheduler_down, undelivered).';
 
@@ -1066,37 +1067,46 @@ CREATE INDEX alert_resolved_idx ON tide.alert (resolved_at) WHERE resolved_at IS
 
 -- Open alerts that nobody takes: no channel of pg_tide's and no route of your own workers
 -- receives them (tide._alert_takers), so they reach no person. pg_tide's own alert of them is
--- not counted, nor an alert seen by one evaluation only (one opened and resolved by the next
--- would otherwise raise this for a moment: the evaluation counts the alerts open before it).
+-- not one of them.
+CREATE FUNCTION tide._untaken()
+RETURNS TABLE (alert_id bigint, subject_type text, subject text, kind text, severity tide.severity,
+               opened_at timestamptz, last_seen_at timestamptz, owner name)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT a.alert_id, a.subject_type, a.subject, a.kind::text, a.severity, a.opened_at, a.last_seen_at, a.owner
+      FROM tide.alert a
+     WHERE a.resolved_at IS NULL AND NOT (a.subject_type = 'pg_tide' AND a.kind::text = 'undelivered')
+       AND NOT EXISTS (SELECT 1 FROM tide._alert_takers(a.owner, a.severity::text, a.kind::text, a.subject_type,
+                                                         a.subject, false))
+$$;
+COMMENT ON FUNCTION tide._untaken() IS
+    'Internal: the open alerts no channel or route takes (pg_tide''s undelivered alert aside).';
+
+-- How many, for pg_tide's own health: only those seen by more than one evaluation (one opened
+-- and resolved by the next would otherwise raise undelivered for a moment: the evaluation
+-- counts the alerts open before it).
 CREATE FUNCTION tide._alerts_untaken() RETURNS integer
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT count(*)::integer FROM tide.alert a
-     WHERE a.resolved_at IS NULL AND NOT (a.subject_type = 'pg_tide' AND a.kind::text = 'undelivered')
-       AND a.last_seen_at > a.opened_at
-       AND NOT EXISTS (SELECT 1 FROM tide._alert_takers(a.owner, a.severity::text, a.kind::text, a.subject_type,
-                                                         a.subject, false))
+    SELECT count(*)::integer FROM tide._untaken() u WHERE u.last_seen_at > u.opened_at
 $$;
 COMMENT ON FUNCTION tide._alerts_untaken() IS
     'Internal: how many open alerts, seen by more than one evaluation, no channel or route takes (pg_tide''s undelivered alert aside).';
 
--- The caller's open alerts (its own, its teams', every role's for tide_admin) that no channel
--- or route takes: they reach no person. Runs as the extension's owner (volatile and public: see
--- src/caller.rs), as the channels of pg_tide's owner that take every role's alerts are not the
--- caller's to read; tide._may_act keeps to the caller's alerts.
+-- The caller's own (its teams', every role's for tide_admin). Runs as the extension's owner
+-- (volatile and public: see src/caller.rs), as the channels of pg_tide's owner that take every
+-- role's alerts are not the caller's to read; tide._may_act keeps to the caller's alerts.
 CREATE FUNCTION tide.untaken_alerts()
 RETURNS TABLE (alert_id bigint, subject_type text, subject text, kind text, severity text, opened_at timestamptz, owner name)
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT a.alert_id, a.subject_type, a.subject, a.kind::text, a.severity::text, a.opened_at, a.owner
-      FROM tide.alert a
-     WHERE a.resolved_at IS NULL AND tide._may_act(a.owner)
-       AND NOT (a.subject_type = 'pg_tide' AND a.kind::text = 'undelivered')
-       AND NOT EXISTS (SELECT 1 FROM tide._alert_takers(a.owner, a.severity::text, a.kind::text, a.subject_type,
-                                                         a.subject, false))
-     ORDER BY a.severity DESC, a.opened_at
+    SELECT u.alert_id, u.subject_type, u.subject, u.kind, u.severity::text, u.opened_at, u.owner
+      FROM tide._untaken() u
+     WHERE tide._may_act(u.owner)
+     ORDER BY u.severity DESC, u.opened_at
 $$;
 COMMENT ON FUNCTION tide.untaken_alerts() IS
     'Your open alerts (your own, your teams'', every role''s for tide_admin) that no channel or route takes, so they reach no person: alert_id, subject_type, subject, kind, severity, opened_at, owner. Create a channel (tide.create_channel) or a route (tide.create_alert_route) that takes them.';
