@@ -87,6 +87,9 @@ const ANSWERED: u8 = 3;
 struct TestSlot {
     state: u8,
     id: u64,
+    /// When it was asked (epoch ms): a slot whose asker is long gone (its call cancelled or its
+    /// backend ended while it waited) is free again after `TEST_WAIT` and a margin.
+    asked_at: i64,
     /// The PGPROC number of the backend waiting for the answer.
     requester: i32,
     owner: [u8; 64],
@@ -104,6 +107,7 @@ impl TestSlot {
     const EMPTY: TestSlot = TestSlot {
         state: FREE,
         id: 0,
+        asked_at: 0,
         requester: -1,
         owner: [0; 64],
         owner_len: 0,
@@ -122,6 +126,15 @@ impl TestSlot {
 pub struct Tests {
     next_id: u64,
     slot: [TestSlot; TESTS],
+}
+
+impl TestSlot {
+    /// Free, or left behind by an asker that no longer waits for it.
+    fn free(&self, now: i64) -> bool {
+        self.state == FREE
+            || now - self.asked_at
+                > i64::try_from(TEST_WAIT.as_millis()).unwrap_or(i64::MAX) + 30_000
+    }
 }
 
 impl Default for Tests {
@@ -219,30 +232,50 @@ fn test_channel(
         .set_hint("test the channels of the database pg_tide serves, where alerts are delivered")
         .report(PgLogLevel::ERROR);
     }
+    // One test of a role's channels at a time, and TESTS in all: the delivery worker sends
+    // them one per round, between its deliveries, so no role's tests hold up everyone's alerts.
     let asked = {
+        let now = now_ms();
         let mut tests = TESTS_ASKED.exclusive();
-        tests.next_id += 1;
-        let id = tests.next_id;
-        tests.slot.iter().position(|s| s.state == FREE).map(|i| {
-            let slot = &mut tests.slot[i];
-            *slot = TestSlot::EMPTY;
-            slot.state = ASKED;
-            slot.id = id;
-            slot.requester = crate::wake::procno();
-            slot.owner_len = put(&mut slot.owner, &owner);
-            slot.name_len = put(&mut slot.name, name);
-            (i, id)
-        })
+        if tests
+            .slot
+            .iter()
+            .any(|s| !s.free(now) && text_of(&s.owner, s.owner_len) == owner)
+        {
+            Err(format!(
+                "a test of one of {owner}'s channels is under way already"
+            ))
+        } else {
+            tests.next_id += 1;
+            let id = tests.next_id;
+            match tests.slot.iter().position(|s| s.free(now)) {
+                Some(i) => {
+                    let slot = &mut tests.slot[i];
+                    *slot = TestSlot::EMPTY;
+                    slot.state = ASKED;
+                    slot.id = id;
+                    slot.asked_at = now;
+                    slot.requester = crate::wake::procno();
+                    slot.owner_len = put(&mut slot.owner, &owner);
+                    slot.name_len = put(&mut slot.name, name);
+                    Ok((i, id))
+                }
+                None => Err(format!("{TESTS} channel tests are under way already")),
+            }
+        }
     };
-    let Some((index, id)) = asked else {
-        pgrx::pg_sys::panic::ErrorReport::new(
-            PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
-            format!("{TESTS} channel tests are under way already"),
-            F,
-        )
-        .set_hint("try again in a few seconds")
-        .report(PgLogLevel::ERROR);
-        unreachable!()
+    let (index, id) = match asked {
+        Ok(asked) => asked,
+        Err(message) => {
+            pgrx::pg_sys::panic::ErrorReport::new(
+                PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+                message,
+                F,
+            )
+            .set_hint("try again when it has answered (within 20 seconds)")
+            .report(PgLogLevel::ERROR);
+            unreachable!()
+        }
     };
     crate::wake::wake_delivery();
     let deadline = Instant::now() + TEST_WAIT;
@@ -299,88 +332,97 @@ fn test_channel(
     TableIterator::once(row)
 }
 
-/// The delivery worker sends the test messages asked for: each channel read as its owner's, a
-/// test alert sent to it as an alert would go, the receiver's answer written back.
+/// The delivery worker sends one test message asked for (the oldest): its channel read as its
+/// owner's, a test alert sent to it as an alert would go, the receiver's answer written back.
+/// One per round, so that deliveries go between them; with more asked, the next round comes at
+/// once.
 fn serve_tests() {
-    loop {
-        let asked = {
-            let mut tests = TESTS_ASKED.exclusive();
-            tests.slot.iter().position(|s| s.state == ASKED).map(|i| {
-                let slot = &mut tests.slot[i];
-                slot.state = SENDING;
-                (
-                    i,
-                    slot.id,
-                    text_of(&slot.owner, slot.owner_len),
-                    text_of(&slot.name, slot.name_len),
+    let asked = {
+        let mut tests = TESTS_ASKED.exclusive();
+        let oldest = (0..TESTS)
+            .filter(|&i| tests.slot[i].state == ASKED)
+            .min_by_key(|&i| tests.slot[i].id);
+        oldest.map(|i| {
+            let slot = &mut tests.slot[i];
+            slot.state = SENDING;
+            (
+                i,
+                slot.id,
+                text_of(&slot.owner, slot.owner_len),
+                text_of(&slot.name, slot.name_len),
+            )
+        })
+    };
+    let Some((index, id, owner, name)) = asked else {
+        return;
+    };
+    let channel = worker::in_transaction("channel test", || {
+        Spi::connect(|client| {
+            client
+                .select(
+                    "SELECT c.kind, c.config FROM tide.alert_channel c WHERE c.owner = $1::name AND c.name = $2",
+                    None,
+                    &[owner.clone().into(), name.clone().into()],
                 )
-            })
-        };
-        let Some((index, id, owner, name)) = asked else {
-            return;
-        };
-        let channel = worker::in_transaction("channel test", || {
-            Spi::connect(|client| {
-                client
-                    .select(
-                        "SELECT c.kind, c.config FROM tide.alert_channel c WHERE c.owner = $1::name AND c.name = $2",
-                        None,
-                        &[owner.clone().into(), name.clone().into()],
+                .or_raise(F)
+                .next()
+                .map(|row| {
+                    (
+                        row.get::<String>(1).or_raise(F).unwrap_or_default(),
+                        row.get::<JsonB>(2).or_raise(F).map(|j| j.0).unwrap_or(Value::Null),
                     )
-                    .or_raise(F)
-                    .next()
-                    .map(|row| {
-                        (
-                            row.get::<String>(1).or_raise(F).unwrap_or_default(),
-                            row.get::<JsonB>(2).or_raise(F).map(|j| j.0).unwrap_or(Value::Null),
-                        )
-                    })
-            })
-        });
-        let started = Instant::now();
-        let outcome = match channel {
-            Ok(Some((kind, config))) => {
-                let job = Job {
-                    effect_id: 0,
-                    token: 0,
-                    kind,
-                    config,
-                    payload: json!({
-                        "event": "test",
-                        "subject_type": "channel",
-                        "subject": name,
-                        "kind": "test",
-                        "severity": "info",
-                        "details": {"message": format!(
-                            "a test of channel {name} of {owner}, sent with tide.test_channel: alerts of this channel arrive like this"),
-                            "database": settings::database()},
-                    }),
-                    delivery_id: format!("test:{id}"),
-                };
-                send(&job)
-            }
-            Ok(None) => Outcome::Permanent("the channel was dropped".to_string()),
-            Err(e) => Outcome::Retry(e),
-        };
-        let took_ms = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
-        let (status, error) = match outcome {
-            Outcome::Delivered => ("delivered", String::new()),
-            Outcome::Retry(e) => ("failed", e),
-            Outcome::Permanent(e) => ("refused", e),
-        };
-        let requester = {
-            let mut tests = TESTS_ASKED.exclusive();
-            let slot = &mut tests.slot[index];
-            if slot.id != id || slot.state != SENDING {
-                continue; // the asker gave up meanwhile
-            }
+                })
+        })
+    });
+    let started = Instant::now();
+    let outcome = match channel {
+        Ok(Some((kind, config))) => {
+            let job = Job {
+                effect_id: 0,
+                token: 0,
+                kind,
+                config,
+                payload: json!({
+                    "event": "test",
+                    "subject_type": "channel",
+                    "subject": name,
+                    "kind": "test",
+                    "severity": "info",
+                    "details": {"message": format!(
+                        "a test of channel {name} of {owner}, sent with tide.test_channel: alerts of this channel arrive like this"),
+                        "database": settings::database()},
+                }),
+                delivery_id: format!("test:{id}"),
+            };
+            send(&job)
+        }
+        Ok(None) => Outcome::Permanent("the channel was dropped".to_string()),
+        Err(e) => Outcome::Retry(e),
+    };
+    let took_ms = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
+    let (status, error) = match outcome {
+        Outcome::Delivered => ("delivered", String::new()),
+        Outcome::Retry(e) => ("failed", e),
+        Outcome::Permanent(e) => ("refused", e),
+    };
+    let requester = {
+        let mut tests = TESTS_ASKED.exclusive();
+        let slot = &mut tests.slot[index];
+        if slot.id != id || slot.state != SENDING {
+            None // the asker gave up meanwhile
+        } else {
             slot.status_len = put(&mut slot.status, status);
             slot.took_ms = took_ms;
             slot.error_len = put(&mut slot.error, &error);
             slot.state = ANSWERED;
-            slot.requester
-        };
+            Some(slot.requester)
+        }
+    };
+    if let Some(requester) = requester {
         crate::wake::set_latch(requester);
+    }
+    if TESTS_ASKED.share().slot.iter().any(|s| s.state == ASKED) {
+        crate::wake::set_latch(crate::wake::procno());
     }
 }
 

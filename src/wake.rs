@@ -144,7 +144,8 @@ pub fn init_shared() {
     pgrx::pg_shmem_init!(READY);
 }
 
-fn my_procno() -> i32 {
+/// This process's PGPROC number, for another to set its latch (`set_latch`).
+pub fn procno() -> i32 {
     // SAFETY: MyProc is set for every process attached to shared memory, workers included.
     unsafe { (*pg_sys::MyProc).pgprocno }
 }
@@ -152,13 +153,8 @@ fn my_procno() -> i32 {
 /// The scheduler (slot 0) or executor `n` notes its PGPROC number.
 pub fn register(slot: usize) {
     if slot < SLOTS {
-        PROCS.exclusive().procno[slot] = my_procno();
+        PROCS.exclusive().procno[slot] = procno();
     }
-}
-
-/// This process's PGPROC number, for another to set its latch (`set_latch`).
-pub fn procno() -> i32 {
-    my_procno()
 }
 
 /// Sets the delivery worker's latch now (a test message to send).

@@ -1067,6 +1067,45 @@ fn channels_are_tested_and_alerts_that_reach_no_one_are_flagged(
     let (code, _, _) = refused(&mut other, "SELECT * FROM tide.test_channel('t_ok')")?;
     assert_eq!(code, "42704", "another role's channel reads as none");
 
+    // One test of a role's channels at a time: a receiver that takes the connection and says
+    // nothing holds the first; a second of the same role is refused meanwhile (the delivery
+    // worker sends one test per round, between its deliveries).
+    let silent = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let silent_port = silent.local_addr()?.port();
+    let (accepted_tx, accepted_rx) = std::sync::mpsc::channel::<()>();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        if let Ok((conn, _)) = silent.accept() {
+            let _ = accepted_tx.send(());
+            let _ = release_rx.recv();
+            drop(conn);
+        }
+    });
+    exec(
+        &mut db,
+        &format!("SELECT tide.create_channel('t_silent', 'webhook', jsonb_build_object('url', 'http://127.0.0.1:{silent_port}/'))"),
+    )?;
+    let mut first = cluster.workers_db()?;
+    let waiting = std::thread::spawn(move || {
+        first
+            .query_one("SELECT status FROM tide.test_channel('t_silent')", &[])
+            .map(|r| r.get::<_, String>(0))
+            .map_err(|e| describe(&e))
+    });
+    accepted_rx
+        .recv_timeout(Duration::from_secs(30))
+        .map_err(|_| "the delivery worker never connected to the silent receiver")?;
+    let (code, message, hint) = refused(&mut db, "SELECT * FROM tide.test_channel('t_ok')")?;
+    assert_eq!(code, "53400", "{message}");
+    assert!(message.contains("under way"), "{message}");
+    assert!(!hint.is_empty());
+    let _ = release_tx.send(());
+    let status = waiting.join().map_err(|_| "the waiting test panicked")??;
+    assert_eq!(status, "failed", "the receiver closed without an answer");
+    holder.join().map_err(|_| "the silent receiver panicked")?;
+    let ok: String = one(&mut db, "SELECT status FROM tide.test_channel('t_ok')")?;
+    assert_eq!(ok, "delivered", "the slot is free again once answered");
+
     // No channel at all: a dead letter's alert reaches no one, and pg_tide says so.
     exec(
         &mut db,
