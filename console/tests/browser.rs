@@ -1228,6 +1228,19 @@ fn metrics_for_a_scraper(cluster: &Cluster) -> Result<(), Failed> {
         "{all}"
     );
 
+    // An ordinary role's own tide.metrics(): its own series alone, nothing of pg_tide itself.
+    let own: String = one(&mut otto, "SELECT tide.metrics()")?;
+    let own_samples = parse_exposition(&own)?;
+    assert!(
+        own_samples.iter().any(|s| s.contains("owner=otto")),
+        "{own}"
+    );
+    assert!(
+        !own_samples.iter().any(|s| s.contains("owner=mona")
+            || s.contains("|pg_tide_workers{")
+            || s.contains("|pg_tide_last_tick_timestamp_seconds")),
+        "otto reads only his own: {own}"
+    );
     // The scraper itself reads nothing of pg_tide's: no tasks, runs or alerts, no commands.
     let mut scraper = connect_as(cluster, "scraper", "scraper-secret")?;
     for table in [
