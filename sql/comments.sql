@@ -15,8 +15,8 @@ COMMENT ON FUNCTION tide.schedule(text, text, text, text, text, text, jsonb, tex
     'schedule(task, schedule, command => NULL, tz => ''UTC'', biz_window => ''fire'', queue => ''default'', args => ''{}'', dst_gap => ''shift'', dst_overlap => ''once'', timeout => ''1 hour'' (''0'': none, the owner''s statement_timeout applies), lease => ''5 minutes'', priority => 0, max_attempts => 5, backoff_base => ''10 seconds'', backoff_factor => 2, backoff_cap => ''1 hour'', jitter => ''full'', misfire => ''catch_up'', misfire_threshold => ''60 seconds'', catch_up_max => 100, source_retention => NULL, ready_dataset => NULL, ready_check => NULL, ready_timeout => NULL, recheck_interval => ''1 minute'', not_ready_policy => ''next_window'', overlap => ''queue'', max_concurrency => NULL, lock_key => NULL, topics => ''{}'', long => false, top_level => false, batch_rate => NULL, batch_pause => NULL, error_kinds => NULL, ready_watermark => NULL, watermark_stable_for => NULL, fallback => NULL, rescan_previous => false, reconcile => NULL (a reconciliation''s definition, written by tide.reconcile), replace => false, pending => ''hold'', database => NULL (another database of the cluster the command runs in, as pg_cron''s schedule_in_database; NULL: this one)): creates a task (schedule NULL: an event task that runs only on tide.emit of its topics); returns its task_id. A command that does not parse, or (without top_level) holds a statement that refuses a transaction block, such as VACUUM, is refused. On a name the caller already has: the same definition is a no-op returning the same task_id; a different one is refused (23505) unless replace => true, which makes it the task''s next rule version (unstarted runs follow pending, as in tide.alter).';
 COMMENT ON FUNCTION tide.alter(text, text, text, text, text, text, jsonb, text, text, interval, interval, integer, integer, interval, double precision, interval, text, text, interval, integer, interval, text, text, interval, interval, text, text, text, integer, text, text[], boolean, boolean, double precision, interval, jsonb, text, interval, text, boolean, jsonb, text) IS
     'alter(task, ..., pending => ''hold''): changes only the options given (schedule, command, ready_dataset, ready_check or lock_key => '''' removes it; max_concurrency, batch_rate => 0 and batch_pause => ''0'' remove the limit; error_kinds => ''{}'' removes the mapping; ready_watermark => '''' with watermark_stable_for => ''0'' removes the watermark; fallback => '''' removes the scan; database => '''' runs the command in pg_tide''s database again; timeout => ''0'' leaves runs without a timeout of pg_tide''s); returns the rule version, one higher if any rule changed. Unstarted runs of older versions are held for tide.confirm (pending => ''hold''), take the new rules (''adopt'') or keep theirs (''keep'').';
-COMMENT ON FUNCTION tide.unschedule(text) IS
-    'unschedule(task): deletes a task and its rule versions; false if the caller has no task of that name.';
+COMMENT ON FUNCTION tide.unschedule(text, text) IS
+    'unschedule(task, owner => caller): deletes a task and its rule versions; false if there is no task of that name. owner names another role''s task: a team''s the caller is a member of, or, for a superuser or tide_admin, any role''s (one that no longer exists included).';
 COMMENT ON FUNCTION tide.pause(text) IS
     'pause(task): stops a task firing (no new rule version); false if it was already paused.';
 COMMENT ON FUNCTION tide.resume(text) IS
@@ -120,6 +120,12 @@ REVOKE EXECUTE ON FUNCTION tide._watch() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tide._watch() TO tide_admin;
 -- The command workers name every role's runs and databases: the same.
 GRANT EXECUTE ON FUNCTION tide._command_workers() TO tide_admin;
+COMMENT ON FUNCTION tide._shortest_gap(text, text, text, text) IS
+    'Internal: the shortest gap between two consecutive fires of a schedule (a role''s limit fastest_schedule is checked against it).';
+COMMENT ON FUNCTION tide._share_lock() IS
+    'Internal: the executors'' choice lock, until the end of the transaction: whose run an executor takes next is chosen and claimed under it (sql/share.sql). No SQL advisory lock function can take it.';
+COMMENT ON FUNCTION tide._notify(text, text) IS
+    'Internal: pg_notify(channel, payload) unless PostgreSQL''s notification queue is half full or more (then nothing: a notification of pg_tide''s is a hint, never a dependency); true if it notified.';
 COMMENT ON FUNCTION tide._fire_gap(text, text, text, text) IS
     'Internal: the longest gap between two consecutive fires of a schedule, a year ahead (the base of a task''s derived max_silence).';
 COMMENT ON FUNCTION tide._next_fire(text, text, timestamptz) IS

@@ -90,8 +90,10 @@ BEGIN
     ON CONFLICT ON CONSTRAINT effect_owner_dedupe_key_key DO NOTHING
     RETURNING effect_id INTO id;
     IF id IS NOT NULL THEN
-        -- One NOTIFY per channel and transaction (PostgreSQL folds identical ones).
-        PERFORM pg_notify('pg_tide_effect', create_effect.channel);
+        -- A hint for waiting delivery workers, with no name in it (any role may LISTEN): one per
+        -- transaction (PostgreSQL folds identical ones), none while the notification queue is
+        -- half full (src/wake.rs).
+        PERFORM tide._notify('pg_tide_effect', '');
         RETURN id;
     END IF;
     SELECT e.effect_id INTO id FROM tide.effect e
@@ -108,6 +110,8 @@ RETURNS TABLE (effect_id bigint, dedupe_key text, payload jsonb, attempt integer
                lease_expires_at timestamptz, run_id bigint)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
+-- No JIT, whatever the backlog (see tide._claim).
+SET jit = off
 AS $$
 DECLARE
     ids bigint[];

@@ -36,6 +36,8 @@ CREATE FUNCTION tide._emit(p_topic text, p_payloads jsonb[], p_event_keys text[]
 RETURNS integer
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
+-- No JIT, whatever the backlog (see tide._claim).
+SET jit = off
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
@@ -51,13 +53,26 @@ DECLARE
     owners_ok name[] := tide._acts_for();
     g_owners name[];
     -- Whether any event has a dedupe key of the caller's (else every key is pg_tide's own).
-    keyed boolean := coalesce(cardinality(array_remove(p_dedupe_keys, NULL)) > 0, false);
+    keyed boolean;
     checked boolean;
 BEGIN
     checked := tide._check_topic(p_topic, p_function);  -- an assignment, not a PERFORM: see there
+    IF array_ndims(p_payloads) > 1 OR array_ndims(p_event_keys) > 1 OR array_ndims(p_dedupe_keys) > 1 THEN
+        what := CASE WHEN array_ndims(p_payloads) > 1 THEN 'payloads'
+                     WHEN array_ndims(p_event_keys) > 1 THEN 'event_keys' ELSE 'dedupe_keys' END;
+        RAISE EXCEPTION '%: % must be a one-dimensional array, got % dimensions', p_function, what,
+            CASE what WHEN 'payloads' THEN array_ndims(p_payloads)
+                      WHEN 'event_keys' THEN array_ndims(p_event_keys) ELSE array_ndims(p_dedupe_keys) END
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'pass one element per event, such as ARRAY[''k1'', ''k2'']';
+    END IF;
+    keyed := coalesce(cardinality(array_remove(p_dedupe_keys, NULL)) > 0, false);
     IF n > 100000 THEN
         RAISE EXCEPTION '%: % events in one call, at most 100000', p_function, n USING ERRCODE = 'invalid_parameter_value',
             HINT = 'emit in several calls of up to 100000 events';
+    END IF;
+    IF n > 1 THEN
+        PERFORM tide._check_bulk(n, p_function);
     END IF;
     IF cardinality(p_event_keys) <> n OR cardinality(p_dedupe_keys) <> n THEN
         RAISE EXCEPTION '%: % has % elements and payloads %', p_function,

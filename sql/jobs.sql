@@ -13,6 +13,8 @@ CREATE FUNCTION tide.enqueue(task text, args jsonb DEFAULT '{}', run_at timestam
 RETURNS SETOF bigint
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
+-- No JIT, whatever the backlog (see tide._claim).
+SET jit = off
 SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
@@ -57,6 +59,9 @@ BEGIN
     IF n > 100000 THEN
         RAISE EXCEPTION 'args has % elements, at most 100000 in one call', n USING ERRCODE = 'invalid_parameter_value',
             HINT = 'enqueue in several calls of up to 100000 runs';
+    END IF;
+    IF n > 1 THEN
+        PERFORM tide._check_bulk(n, 'tide.enqueue');
     END IF;
     IF n = 0 THEN
         RETURN;

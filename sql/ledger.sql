@@ -197,11 +197,15 @@ CREATE TABLE tide.pending (
 COMMENT ON TABLE tide.pending IS
     'The unfinished and unresolved (dead, need_check) runs, a narrow copy of their state, queue and due time: what claims, the scheduler and task health scan. Maintained by pg_tide; read tide.run.';
 COMMENT ON COLUMN tide.pending.due_at IS 'run_after of the run: not claimable (ready), not retried (retry), not re-checked (waiting) before it.';
--- Claiming reads only ready runs, by queue or (SQL executors) across queues.
-CREATE INDEX pending_claim_idx ON tide.pending (executor, queue, priority DESC, run_id) WHERE state = 'ready' AND NOT parked;
+-- Claiming reads only ready runs, by queue or (SQL executors) across queues, one owner at a
+-- time (priority orders an owner's runs only; sql/share.sql): the owners with ready runs are
+-- found by a loose scan of the same index.
+CREATE INDEX pending_claim_idx ON tide.pending (executor, queue, owner, priority DESC, run_id) WHERE state = 'ready' AND NOT parked;
 -- Claims across queues are the SQL executors' alone (external workers name their queue): the
 -- runs of external workers write no entry here.
-CREATE INDEX pending_claim_any_idx ON tide.pending (priority DESC, run_id) WHERE state = 'ready' AND NOT parked AND executor = 'sql';
+CREATE INDEX pending_claim_any_idx ON tide.pending (owner, priority DESC, run_id) WHERE state = 'ready' AND NOT parked AND executor = 'sql';
+-- The executors each owner's runs occupy (tide._executor_turn).
+CREATE INDEX pending_busy_idx ON tide.pending (owner) WHERE state = 'running' AND executor = 'sql';
 -- Gated runs only (partial: the plain claim path writes no entries): serial groups, lock
 -- waiters, a task's running runs, parked runs by wake-up time.
 CREATE INDEX pending_gate_idx ON tide.pending (gate, run_id) WHERE gate IS NOT NULL;
@@ -569,12 +573,16 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    -- What happened stays; whose it is changes with its task (tide.reassign_owned).
+    IF (to_jsonb(NEW) - 'owner') = (to_jsonb(OLD) - 'owner') THEN
+        RETURN NEW;
+    END IF;
     RAISE EXCEPTION 'the run history is append-only'
         USING ERRCODE = 'object_not_in_prerequisite_state',
               HINT = 'run events are written by pg_tide; history is pruned by retention, not edited';
 END
 $$;
-COMMENT ON FUNCTION tide._run_event_immutable() IS 'Trigger: refuses updates of tide.run_event.';
+COMMENT ON FUNCTION tide._run_event_immutable() IS 'Trigger: refuses updates of tide.run_event, but for a change of owner alone (tide.reassign_owned).';
 CREATE TRIGGER run_event_immutable BEFORE UPDATE ON tide.run_event
     FOR EACH ROW EXECUTE FUNCTION tide._run_event_immutable();
 

@@ -509,7 +509,7 @@ BEGIN
     -- never one per run (a NOTIFY takes a global lock at commit). The payload lists the tasks
     -- whose runs changed, or is empty when they would not fit (then anything may have changed).
     IF touched IS NOT NULL THEN
-        PERFORM pg_notify('pg_tide_changed',
+        PERFORM tide._notify('pg_tide_changed',
                           CASE WHEN cardinality(touched) <= 500 THEN array_to_string(touched, ',') ELSE '' END);
     END IF;
     IF todo IS NULL THEN
@@ -666,7 +666,8 @@ RETURNS TABLE (status text, last_tick timestamptz, since_last_tick interval, sta
                last_tick_error text, last_tick_error_at timestamptz, scheduler_alive boolean, executors_alive integer,
                executors_expected integer, delivery_alive boolean, notifier_alive boolean, ready_runs integer, oldest_ready interval,
                deliveries_pending integer, deliveries_dead_24h integer, ping_configured boolean,
-               last_ping_at timestamptz, last_ping_status integer, owner name, alerts_untaken integer)
+               last_ping_at timestamptz, last_ping_status integer, owner name, alerts_untaken integer,
+               notify_queue_usage double precision)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -713,6 +714,8 @@ BEGIN
       FROM tide.effect e JOIN tide.alert_channel c ON c.owner = e.owner AND c.name = e.channel
      WHERE e.state IN ('pending', 'sending', 'dead');
     alerts_untaken := tide._alerts_untaken();
+    -- Half full or more, pg_tide sends no notifications (src/wake.rs): workers poll.
+    notify_queue_usage := pg_notification_queue_usage();
     stalled_after := tide._setting('alert_stalled_after', '60s')::interval;
     status := CASE WHEN idle_at > coalesce(ok_at, '-infinity') AND idle_at > p_now - stalled_after THEN 'paused'
                    -- No scheduler process: down once it has been gone a little while (10 s, or
@@ -723,7 +726,7 @@ BEGIN
                    WHEN procs.scheduler = 0 THEN 'late'
                    WHEN (w->>'failing')::boolean THEN 'failing'
                    WHEN procs.executors < executors_expected OR procs.delivery = 0 OR procs.notifier = 0 OR dl.dead > 0
-                        OR alerts_untaken > 0 THEN 'late'
+                        OR alerts_untaken > 0 OR notify_queue_usage >= 0.5 THEN 'late'
                    ELSE 'ok' END;
     last_tick := ok_at;
     since_last_tick := p_now - alive_at;
@@ -751,7 +754,7 @@ COMMENT ON FUNCTION tide._self(timestamptz) IS
 
 CREATE VIEW tide.self_health WITH (security_invoker = true) AS SELECT * FROM tide._self(now());
 COMMENT ON VIEW tide.self_health IS
-    'pg_tide itself: status (ok, late, failing, down, paused), the last successful tick and the time since, tick errors since the server started and the last one, whether the scheduler, executors, delivery worker and notifier run, ready runs and the oldest one''s wait, alert deliveries pending and dead in 24 h, the ping, and alerts_untaken: open alerts no channel or route takes (late while there are any). Shown in the database pg_tide serves, to superusers and members of tide_admin.';
+    'pg_tide itself: status (ok, late, failing, down, paused), the last successful tick and the time since, tick errors since the server started and the last one, whether the scheduler, executors, delivery worker and notifier run, ready runs and the oldest one''s wait, alert deliveries pending and dead in 24 h, the ping, alerts_untaken: open alerts no channel or route takes (late while there are any), and notify_queue_usage: the share of PostgreSQL''s notification queue in use (late from 0.5: pg_tide then sends no notifications and workers poll; a session that LISTENs in a transaction it keeps open holds the queue). Shown in the database pg_tide serves, to superusers and members of tide_admin.';
 GRANT SELECT ON tide.self_health TO PUBLIC;
 
 CREATE VIEW tide.health WITH (security_invoker = true) AS
@@ -1006,7 +1009,7 @@ GRANT SELECT ON tide.check_status TO PUBLIC;
 CREATE TYPE tide.alert_kind AS ENUM (
     'silence', 'down', 'consecutive_failures', 'dead_letter', 'need_check', 'repeated_skips', 'retries',
     'backlog', 'catch_up_limit', 'not_ready', 'schedule_error', 'retry_budget', 'events_lost', 'backfill',
-    'reconciliation', 'held', 'delivery_failed', 'scheduler_down', 'undelivered', 'late_start'
+    'reconciliation', 'held', 'delivery_failed', 'scheduler_down', 'undelivered', 'late_start', 'owner_gone'
 );
 COMMENT ON TYPE tide.alert_kind IS 'What an alert is about; see docs/operations.md, Alerts.';
 
@@ -1258,6 +1261,18 @@ RETURN QUERY
                             AND e.created_at > p_now - interval '1 day') d
      WHERE d.n > 0
     UNION ALL
+    -- A task whose owner no longer exists (paused by tide._pause_orphans): open until it is
+    -- given to another role (tide.reassign_owned) or removed (tide.unschedule with owner,
+    -- tide.drop_owned).
+    SELECT 'task', t.name, 'owner_gone', 'critical',
+           jsonb_build_object('owner', t.owner, 'paused_at', t.paused_at,
+                              'message', format('the owner of task %s, role %s, no longer exists: the task is paused', t.name, t.owner),
+                              'hint', format('give it to another role: SELECT tide.reassign_owned(%L, ''<role>''); or remove it: SELECT tide.unschedule(%L, owner => %L)',
+                                             t.owner, t.name, t.owner)),
+           t.owner
+      FROM tide.task t
+     WHERE t.paused AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = t.owner)
+    UNION ALL
     SELECT * FROM tide._self_causes(p_now);
 END
 $$;
@@ -1402,7 +1417,7 @@ BEGIN
     FOR c IN SELECT * FROM jsonb_array_elements(changes) LOOP
         -- Any role may LISTEN on any channel: the notification says what happened to which
         -- alert, and each role reads the alerts it may see from tide.alert (row security).
-        PERFORM pg_notify('pg_tide_alert', jsonb_build_object('event', c->'event', 'alert_id', c->'alert_id')::text);
+        PERFORM tide._notify('pg_tide_alert', jsonb_build_object('event', c->'event', 'alert_id', c->'alert_id')::text);
         PERFORM tide._alert_deliver(c);
         IF c->>'event' = 'opened' THEN
             opened := opened + 1;
@@ -1847,6 +1862,9 @@ BEGIN
        AND NOT EXISTS (SELECT 1 FROM tide.task_touch u WHERE u.task_id = t.task_id);
     -- Runs left of deleted tasks (see tide.task_gone).
     PERFORM tide._sweep_gone();
+    -- Tasks whose owner was dropped (from another database: sql/roles.sql), event tasks among
+    -- them, stop; the alert owner_gone says why.
+    PERFORM tide._pause_orphans(p_now, true);
     RETURN tide._evaluate_alerts(p_now) || tide._prune(p_now, 5000);
 END
 $$;

@@ -158,8 +158,12 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value', HINT = 'the transient failures allowed per retry_window; NULL for no budget';
     END IF;
     IF create_queue.retry_window IS NULL OR create_queue.retry_window < interval '1 minute'
-       OR create_queue.retry_window > interval '1 day' THEN
-        RAISE EXCEPTION 'retry_window must be an interval of 1 minute to 1 day, got %', coalesce(create_queue.retry_window::text, 'NULL')
+       OR create_queue.retry_window > interval '1 day'
+       -- One sign for its months, days and time, as every interval of pg_tide's
+       -- ('1 day -1 hour' is refused, not read as 23 hours).
+       OR extract(month FROM create_queue.retry_window) < 0 OR extract(day FROM create_queue.retry_window) < 0
+       OR extract(epoch FROM create_queue.retry_window - date_trunc('day', create_queue.retry_window)) < 0 THEN
+        RAISE EXCEPTION 'retry_window must be an interval of 1 minute to 1 day whose days and time have one sign, got %', coalesce(create_queue.retry_window::text, 'NULL')
             USING ERRCODE = 'invalid_parameter_value', HINT = 'pass retry_window => ''10 minutes''';
     END IF;
     INSERT INTO tide.queue AS q (owner, name, max_concurrency, rate, retry_budget, retry_window, tokens, budget)

@@ -237,6 +237,10 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    -- What a version was stays; who owns it changes with its task (tide.reassign_owned).
+    IF (to_jsonb(NEW) - 'owner') = (to_jsonb(OLD) - 'owner') THEN
+        RETURN NEW;
+    END IF;
     RAISE EXCEPTION 'task versions are immutable'
         USING ERRCODE = 'object_not_in_prerequisite_state',
               HINT = 'change the task with tide.alter(...); that records a new version';
@@ -248,7 +252,7 @@ COMMENT ON FUNCTION tide._task_bump_version() IS
 COMMENT ON FUNCTION tide._task_snapshot_version() IS
     'Trigger: records the rules of a new version in tide.task_version.';
 COMMENT ON FUNCTION tide._task_version_immutable() IS
-    'Trigger: refuses updates of tide.task_version.';
+    'Trigger: refuses updates of tide.task_version, but for a change of owner alone (tide.reassign_owned).';
 
 CREATE TRIGGER task_bump_version BEFORE UPDATE ON tide.task
     FOR EACH ROW EXECUTE FUNCTION tide._task_bump_version();
@@ -373,6 +377,8 @@ BEGIN
         RAISE EXCEPTION 'task "%": pass batch_rate or batch_pause, not both (got batch_rate %, batch_pause %)', t.name, t.batch_rate, t.batch_pause
             USING ERRCODE = 'invalid_parameter_value', HINT = 'batch_rate => 2 means at most 2 batches a second; batch_pause => ''1 second'' waits between batches';
     END IF;
+    -- Its owner's limits: how many tasks, how often they fire (sql/share.sql).
+    PERFORM tide._check_role_limits(t);
 END
 $$;
 COMMENT ON FUNCTION tide._check_task(bigint) IS

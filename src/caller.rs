@@ -106,7 +106,7 @@ unsafe extern "C-unwind" fn at_transaction_end(
 }
 
 /// Schema `tide` and its owner, if the extension is in this database.
-fn schema() -> Option<(Oid, Oid)> {
+pub(crate) fn schema() -> Option<(Oid, Oid)> {
     if let Some(s) = SCHEMA.with(Cell::get) {
         return Some(s);
     }

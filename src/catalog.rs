@@ -98,6 +98,25 @@ fn interval_of(span: Option<Span>) -> Option<Interval> {
 }
 
 /// The execution options as SQL parameters, in the column order of `exec_columns(o)`.
+/// The `reconcile` argument of `tide.schedule` and `tide.alter` (a reconciliation's definition,
+/// as `tide.reconcile` writes it): a JSON object, else 22023 naming the value. What the object
+/// holds is checked by `tide._check_task`.
+fn reconcile_arg(reconcile: Option<JsonbText>, function: &'static str) -> Option<String> {
+    let text = reconcile?.0;
+    if !text.trim_start().starts_with('{') {
+        raise(
+            TideError::OutOfRange {
+                param: "reconcile",
+                value: text,
+                expected:
+                    "a JSON object (a reconciliation's definition; make one with tide.reconcile)",
+            },
+            function,
+        );
+    }
+    Some(text)
+}
+
 fn exec_args(o: &ExecOptions, reconcile: Option<String>) -> Vec<DatumWithOid<'static>> {
     let mut args = vec![
         interval_of(o.timeout).into(),
@@ -598,7 +617,7 @@ fn schedule_in(
     args.extend(rule_args(&rules));
     args.push(next_fire_datum(&rules).into());
     args.push(caller_name().into());
-    args.extend(exec_args(&exec, reconcile.map(|r| r.0)));
+    args.extend(exec_args(&exec, reconcile_arg(reconcile, F)));
     let columns: Vec<&str> = exec_columns(&exec).iter().map(|(c, _)| *c).collect();
     let values: Vec<String> = exec_columns(&exec)
         .iter()
@@ -916,7 +935,7 @@ fn alter_task(
     args.extend(rule_args(&rules));
     args.push(timing_changed.into());
     args.push(next_fire_datum(&rules).into());
-    args.extend(exec_args(&exec, reconcile.map(|r| r.0)));
+    args.extend(exec_args(&exec, reconcile_arg(reconcile, F)));
     // NULL leaves an option as it is; '' removes ready_dataset / ready_check.
     let sets: Vec<String> = exec_columns(&exec)
         .iter()
@@ -960,20 +979,41 @@ fn alter_task(
     version
 }
 
-/// Deletes a task and its rule versions. Returns false when the caller has no task of that
-/// name (like every removal verb, so a teardown script can run twice).
+/// Deletes a task and its rule versions. Returns false when the caller (or `owner`) has no
+/// task of that name (like every removal verb, so a teardown script can run twice). `owner`
+/// names another role's task: one the caller acts for (a team it is a member of) or, for a
+/// superuser or tide_admin, any role's, a role that no longer exists included.
 #[pg_extern(volatile, schema = "tide")]
 #[search_path(pg_catalog, pg_temp)]
-fn unschedule(task: Option<&str>) -> bool {
+fn unschedule(task: Option<&str>, owner: default!(Option<&str>, "NULL")) -> bool {
     const F: &str = "tide.unschedule";
     let name = required(task, "task", F);
     check_name(name).or_raise(F);
+    let caller = caller_name();
+    let owner = owner.map(str::to_string).unwrap_or_else(|| caller.clone());
+    if owner != caller {
+        let allowed = Spi::get_one_with_args::<bool>(
+            "SELECT tide._acts_for() IS NULL OR $1 = ANY (tide._acts_for())",
+            &[owner.as_str().into()],
+        )
+        .or_raise(F)
+        .unwrap_or(false);
+        if !allowed {
+            pgrx::pg_sys::panic::ErrorReport::new(
+                PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+                format!("permission denied to unschedule a task of role \"{owner}\""),
+                F,
+            )
+            .set_hint("a superuser or a member of tide_admin unschedules any role's task; a role, its own and its teams'")
+            .report(PgLogLevel::ERROR);
+        }
+    }
     let deleted = Spi::connect_mut(|client| {
         client
             .update(
                 "DELETE FROM tide.task WHERE name = $1 AND owner = $2 RETURNING task_id",
                 None,
-                &[name.into(), caller_name().into()],
+                &[name.into(), owner.as_str().into()],
             )
             .or_raise(F)
             .len()

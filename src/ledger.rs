@@ -40,6 +40,7 @@ fn backoff_delay(
 ) -> Interval {
     const F: &str = "tide.backoff_delay";
     let jitter = Jitter::parse(jitter).or_raise(F);
+    check_backoff(tries, &base, factor, &cap, unit).or_raise(F);
     let us = delay_us(
         tries,
         micros_of(&base),
@@ -49,6 +50,43 @@ fn backoff_delay(
         unit,
     );
     Interval::from_micros(us)
+}
+
+/// `tide.backoff_delay`'s arguments, checked with `tide.schedule`'s rules: a try number of at
+/// least 0, `base` and `cap` as the options `backoff_base` and `backoff_cap` (one sign, within
+/// their maximum), `factor` between 1 and 100, `unit` a number in [0, 1]. A delay is then never
+/// negative and never past `cap`.
+fn check_backoff(
+    tries: i32,
+    base: &Interval,
+    factor: f64,
+    cap: &Interval,
+    unit: f64,
+) -> Result<(), TideError> {
+    if tries < 0 {
+        return Err(TideError::OutOfRange {
+            param: "tries",
+            value: tries.to_string(),
+            expected: "0 or more (the tries that failed so far)",
+        });
+    }
+    crate::rules::check_interval("backoff_base", span_of(base), false)?;
+    crate::rules::check_interval("backoff_cap", span_of(cap), false)?;
+    if !(1.0..=100.0).contains(&factor) {
+        return Err(TideError::OutOfRange {
+            param: "factor",
+            value: factor.to_string(),
+            expected: "between 1 and 100",
+        });
+    }
+    if !(0.0..=1.0).contains(&unit) {
+        return Err(TideError::OutOfRange {
+            param: "unit",
+            value: unit.to_string(),
+            expected: "between 0 and 1, such as random()",
+        });
+    }
+    Ok(())
 }
 
 /// How a failed command's SQLSTATE is treated: 'transient', 'business' or 'not_ready'.

@@ -29,7 +29,9 @@ mod metrics;
 mod monitor;
 mod pgtime;
 mod queue_count;
+mod roles;
 mod run_change;
+mod share;
 mod sqlerr;
 mod tick;
 mod timeline;
@@ -101,6 +103,8 @@ mod tide {}
     name = "roles",
     requires = ["execution", caller::may_act, caller::caller_is_superuser]
 );
+// Roles sharing a database: fair share of the executors, each role's limits, a role's end.
+::pgrx::extension_sql_file!("../sql/share.sql", name = "share", requires = ["monitor"]);
 // One-off and delayed jobs: tide.enqueue.
 ::pgrx::extension_sql_file!("../sql/jobs.sql", name = "jobs", requires = ["locks"]);
 // Backfills: tide.backfill, its plan, canary, batches and sample check; pause, resume, cancel.
@@ -156,8 +160,15 @@ pub extern "C-unwind" fn _PG_init() {
         .set_hint("add pg_tide to shared_preload_libraries in postgresql.conf, set pg_tide.database, restart PostgreSQL, then CREATE EXTENSION pg_tide again")
         .report(pgrx::PgLogLevel::ERROR);
     }
+    // Clients get an error's message, SQLSTATE, detail and hint, never a Rust backtrace: pgrx
+    // captures one into the detail of every error it reports when RUST_BACKTRACE is set in the
+    // server's environment. RUST_LIB_BACKTRACE=0 turns the capture off (it overrides
+    // RUST_BACKTRACE for captured backtraces); set here, in the postmaster, every process it
+    // starts inherits it.
+    std::env::set_var("RUST_LIB_BACKTRACE", "0");
     settings::define();
     caller::install();
+    roles::install();
     worker::register();
     queue_count::init_shared();
     delivery::init_shared();

@@ -9,7 +9,7 @@ use pgrx::prelude::*;
 use pgrx::{pg_sys, PGRXSharedMemory};
 
 use crate::calendar::{
-    fire_iter, longest_gap, parse_zone, DstGap, DstOverlap, DstPolicy, Schedule,
+    fire_iter, longest_gap, parse_zone, shortest_gap, DstGap, DstOverlap, DstPolicy, Schedule,
 };
 use crate::pgtime::{from_pg, now, to_pg};
 use crate::sqlerr::{required, OrRaise};
@@ -24,15 +24,42 @@ fn fire_gap(
     dst_gap: Option<&str>,
     dst_overlap: Option<&str>,
 ) -> Option<Interval> {
-    const F: &str = "tide._fire_gap";
     // An event task without a schedule has no gaps between fires.
-    let schedule = Schedule::parse(schedule.filter(|s| !s.trim().is_empty())?).or_raise(F);
-    let tz = parse_zone(required(tz, "tz", F)).or_raise(F);
-    let policy = DstPolicy {
-        gap: DstGap::parse(dst_gap.unwrap_or("shift")).or_raise(F),
-        overlap: DstOverlap::parse(dst_overlap.unwrap_or("once")).or_raise(F),
-    };
+    let (schedule, tz, policy) = calendar_of(schedule, tz, dst_gap, dst_overlap, "tide._fire_gap")?;
     let gap = longest_gap(&schedule, tz, policy, now())?;
+    Interval::new(0, 0, gap.num_microseconds().unwrap_or(i64::MAX)).ok()
+}
+
+/// A task's schedule, zone and DST policy as its columns hold them; `None` for no schedule.
+fn calendar_of(
+    schedule: Option<&str>,
+    tz: Option<&str>,
+    dst_gap: Option<&str>,
+    dst_overlap: Option<&str>,
+    function: &'static str,
+) -> Option<(Schedule, chrono_tz::Tz, DstPolicy)> {
+    let schedule = Schedule::parse(schedule.filter(|s| !s.trim().is_empty())?).or_raise(function);
+    let tz = parse_zone(required(tz, "tz", function)).or_raise(function);
+    let policy = DstPolicy {
+        gap: DstGap::parse(dst_gap.unwrap_or("shift")).or_raise(function),
+        overlap: DstOverlap::parse(dst_overlap.unwrap_or("once")).or_raise(function),
+    };
+    Some((schedule, tz, policy))
+}
+
+/// The shortest time between two consecutive fires of a schedule (from now, over the fires
+/// `tide._fire_gap` looks at): a role's limit `fastest_schedule` is checked against it. NULL for
+/// a schedule that fires less than twice, and for no schedule.
+#[pg_extern(stable, parallel_safe, schema = "tide", name = "_shortest_gap")]
+fn fire_shortest_gap(
+    schedule: Option<&str>,
+    tz: Option<&str>,
+    dst_gap: Option<&str>,
+    dst_overlap: Option<&str>,
+) -> Option<Interval> {
+    let (schedule, tz, policy) =
+        calendar_of(schedule, tz, dst_gap, dst_overlap, "tide._shortest_gap")?;
+    let gap = shortest_gap(&schedule, tz, policy, now())?;
     Interval::new(0, 0, gap.num_microseconds().unwrap_or(i64::MAX)).ok()
 }
 

@@ -57,6 +57,11 @@ pub static PING_URL: GucSetting<Option<CString>> = GucSetting::<Option<CString>>
 pub static PING_FAIL_URL: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 /// Seconds between two pings.
 pub static PING_INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(60);
+/// A role's limits when its tide.role_limit row leaves them NULL (sql/share.sql).
+pub static ROLE_MAX_TASKS: GucSetting<i32> = GucSetting::<i32>::new(1000);
+/// Seconds: the shortest time between two fires of a role's tasks.
+pub static ROLE_FASTEST_SCHEDULE: GucSetting<i32> = GucSetting::<i32>::new(1);
+pub static ROLE_MAX_BULK: GucSetting<i32> = GucSetting::<i32>::new(100_000);
 /// Lets a superuser create the extension in a database no scheduler serves.
 pub static ALLOW_UNSCHEDULED: GucSetting<bool> = GucSetting::<bool>::new(false);
 
@@ -106,6 +111,36 @@ pub fn define() {
         &COMMAND_WORKERS_PER_DATABASE,
         1,
         crate::command::MAX_SLOTS as i32,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_tide.role_max_tasks",
+        c"The most tasks a role owns, unless tide.set_role_limits gives it another limit.",
+        c"Superusers are not limited. tide.schedule refuses a task past the limit (54000).",
+        &ROLE_MAX_TASKS,
+        0,
+        1_000_000,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_tide.role_fastest_schedule",
+        c"The shortest time between two fires of a role's tasks, unless tide.set_role_limits gives it another.",
+        c"Superusers are not limited. tide.schedule refuses a schedule that fires more often (54000).",
+        &ROLE_FASTEST_SCHEDULE,
+        1,
+        31 * 86_400,
+        GucContext::Sighup,
+        GucFlags::UNIT_S,
+    );
+    GucRegistry::define_int_guc(
+        c"pg_tide.role_max_bulk",
+        c"The most runs one tide.enqueue, or events one tide.emit_many, makes for a role, unless tide.set_role_limits gives it another.",
+        c"Superusers are not limited (beyond 100000 a call).",
+        &ROLE_MAX_BULK,
+        1,
+        100_000,
         GucContext::Sighup,
         GucFlags::default(),
     );

@@ -9,18 +9,25 @@
 //! A wake that finds nothing costs one claim query; one that is missed (a worker restarting)
 //! costs at most the poll interval, as before.
 //!
-//! External workers are woken by `NOTIFY pg_tide_ready` (payload: the queue). A transaction
-//! that sends a notification holds a database-wide lock from just before its commit until its
-//! commit record is flushed, so notifying transactions commit one after another (measured: a
-//! bare INSERT with a `pg_notify` beside it committed half as often from 4 clients). So in the
-//! database pg_tide serves, a transaction that made runs ready calls `tide._ready(queues)`: at
-//! its commit the queues are noted in shared memory and the notifier worker's latch is set; the
-//! notifier sends one `NOTIFY pg_tide_ready` per queue noted, in a transaction of its own
-//! (asynchronous commit: a notification lost in a crash costs a worker one poll). In another
-//! database (no notifier serves it) `tide._ready` notifies in the caller's transaction, as
-//! `pg_notify` does.
+//! External workers are woken by `NOTIFY pg_tide_ready`, with an empty payload: a queue's name
+//! belongs to its owner, and any role may LISTEN (each worker claims what its own row security
+//! lets it see). A transaction that sends a notification holds a database-wide lock from just
+//! before its commit until its commit record is flushed, so notifying transactions commit one
+//! after another (measured: a bare INSERT with a `pg_notify` beside it committed half as often
+//! from 4 clients). So in the database pg_tide serves, a transaction that made runs ready calls
+//! `tide._ready(queues)`: at its commit a flag is set in shared memory and the notifier worker's
+//! latch is set; the notifier sends one `NOTIFY pg_tide_ready` per round, in a transaction of
+//! its own (asynchronous commit: a notification lost in a crash costs a worker one poll). In
+//! another database (no notifier serves it) `tide._ready` notifies in the caller's transaction,
+//! as `pg_notify` does.
+//!
+//! A notification is a hint, never a dependency: no notification of pg_tide's is sent while
+//! PostgreSQL's notification queue is half full or more (a session that LISTENs in a
+//! transaction it keeps open holds every notification after it in the queue), since at a full
+//! queue the commit that would send it fails (54000). Workers then find their runs at their
+//! next poll, and `tide.self_health` warns.
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::ffi::CString;
 use std::time::Duration;
 
@@ -63,65 +70,11 @@ thread_local! {
     static ARMED: Cell<(bool, bool)> = const { Cell::new((false, false)) };
 }
 
-/// Queues noted for one shared note: more distinct queues between two rounds of the notifier
-/// (or a longer name) set `all`, and it notifies every queue with ready runs.
-const READY_SLOTS: usize = 32;
-/// Queue names are at most 63 bytes (`tide._queue_name`).
-const NAME_BYTES: usize = 64;
-
-/// The queues whose ready runs committed since the notifier's last round.
-#[derive(Copy, Clone)]
+/// Whether runs were made ready since the notifier's last round.
+#[derive(Copy, Clone, Default)]
 #[repr(C)]
 pub struct Ready {
-    count: usize,
-    all: bool,
-    len: [u8; READY_SLOTS],
-    names: [[u8; NAME_BYTES]; READY_SLOTS],
-}
-
-impl Default for Ready {
-    fn default() -> Self {
-        Ready {
-            count: 0,
-            all: false,
-            len: [0; READY_SLOTS],
-            names: [[0; NAME_BYTES]; READY_SLOTS],
-        }
-    }
-}
-
-impl Ready {
-    /// Notes a queue once; when there is no room, or the name does not fit, notes `all`.
-    fn note(&mut self, queue: &str) {
-        let bytes = queue.as_bytes();
-        if self.all {
-            return;
-        }
-        let known = (0..self.count).any(|i| &self.names[i][..usize::from(self.len[i])] == bytes);
-        if known {
-            return;
-        }
-        if self.count == READY_SLOTS || bytes.len() >= NAME_BYTES {
-            self.all = true;
-            return;
-        }
-        self.names[self.count][..bytes.len()].copy_from_slice(bytes);
-        self.len[self.count] = bytes.len() as u8;
-        self.count += 1;
-    }
-
-    /// What is noted, emptied: the queues, and whether every queue with ready runs is meant.
-    fn take(&mut self) -> (Vec<String>, bool) {
-        let names = (0..self.count)
-            .map(|i| {
-                String::from_utf8_lossy(&self.names[i][..usize::from(self.len[i])]).into_owned()
-            })
-            .collect();
-        let all = self.all;
-        self.count = 0;
-        self.all = false;
-        (names, all)
-    }
+    ready: bool,
 }
 
 // SAFETY: plain data, shared across processes under the LWLock.
@@ -131,8 +84,8 @@ unsafe impl PGRXSharedMemory for Ready {}
 static READY: PgLwLock<Ready> = unsafe { PgLwLock::new(c"pg_tide_ready") };
 
 thread_local! {
-    /// The queues this transaction made runs ready in, noted for the notifier at its commit.
-    static READY_HERE: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+    /// Whether this transaction made runs ready, noted for the notifier at its commit.
+    static READY_HERE: Cell<bool> = const { Cell::new(false) };
     /// Whether this backend's database is the one pg_tide serves (asked once: it never changes).
     static SERVED: Cell<Option<bool>> = const { Cell::new(None) };
 }
@@ -244,77 +197,76 @@ extern "C-unwind" {
     fn Async_Notify(channel: *const std::ffi::c_char, payload: *const std::ffi::c_char);
 }
 
-/// `NOTIFY pg_tide_ready, queue` in the current transaction (sent at its commit).
-fn notify_now(queue: &str) {
-    let Ok(payload) = CString::new(queue) else {
-        return;
-    };
-    // SAFETY: what pg_notify() does, inside a transaction; both strings outlive the call (the
-    // notification is copied into the transaction's memory). An error it raises is turned into
-    // a Rust panic at the boundary, and reported as an error.
-    unsafe {
-        pg_sys::ffi::pg_guard_ffi_boundary(|| {
-            Async_Notify(c"pg_tide_ready".as_ptr(), payload.as_ptr())
-        });
-    }
+/// Below this share of PostgreSQL's notification queue in use, pg_tide notifies; at or above,
+/// it does not (see the module's comment).
+pub const QUEUE_USAGE_MOST: f64 = 0.5;
+
+/// Whether a notification may be sent now: the notification queue is less than half full.
+fn may_notify() -> bool {
+    // SAFETY: pg_notification_queue_usage() takes no arguments and reads the queue's head and
+    // tail under its lock.
+    let usage =
+        unsafe { pgrx::direct_function_call::<f64>(pg_sys::pg_notification_queue_usage, &[]) };
+    usage.is_some_and(|u| u < QUEUE_USAGE_MOST)
 }
 
-/// Runs of these queues were made ready: their waiting workers are notified once this
-/// transaction commits (by the notifier, or here outside the database pg_tide serves).
-/// Nothing on abort.
+/// Sends a notification at the current transaction's commit, unless the notification queue is
+/// half full; true if it will.
+fn notify(channel: &std::ffi::CStr, payload: &std::ffi::CStr) -> bool {
+    if !may_notify() {
+        return false;
+    }
+    // SAFETY: what pg_notify() does, inside a transaction; both strings outlive the call (the
+    // notification is copied into the transaction's memory). An error it raises is turned
+    // into a Rust panic at the boundary, and reported as an error.
+    unsafe {
+        pg_sys::ffi::pg_guard_ffi_boundary(|| Async_Notify(channel.as_ptr(), payload.as_ptr()));
+    }
+    true
+}
+
+/// Runs of these queues were made ready (their names are not sent): waiting workers are
+/// notified once this transaction commits (by the notifier, or here outside the database
+/// pg_tide serves). Nothing on abort.
 #[pg_extern(volatile, parallel_unsafe, schema = "tide", name = "_ready")]
 fn ready_at_commit(queues: Vec<Option<String>>) {
-    let queues = queues.into_iter().flatten();
-    if !served() {
-        for q in queues {
-            notify_now(&q);
-        }
+    if queues.iter().all(Option::is_none) {
         return;
     }
-    let first = READY_HERE.with_borrow_mut(|here| {
-        let first = here.is_empty();
-        for q in queues {
-            if !here.contains(&q) {
-                here.push(q);
-            }
-        }
-        first && !here.is_empty()
-    });
-    if first {
-        pgrx::register_xact_callback(PgXactCallbackEvent::Commit, || {
-            let here = READY_HERE.take();
-            {
-                let mut shared = READY.exclusive();
-                for q in &here {
-                    shared.note(q);
-                }
-            }
-            set_latch(PROCS.share().procno[NOTIFIER]);
-        });
-        pgrx::register_xact_callback(PgXactCallbackEvent::Abort, || {
-            READY_HERE.take();
-        });
-        // A prepared transaction's runs become visible at COMMIT PREPARED, maybe in another
-        // session: workers find them at their next poll.
-        pgrx::register_xact_callback(PgXactCallbackEvent::Prepare, || {
-            READY_HERE.take();
-        });
+    if !served() {
+        notify(c"pg_tide_ready", c"");
+        return;
     }
+    if READY_HERE.replace(true) {
+        return;
+    }
+    pgrx::register_xact_callback(PgXactCallbackEvent::Commit, || {
+        READY_HERE.set(false);
+        READY.exclusive().ready = true;
+        set_latch(PROCS.share().procno[NOTIFIER]);
+    });
+    pgrx::register_xact_callback(PgXactCallbackEvent::Abort, || {
+        READY_HERE.set(false);
+    });
+    // A prepared transaction's runs become visible at COMMIT PREPARED, maybe in another
+    // session: workers find them at their next poll.
+    pgrx::register_xact_callback(PgXactCallbackEvent::Prepare, || {
+        READY_HERE.set(false);
+    });
 }
 
-/// The notifier: sends the `NOTIFY pg_tide_ready` that committed transactions noted, one per
-/// queue and round, in a transaction of its own. See the module's comment.
+/// The notifier: sends one `NOTIFY pg_tide_ready` for what committed transactions noted since
+/// its last round, in a transaction of its own. See the module's comment.
 #[pg_guard]
 #[no_mangle]
 pub extern "C-unwind" fn pg_tide_notifier_main(_arg: pg_sys::Datum) {
     crate::worker::start("pg_tide notifier");
     register(NOTIFIER);
     loop {
-        let (queues, all) = READY.exclusive().take();
-        if !queues.is_empty() || all {
-            // A failed round is logged (its queues' workers find their runs at their next poll).
-            let _ =
-                crate::worker::in_transaction("ready notifications", || notify_round(&queues, all));
+        let ready = std::mem::take(&mut READY.exclusive().ready);
+        if ready {
+            // A failed round is logged (workers find their runs at their next poll).
+            let _ = crate::worker::in_transaction("ready notifications", notify_round);
         } else if !crate::worker::wait(Duration::from_secs(60)) {
             break;
         }
@@ -322,8 +274,8 @@ pub extern "C-unwind" fn pg_tide_notifier_main(_arg: pg_sys::Datum) {
     crate::worker::exit_for_restart();
 }
 
-/// One round: the queues noted, or (`all`) every queue with ready runs.
-fn notify_round(queues: &[String], all: bool) {
+/// One round: one notification, if pg_tide is installed here and this is not a standby.
+fn notify_round() {
     // SAFETY: reads shared recovery state; an index lookup in pg_extension.
     let installed = unsafe {
         !pg_sys::RecoveryInProgress()
@@ -334,61 +286,16 @@ fn notify_round(queues: &[String], all: bool) {
     }
     // The notification only wakes workers: not worth a flush of its own.
     Spi::run("SET LOCAL synchronous_commit = off").or_raise("pg_tide notifier");
-    for q in queues {
-        notify_now(q);
-    }
-    if all {
-        Spi::connect(|client| {
-            let rows = client
-                .select(
-                    "SELECT DISTINCT p.queue FROM tide.pending p WHERE p.state = 'ready'",
-                    None,
-                    &[],
-                )
-                .or_raise("pg_tide notifier");
-            for row in rows {
-                if let Some(q) = row.get::<String>(1).or_raise("pg_tide notifier") {
-                    notify_now(&q);
-                }
-            }
-        });
-    }
+    notify(c"pg_tide_ready", c"");
 }
 
-#[cfg(test)]
-mod tests {
-    use super::{Ready, NAME_BYTES, READY_SLOTS};
-
-    #[test]
-    fn a_queue_is_noted_once_and_taking_empties_the_note() {
-        let mut r = Ready::default();
-        r.note("billing");
-        r.note("mail");
-        r.note("billing");
-        assert_eq!(
-            r.take(),
-            (vec!["billing".to_string(), "mail".to_string()], false)
-        );
-        assert_eq!(r.take(), (Vec::new(), false));
-    }
-
-    #[test]
-    fn beyond_the_slots_or_with_a_long_name_every_queue_is_meant() {
-        let mut r = Ready::default();
-        for i in 0..READY_SLOTS {
-            r.note(&format!("q{i}"));
-        }
-        assert!(!r.all);
-        r.note("q0");
-        assert!(!r.all, "a queue noted before takes no slot");
-        r.note("one_more");
-        let (names, all) = r.take();
-        assert_eq!((names.len(), all), (READY_SLOTS, true));
-        assert_eq!(r.take(), (Vec::new(), false));
-
-        r.note(&"x".repeat(NAME_BYTES));
-        assert_eq!(r.take(), (Vec::new(), true));
-        r.note(&"x".repeat(NAME_BYTES - 1));
-        assert_eq!(r.take(), (vec!["x".repeat(NAME_BYTES - 1)], false));
+/// `tide._notify(channel, payload)`: `pg_notify` unless the notification queue is half full
+/// (see the module's comment); true if it notified. pg_tide's every notification goes through
+/// it, so that none can make a commit fail.
+#[pg_extern(volatile, parallel_unsafe, schema = "tide", name = "_notify")]
+fn notify_hint(channel: &str, payload: &str) -> bool {
+    match (CString::new(channel), CString::new(payload)) {
+        (Ok(channel), Ok(payload)) => notify(&channel, &payload),
+        _ => false,
     }
 }

@@ -131,22 +131,27 @@ pub(crate) fn in_transaction<R>(what: &str, body: impl FnOnce() -> R) -> Result<
         pg_sys::StartTransactionCommand();
         pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
     }
-    let result = PgTryBuilder::new(AssertUnwindSafe(move || Ok(body())))
-        .catch_others(|e| {
-            let message = caught_message(&e);
-            warning!("pg_tide: {what} failed: {message}");
-            Err(message)
-        })
-        .execute();
-    // SAFETY: commit after success; after an error, abort (which also pops the snapshot and
-    // restores the user id and GUC state) so the next transaction starts clean.
-    unsafe {
-        if result.is_ok() {
+    // The commit is inside the try: an error it raises (a deferred constraint, a notification
+    // queue that is full) fails this transaction alone, and the worker goes on.
+    let result = PgTryBuilder::new(AssertUnwindSafe(move || {
+        let r = body();
+        // SAFETY: the end of the sequence above, after success.
+        unsafe {
             pg_sys::PopActiveSnapshot();
             pg_sys::CommitTransactionCommand();
-        } else {
-            pg_sys::AbortCurrentTransaction();
         }
+        Ok(r)
+    }))
+    .catch_others(|e| {
+        let message = caught_message(&e);
+        warning!("pg_tide: {what} failed: {message}");
+        Err(message)
+    })
+    .execute();
+    if result.is_err() {
+        // SAFETY: after an error, in the body or at the commit, abort (which also pops the
+        // snapshot and restores the user id and GUC state) so the next transaction starts clean.
+        unsafe { pg_sys::AbortCurrentTransaction() };
     }
     result
 }

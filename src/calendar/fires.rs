@@ -181,17 +181,39 @@ pub fn longest_gap(
     policy: DstPolicy,
     from: DateTime<Utc>,
 ) -> Option<Duration> {
+    gaps(schedule, tz, policy, from).map(|(_, longest)| longest)
+}
+
+/// The shortest time between two consecutive fires after `from`, over the same fires as
+/// [`longest_gap`]: how often a task fires at its fastest (a role's limit on it, the fastest
+/// schedule). `None` if it fires less than twice.
+pub fn shortest_gap(
+    schedule: &Schedule,
+    tz: Tz,
+    policy: DstPolicy,
+    from: DateTime<Utc>,
+) -> Option<Duration> {
+    gaps(schedule, tz, policy, from).map(|(shortest, _)| shortest)
+}
+
+/// The shortest and the longest gap between consecutive fires (see [`longest_gap`]).
+fn gaps(
+    schedule: &Schedule,
+    tz: Tz,
+    policy: DstPolicy,
+    from: DateTime<Utc>,
+) -> Option<(Duration, Duration)> {
     let horizon = from + Duration::days(400);
     let mut fires = fire_iter(schedule, tz, policy, from);
     let mut previous = fires.next()?;
-    let mut longest: Option<Duration> = None;
+    let mut found: Option<(Duration, Duration)> = None;
     for (seen, fire) in fires.enumerate() {
         let gap = fire - previous;
-        longest = Some(longest.map_or(gap, |l| l.max(gap)));
+        found = Some(found.map_or((gap, gap), |(s, l)| (s.min(gap), l.max(gap))));
         previous = fire;
         if seen >= 1000 || fire > horizon {
             break;
         }
     }
-    longest
+    found
 }
