@@ -20,7 +20,9 @@
 #      executors (the comparison's own clock time), beside a hand-written FULL OUTER JOIN (with
 #      each side's count and sum); the same statement at work_mem 4MB: its memory and spill;
 #   7. tide.pending and claims at batch 50 under a snapshot held for 2 minutes (a forgotten
-#      BEGIN) while pg_tide and the bare queue churn at 1,000 runs per second each.
+#      BEGIN) while pg_tide and the bare queue churn at 1,000 runs per second each;
+#   8. claims with a backlog (bench/backlog.sh): claim + complete at batch 1 with 500,000 runs
+#      waiting, beside the same with only the runs drained waiting.
 # Figures are printed, never asserted. Uses a throw-away cluster with the release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -838,3 +840,6 @@ echo " by hand: FULL OUTER JOIN of the two sides plus a count and sum of each, d
 echo " target: at most 150% of it)"
 set -- $recon_small
 echo "the same statement at work_mem 4MB (EXPLAIN ANALYZE from psql): $1 ms; its hash aggregate peaked at $2 of memory and spilled $3 to disk"
+echo
+# Claims with a backlog, on a cluster of its own (the release build installed above).
+PG_TIDE_BENCH_INSTALLED=1 bash bench/backlog.sh

@@ -65,6 +65,9 @@ run_tier pg_cron cargo test -p pg_tide_pg_test --test pg_cron
 # Three hostile roles and the superuser on one cluster; generated hostile calls of every function.
 run_tier security cargo test -p pg_tide_pg_test --test security
 run_tier fuzz cargo test -p pg_tide_pg_test --test fuzz
+# Two roles share the executors: one's backlog, long commands, 500 every-second tasks or a full
+# NOTIFY queue never hold back the other's every-second task; limits; roles that come and go.
+run_tier fairness cargo test -p pg_tide_pg_test --test fairness
 # Every SQL example of README.md, docs/ and examples/ (pg_test/tests/docs.rs).
 run_tier docs cargo test -p pg_tide_pg_test --test docs
 # The Debian package (make package) installed with apt, then the cluster and upgrade tiers

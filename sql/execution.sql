@@ -203,32 +203,10 @@ BEGIN
                     WHERE r.run_id = p_after) THEN
         RETURN;
     END IF;
-    -- Whose runs, in turn (sql/share.sql): priority orders a role's own runs only. An executor
-    -- takes from the role that occupies the fewest executors, ties at random, up to each role's
-    -- limit; it holds the choice lock until its claim commits, so the next executor's choice
-    -- counts this claim. An external claim that may take several roles' runs takes them from
-    -- the roles in an order drawn at random at each claim.
+    -- The executors choose under a lock of their own, held until the claim commits, so that the
+    -- next executor's choice counts this claim (src/share.rs).
     IF is_sql THEN
         PERFORM tide._share_lock();
-        turn := tide._executor_turn(owners_ok, g_owners);
-    ELSIF owners_ok IS NULL THEN
-        -- Every role with ready runs in the queue: a loose scan of pending_claim_idx.
-        WITH RECURSIVE o(owner) AS (
-            SELECT min(p.owner) FROM tide.pending p
-             WHERE p.state = 'ready' AND NOT p.parked AND p.executor = p_executor AND p.queue = p_queue
-            UNION ALL
-            SELECT (SELECT min(p.owner) FROM tide.pending p
-                     WHERE p.state = 'ready' AND NOT p.parked AND p.executor = p_executor AND p.queue = p_queue
-                       AND p.owner > o.owner)
-              FROM o WHERE o.owner IS NOT NULL
-        )
-        SELECT coalesce(array_agg(o.owner ORDER BY random()), '{}') INTO turn FROM o WHERE o.owner IS NOT NULL;
-    ELSE
-        SELECT coalesce(array_agg(DISTINCT u.o), '{}') INTO turn
-          FROM unnest(owners_ok || coalesce(ARRAY(SELECT g.o FROM unnest(g_owners, g_queues) g(o, q) WHERE g.q = p_queue), '{}')) u(o);
-        IF cardinality(turn) > 1 THEN
-            turn := ARRAY(SELECT u.o FROM unnest(turn) u(o) ORDER BY random());
-        END IF;
     END IF;
     -- The candidates are fixed in an array first: a LIMIT subquery under FOR UPDATE SKIP LOCKED
     -- may be re-evaluated and claim more rows than asked. Each candidate's run is locked with
@@ -238,6 +216,32 @@ BEGIN
     -- is parked, out of the candidates, by tide._admit) the next ones are looked at, a few
     -- rounds at most: a claimer must not come back empty while other runs are claimable.
     FOR round IN 1..10 LOOP
+        -- Whose runs, in turn (sql/share.sql): priority orders a role's own runs only. An executor
+        -- takes from the role that occupies the fewest executors, ties at random, up to each role's
+        -- limit. An external claim that may take several roles' runs takes them from the roles in
+        -- an order drawn at random at each claim.
+        -- (Again after parked runs were woken: their owners may have had no other ready run.)
+        IF turn IS NULL AND is_sql THEN
+            turn := tide._executor_turn(owners_ok, g_owners);
+        ELSIF turn IS NULL AND owners_ok IS NULL THEN
+            -- Every role with ready runs in the queue: a loose scan of pending_claim_idx.
+            WITH RECURSIVE o(owner) AS (
+                SELECT min(p.owner) FROM tide.pending p
+                 WHERE p.state = 'ready' AND NOT p.parked AND p.executor = p_executor AND p.queue = p_queue
+                UNION ALL
+                SELECT (SELECT min(p.owner) FROM tide.pending p
+                         WHERE p.state = 'ready' AND NOT p.parked AND p.executor = p_executor AND p.queue = p_queue
+                           AND p.owner > o.owner)
+                  FROM o WHERE o.owner IS NOT NULL
+            )
+            SELECT coalesce(array_agg(o.owner ORDER BY random()), '{}') INTO turn FROM o WHERE o.owner IS NOT NULL;
+        ELSIF turn IS NULL THEN
+            SELECT coalesce(array_agg(DISTINCT u.o), '{}') INTO turn
+              FROM unnest(owners_ok || coalesce(ARRAY(SELECT g.o FROM unnest(g_owners, g_queues) g(o, q) WHERE g.q = p_queue), '{}')) u(o);
+            IF cardinality(turn) > 1 THEN
+                turn := ARRAY(SELECT u.o FROM unnest(turn) u(o) ORDER BY random());
+            END IF;
+        END IF;
         ids := '{}';
         owners := '{}';
         queues := '{}';
@@ -287,6 +291,7 @@ BEGIN
             -- wake-up (tide._wake_parked); they are woken and looked at once more.
             IF limited AND NOT rechecked AND tide._wake_parked(p_executor, p_queue, owners_ok, g_owners, g_queues) > 0 THEN
                 rechecked := true;
+                turn := NULL;
                 CONTINUE;
             END IF;
             RETURN;

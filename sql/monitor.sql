@@ -155,6 +155,7 @@ DECLARE
     q tide.queue;
     holder bigint;
     running bigint;
+    mine bigint;
     executors integer := tide._setting('executors', '2')::integer;
     seen timestamptz;
 BEGIN
@@ -201,6 +202,15 @@ BEGIN
            AND x.run_id <> ALL (tide._command_runs());
         IF running >= executors THEN
             RETURN format('no executor free: all %s run other runs (raise pg_tide.executors)', executors);
+        END IF;
+        -- Its role at its share of the executors (sql/share.sql).
+        SELECT count(*) INTO mine FROM tide.run x
+         WHERE x.run_id IN (SELECT p.run_id FROM tide.pending p
+                             WHERE p.state = 'running' AND p.executor = 'sql' AND p.owner = r.owner)
+           AND x.run_id <> ALL (tide._command_runs());
+        IF mine >= 1 AND mine >= tide._executor_cap(r.owner, running > mine) THEN
+            RETURN format('role %s occupies %s executors, its share (its limit executors, or all but one while another role has work)',
+                          r.owner, mine);
         END IF;
         RETURN 'not claimed yet by an executor';
     END IF;

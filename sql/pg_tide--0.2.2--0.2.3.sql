@@ -103,12 +103,8 @@ BEGIN
         RAISE EXCEPTION 'tasks must be between 0 and 1000000, got %', set_role_limits.tasks
             USING ERRCODE = 'invalid_parameter_value', HINT = 'the most tasks the role owns; NULL for pg_tide.role_max_tasks';
     END IF;
+    -- One sign, 1 second to 31 days (22023 otherwise).
     PERFORM tide._bounded('fastest_schedule', set_role_limits.fastest_schedule, false);
-    IF set_role_limits.fastest_schedule < interval '1 second' OR set_role_limits.fastest_schedule > interval '31 days' THEN
-        RAISE EXCEPTION 'fastest_schedule must be between 1 second and 31 days, got %', set_role_limits.fastest_schedule
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'the shortest time between two fires of the role''s tasks, such as ''1 minute''; NULL for pg_tide.role_fastest_schedule';
-    END IF;
     IF set_role_limits.bulk IS NOT NULL AND set_role_limits.bulk NOT BETWEEN 1 AND 100000 THEN
         RAISE EXCEPTION 'bulk must be between 1 and 100000, got %', set_role_limits.bulk
             USING ERRCODE = 'invalid_parameter_value',
@@ -900,32 +896,10 @@ BEGIN
                     WHERE r.run_id = p_after) THEN
         RETURN;
     END IF;
-    -- Whose runs, in turn (sql/share.sql): priority orders a role's own runs only. An executor
-    -- takes from the role that occupies the fewest executors, ties at random, up to each role's
-    -- limit; it holds the choice lock until its claim commits, so the next executor's choice
-    -- counts this claim. An external claim that may take several roles' runs takes them from
-    -- the roles in an order drawn at random at each claim.
+    -- The executors choose under a lock of their own, held until the claim commits, so that the
+    -- next executor's choice counts this claim (src/share.rs).
     IF is_sql THEN
         PERFORM tide._share_lock();
-        turn := tide._executor_turn(owners_ok, g_owners);
-    ELSIF owners_ok IS NULL THEN
-        -- Every role with ready runs in the queue: a loose scan of pending_claim_idx.
-        WITH RECURSIVE o(owner) AS (
-            SELECT min(p.owner) FROM tide.pending p
-             WHERE p.state = 'ready' AND NOT p.parked AND p.executor = p_executor AND p.queue = p_queue
-            UNION ALL
-            SELECT (SELECT min(p.owner) FROM tide.pending p
-                     WHERE p.state = 'ready' AND NOT p.parked AND p.executor = p_executor AND p.queue = p_queue
-                       AND p.owner > o.owner)
-              FROM o WHERE o.owner IS NOT NULL
-        )
-        SELECT coalesce(array_agg(o.owner ORDER BY random()), '{}') INTO turn FROM o WHERE o.owner IS NOT NULL;
-    ELSE
-        SELECT coalesce(array_agg(DISTINCT u.o), '{}') INTO turn
-          FROM unnest(owners_ok || coalesce(ARRAY(SELECT g.o FROM unnest(g_owners, g_queues) g(o, q) WHERE g.q = p_queue), '{}')) u(o);
-        IF cardinality(turn) > 1 THEN
-            turn := ARRAY(SELECT u.o FROM unnest(turn) u(o) ORDER BY random());
-        END IF;
     END IF;
     -- The candidates are fixed in an array first: a LIMIT subquery under FOR UPDATE SKIP LOCKED
     -- may be re-evaluated and claim more rows than asked. Each candidate's run is locked with
@@ -935,6 +909,32 @@ BEGIN
     -- is parked, out of the candidates, by tide._admit) the next ones are looked at, a few
     -- rounds at most: a claimer must not come back empty while other runs are claimable.
     FOR round IN 1..10 LOOP
+        -- Whose runs, in turn (sql/share.sql): priority orders a role's own runs only. An executor
+        -- takes from the role that occupies the fewest executors, ties at random, up to each role's
+        -- limit. An external claim that may take several roles' runs takes them from the roles in
+        -- an order drawn at random at each claim.
+        -- (Again after parked runs were woken: their owners may have had no other ready run.)
+        IF turn IS NULL AND is_sql THEN
+            turn := tide._executor_turn(owners_ok, g_owners);
+        ELSIF turn IS NULL AND owners_ok IS NULL THEN
+            -- Every role with ready runs in the queue: a loose scan of pending_claim_idx.
+            WITH RECURSIVE o(owner) AS (
+                SELECT min(p.owner) FROM tide.pending p
+                 WHERE p.state = 'ready' AND NOT p.parked AND p.executor = p_executor AND p.queue = p_queue
+                UNION ALL
+                SELECT (SELECT min(p.owner) FROM tide.pending p
+                         WHERE p.state = 'ready' AND NOT p.parked AND p.executor = p_executor AND p.queue = p_queue
+                           AND p.owner > o.owner)
+                  FROM o WHERE o.owner IS NOT NULL
+            )
+            SELECT coalesce(array_agg(o.owner ORDER BY random()), '{}') INTO turn FROM o WHERE o.owner IS NOT NULL;
+        ELSIF turn IS NULL THEN
+            SELECT coalesce(array_agg(DISTINCT u.o), '{}') INTO turn
+              FROM unnest(owners_ok || coalesce(ARRAY(SELECT g.o FROM unnest(g_owners, g_queues) g(o, q) WHERE g.q = p_queue), '{}')) u(o);
+            IF cardinality(turn) > 1 THEN
+                turn := ARRAY(SELECT u.o FROM unnest(turn) u(o) ORDER BY random());
+            END IF;
+        END IF;
         ids := '{}';
         owners := '{}';
         queues := '{}';
@@ -984,6 +984,7 @@ BEGIN
             -- wake-up (tide._wake_parked); they are woken and looked at once more.
             IF limited AND NOT rechecked AND tide._wake_parked(p_executor, p_queue, owners_ok, g_owners, g_queues) > 0 THEN
                 rechecked := true;
+                turn := NULL;
                 CONTINUE;
             END IF;
             RETURN;
@@ -1992,6 +1993,89 @@ $$;
 COMMENT ON FUNCTION tide.enqueue(text, jsonb, timestamptz, integer, text) IS
     'enqueue(task, args => ''{}'', run_at => NULL, priority => NULL, dedupe_key => NULL): creates one run of the caller''s task (args an object, merged over the task''s args) or one run per element (args an array of objects, up to 100000), now or at run_at, with its own priority (default: the task''s). A dedupe_key makes it idempotent: a second enqueue with the same key creates nothing and returns the existing run (with an array, element n uses dedupe_key:n). Returns the run ids, in the order of the elements.';
 
+DROP FUNCTION tide._late_cause(bigint);
+CREATE FUNCTION tide._late_cause(p_run_id bigint) RETURNS text
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    r tide.run;
+    q tide.queue;
+    holder bigint;
+    running bigint;
+    mine bigint;
+    executors integer := tide._setting('executors', '2')::integer;
+    seen timestamptz;
+BEGIN
+    SELECT * INTO r FROM tide.run x WHERE x.run_id = p_run_id;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    SELECT * INTO q FROM tide.queue x WHERE x.owner = r.owner AND x.name = r.queue;
+    IF FOUND AND q.paused THEN
+        RETURN format('queue %s is paused (tide.resume_queue)', r.queue);
+    END IF;
+    IF q.max_concurrency IS NOT NULL THEN
+        SELECT count(*) INTO running FROM tide.pending p
+         WHERE p.owner = r.owner AND p.queue = r.queue AND p.state = 'running';
+        IF running >= q.max_concurrency THEN
+            RETURN format('queue %s is at its limit: %s running of max_concurrency %s', r.queue, running, q.max_concurrency);
+        END IF;
+    END IF;
+    IF r.lock_key IS NOT NULL THEN
+        SELECT l.run_id INTO holder FROM tide.lock l
+         WHERE l.owner = r.owner AND l.key = r.lock_key AND l.run_id <> r.run_id LIMIT 1;
+        IF FOUND THEN
+            RETURN format('lock %s is held by run %s', r.lock_key, holder);
+        END IF;
+    END IF;
+    IF r.gate IS NOT NULL THEN
+        SELECT x.run_id INTO holder FROM tide.run x
+         WHERE x.run_id IN (SELECT p.run_id FROM tide.pending p WHERE p.task_id = r.task_id AND p.state = 'running')
+           AND x.gate = r.gate AND x.run_id <> r.run_id
+         ORDER BY x.run_id LIMIT 1;
+        IF FOUND THEN
+            RETURN format('behind run %s of its serial group (runs of %s go one at a time)', holder, r.gate);
+        END IF;
+    END IF;
+    IF r.reason LIKE 'waits for a command worker%' THEN
+        RETURN r.reason;
+    END IF;
+    IF r.executor = 'sql' THEN
+        IF NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.backend_type = 'pg_tide executor' AND a.datname = current_database()) THEN
+            RETURN format('no executor is running (pg_tide.executors = %s)', executors);
+        END IF;
+        SELECT count(*) INTO running FROM tide.run x
+         WHERE x.run_id IN (SELECT p.run_id FROM tide.pending p WHERE p.state = 'running' AND p.executor = 'sql')
+           AND x.run_id <> ALL (tide._command_runs());
+        IF running >= executors THEN
+            RETURN format('no executor free: all %s run other runs (raise pg_tide.executors)', executors);
+        END IF;
+        -- Its role at its share of the executors (sql/share.sql).
+        SELECT count(*) INTO mine FROM tide.run x
+         WHERE x.run_id IN (SELECT p.run_id FROM tide.pending p
+                             WHERE p.state = 'running' AND p.executor = 'sql' AND p.owner = r.owner)
+           AND x.run_id <> ALL (tide._command_runs());
+        IF mine >= 1 AND mine >= tide._executor_cap(r.owner, running > mine) THEN
+            RETURN format('role %s occupies %s executors, its share (its limit executors, or all but one while another role has work)',
+                          r.owner, mine);
+        END IF;
+        RETURN 'not claimed yet by an executor';
+    END IF;
+    seen := tide._queue_claimed_at(r.queue);
+    IF seen IS NULL OR seen < now() - interval '1 minute' THEN
+        RETURN format('no worker claimed from queue %s in the last minute%s', r.queue,
+                      CASE WHEN seen IS NULL THEN ' (none since the server started)'
+                           ELSE format(' (the last claim at %s)', seen) END);
+    END IF;
+    SELECT count(*) INTO running FROM tide.pending p
+     WHERE p.owner = r.owner AND p.queue = r.queue AND p.state = 'running';
+    RETURN format('queue %s''s workers are busy: %s of its runs running', r.queue, running);
+END
+$$;
+COMMENT ON FUNCTION tide._late_cause(bigint) IS
+    'Internal: why a ready run has not started, in words (a late_start alert''s cause).';
+
 -- pg_tide's own health shows the notification queue's use: the views over it are made again.
 DROP VIEW tide.dashboard;
 DROP VIEW tide.health;
@@ -2122,6 +2206,8 @@ GRANT SELECT ON tide.dashboard TO PUBLIC;
 
 -- Internal functions that change anything are pg_tide's own (as sql/comments.sql leaves them).
 REVOKE EXECUTE ON FUNCTION tide._check_task(bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tide._notify(text,text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tide._share_lock() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION tide._claim(tide.executor,text,text,integer,interval,boolean,bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION tide._alert_deliver(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION tide._emit(text,jsonb[],text[],text[],text) FROM PUBLIC;
@@ -2133,5 +2219,3 @@ REVOKE EXECUTE ON FUNCTION tide._executor_turn(name[],name[]) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION tide._reassign_owned(name,name) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION tide._drop_owned(name) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION tide._pause_orphans(timestamp with time zone,boolean) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION tide._share_lock() FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION tide._notify(text,text) FROM PUBLIC;

@@ -71,12 +71,8 @@ BEGIN
         RAISE EXCEPTION 'tasks must be between 0 and 1000000, got %', set_role_limits.tasks
             USING ERRCODE = 'invalid_parameter_value', HINT = 'the most tasks the role owns; NULL for pg_tide.role_max_tasks';
     END IF;
+    -- One sign, 1 second to 31 days (22023 otherwise).
     PERFORM tide._bounded('fastest_schedule', set_role_limits.fastest_schedule, false);
-    IF set_role_limits.fastest_schedule < interval '1 second' OR set_role_limits.fastest_schedule > interval '31 days' THEN
-        RAISE EXCEPTION 'fastest_schedule must be between 1 second and 31 days, got %', set_role_limits.fastest_schedule
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'the shortest time between two fires of the role''s tasks, such as ''1 minute''; NULL for pg_tide.role_fastest_schedule';
-    END IF;
     IF set_role_limits.bulk IS NOT NULL AND set_role_limits.bulk NOT BETWEEN 1 AND 100000 THEN
         RAISE EXCEPTION 'bulk must be between 1 and 100000, got %', set_role_limits.bulk
             USING ERRCODE = 'invalid_parameter_value',

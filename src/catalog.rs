@@ -990,6 +990,16 @@ fn unschedule(task: Option<&str>, owner: default!(Option<&str>, "NULL")) -> bool
     let name = required(task, "task", F);
     check_name(name).or_raise(F);
     let caller = caller_name();
+    if let Some(o) = owner.filter(|o| o.is_empty() || o.len() > 63) {
+        raise(
+            TideError::OutOfRange {
+                param: "owner",
+                value: o.to_string(),
+                expected: "a role's name (1 to 63 bytes)",
+            },
+            F,
+        );
+    }
     let owner = owner.map(str::to_string).unwrap_or_else(|| caller.clone());
     if owner != caller {
         let allowed = Spi::get_one_with_args::<bool>(

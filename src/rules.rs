@@ -346,6 +346,13 @@ const INTERVAL_BOUNDS: &[(&str, i64, i64, &str)] = &[
         "an interval of 100 milliseconds to 7 days, or 0 for none",
     ),
     ("lease", SECOND, 30, "an interval of 1 second to 30 days"),
+    // A role's limit (tide.set_role_limits): the shortest time between two fires of its tasks.
+    (
+        "fastest_schedule",
+        SECOND,
+        31,
+        "an interval of 1 second to 31 days",
+    ),
     (
         "backoff_base",
         MS_100,

@@ -26,9 +26,21 @@ const BATCH: usize = 1000;
 /// The most fires looked at for one task in one tick.
 const MAX_LOOKAHEAD: usize = 100_000;
 
+thread_local! {
+    /// The scheduler's turn between roles (src/worker.rs turns it on; `tide.tick` leaves it
+    /// off): the owners whose due tasks it fired since every role with a due task last had
+    /// one fired. A role with many due tasks (hundreds firing every second) then holds back
+    /// another role's next fire by one fire, not by all of its own: the next due task fired
+    /// is the earliest of a role not yet served in this turn, and once none is left the turn
+    /// starts again.
+    pub(crate) static TURN: std::cell::RefCell<Option<Vec<String>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 struct DueTask {
     task_id: i64,
     name: String,
+    owner: String,
     rules: RuleText,
     misfire: String,
     threshold: Interval,
@@ -92,7 +104,19 @@ fn fire_due(now_pg: TimestampWithTimeZone, max_tasks: i64) -> Map<String, Value>
     // A due task whose owner no longer exists is paused, not fired (sql/roles.sql).
     Spi::run_with_args("SELECT tide._pause_orphans($1, false)", &[now_pg.into()]).or_raise(F);
     Spi::connect_mut(|client| {
-        for task in due_tasks(client, now_pg, max_tasks) {
+        let served = TURN.with_borrow(Clone::clone);
+        let mut due = due_tasks(client, now_pg, max_tasks, served.as_deref().unwrap_or(&[]));
+        if due.is_empty() && served.as_ref().is_some_and(|s| !s.is_empty()) {
+            // Every role with a due task had its turn: a new turn.
+            TURN.with_borrow_mut(|t| *t = Some(Vec::new()));
+            due = due_tasks(client, now_pg, max_tasks, &[]);
+        }
+        for task in due {
+            TURN.with_borrow_mut(|t| {
+                if let Some(served) = t.as_mut().filter(|s| !s.contains(&task.owner)) {
+                    served.push(task.owner.clone());
+                }
+            });
             add("tasks", 1);
             match isolated(|| fire_task(client, &task, now)) {
                 Ok(Ok(done)) => {
@@ -153,19 +177,30 @@ fn record_error(client: &mut SpiClient, task: &DueTask, now: TimestampWithTimeZo
     );
 }
 
-fn due_tasks(client: &mut SpiClient, now: TimestampWithTimeZone, limit: i64) -> Vec<DueTask> {
+/// The due tasks, earliest first, but for those of the owners in `skip` (the scheduler's turn).
+fn due_tasks(
+    client: &mut SpiClient,
+    now: TimestampWithTimeZone,
+    limit: i64,
+    skip: &[String],
+) -> Vec<DueTask> {
     let query = format!(
         "SELECT task_id, name, {RULE_COLUMNS}, misfire::text, misfire_threshold,
-                catch_up_max, source_retention, next_fire_at, skip_until, rescan_previous
+                catch_up_max, source_retention, next_fire_at, skip_until, rescan_previous, owner::text
            FROM tide.task
           WHERE NOT paused AND next_fire_at <= $1
             AND (tick_retry_at IS NULL OR tick_retry_at <= $1)
+            AND owner <> ALL ($3::name[])
           ORDER BY next_fire_at
           LIMIT $2
             FOR NO KEY UPDATE SKIP LOCKED"
     );
     let rows = client
-        .update(&query, None, &[now.into(), limit.into()])
+        .update(
+            &query,
+            None,
+            &[now.into(), limit.into(), skip.to_vec().into()],
+        )
         .or_raise(F);
     let mut out = Vec::new();
     for row in rows {
@@ -188,6 +223,7 @@ fn due_tasks(client: &mut SpiClient, now: TimestampWithTimeZone, limit: i64) -> 
             next_fire_at,
             skip_until: row.get::<TimestampWithTimeZone>(16).or_raise(F),
             rescan_previous: row.get::<bool>(17).or_raise(F).unwrap_or(false),
+            owner: text(18),
         });
     }
     out

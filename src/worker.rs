@@ -213,6 +213,8 @@ pub(crate) fn may_work() -> bool {
 pub extern "C-unwind" fn pg_tide_scheduler_main(_arg: pg_sys::Datum) {
     start("pg_tide scheduler");
     crate::wake::register(0);
+    // Due tasks are fired role by role (src/tick.rs, TURN).
+    crate::tick::TURN.with_borrow_mut(|t| *t = Some(Vec::new()));
     // It sleeps until the next fire or due retry (at most pg_tide.tick_interval), and is woken
     // early when a task's schedule changes (src/wake.rs).
     let mut next = interval();

@@ -128,7 +128,13 @@ fn is_root() -> bool {
 fn as_postgres(program: &Path) -> Command {
     if is_root() {
         let mut c = Command::new("sudo");
-        c.arg("-u").arg("postgres").arg(program);
+        c.arg("-u").arg("postgres");
+        // sudo resets the environment: a tier that sets RUST_BACKTRACE (the fairness tier,
+        // checking that no backtrace reaches a client) hands it to the server.
+        if let Ok(v) = std::env::var("RUST_BACKTRACE") {
+            c.arg("env").arg(format!("RUST_BACKTRACE={v}"));
+        }
+        c.arg(program);
         c
     } else {
         Command::new(program)

@@ -1040,6 +1040,43 @@ fn small_functions_happy_paths_and_bad_input(cluster: &Cluster) -> Result<(), Fa
             "55000",
             "tide.report is only meaningful inside a task's command",
         ),
+        // Input defects of issue 45: each refused with 22023 (no check violation, no
+        // "not supported", no overflow).
+        (
+            "SELECT tide.schedule('r', '0 1 * * *', command => 'SELECT 1', reconcile => '[1]')",
+            "22023",
+            "reconcile must be a JSON object",
+        ),
+        (
+            "SELECT tide.emit_many('t', ARRAY['{}'::jsonb, '{}'], NULL, ARRAY[['a', 'b'], ['c', 'd']])",
+            "22023",
+            "tide.emit_many: dedupe_keys must be a one-dimensional array, got 2 dimensions",
+        ),
+        (
+            "SELECT tide.create_queue('q', retry_budget => 5, retry_window => '1 day -1 hour')",
+            "22023",
+            "retry_window must be an interval of 1 minute to 1 day whose days and time have one sign",
+        ),
+        (
+            "SELECT tide.backoff_delay(100, '1 hour', 10, '300000 years', 'none', 0.5)",
+            "22023",
+            "backoff_cap must be an interval of 100 milliseconds to 30 days",
+        ),
+        (
+            "SELECT tide.backoff_delay(-1, '1 second', 2, '1 hour', 'none', 0.5)",
+            "22023",
+            "tries must be 0 or more",
+        ),
+        (
+            "SELECT tide.backoff_delay(3, '1 second', 'NaN', '1 hour', 'none', 0.5)",
+            "22023",
+            "factor must be between 1 and 100, got NaN",
+        ),
+        (
+            "SELECT tide.backoff_delay(3, '1 second', 2, '1 hour', 'none', 'infinity')",
+            "22023",
+            "unit must be between 0 and 1",
+        ),
     ];
     for (sql, want_code, want_message) in cases {
         let (code, message, hint) = refused(&mut c, sql)?;
@@ -1047,6 +1084,13 @@ fn small_functions_happy_paths_and_bad_input(cluster: &Cluster) -> Result<(), Fa
         assert!(message.starts_with(want_message), "{sql}: {message}");
         assert!(!hint.is_empty(), "{sql}");
     }
+
+    // The largest delay backoff_delay can give is its cap, never a negative interval.
+    let capped: String = one(
+        &mut c,
+        "SELECT tide.backoff_delay(100, '1 hour', 100, '30 days', 'none', 0.5)::text",
+    )?;
+    assert_eq!(capped, "720:00:00");
 
     // Their happy paths.
     let run = rerun_hours_ago(&mut c, "s", 2)?;
