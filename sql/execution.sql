@@ -205,8 +205,8 @@ BEGIN
     END IF;
     -- The executors choose under a lock of their own, held until the claim commits, so that the
     -- next executor's choice counts this claim (src/share.rs).
-    IF is_sql THEN
-        PERFORM tide._share_lock();
+    IF is_sql AND NOT tide._share_lock(p_after IS NULL) THEN
+        RETURN;  -- (a claim made with the end of a run does not wait: see src/share.rs)
     END IF;
     -- The candidates are fixed in an array first: a LIMIT subquery under FOR UPDATE SKIP LOCKED
     -- may be re-evaluated and claim more rows than asked. Each candidate's run is locked with
@@ -224,14 +224,18 @@ BEGIN
         IF turn IS NULL AND is_sql THEN
             turn := tide._executor_turn(owners_ok, g_owners);
         ELSIF turn IS NULL AND owners_ok IS NULL THEN
-            -- Every role with ready runs in the queue: a loose scan of pending_claim_idx.
+            -- Every role with ready runs in the queue: a loose scan of pending_claim_idx, one
+            -- probe per role (ORDER BY ... LIMIT 1, not min(): min of a name is min of text,
+            -- which no index serves, and read every ready run of the queue).
             WITH RECURSIVE o(owner) AS (
-                SELECT min(p.owner) FROM tide.pending p
-                 WHERE p.state = 'ready' AND NOT p.parked AND p.executor = p_executor AND p.queue = p_queue
+                (SELECT p.owner FROM tide.pending p
+                  WHERE p.state = 'ready' AND NOT p.parked AND p.executor = p_executor AND p.queue = p_queue
+                  ORDER BY p.owner LIMIT 1)
                 UNION ALL
-                SELECT (SELECT min(p.owner) FROM tide.pending p
+                SELECT (SELECT p.owner FROM tide.pending p
                          WHERE p.state = 'ready' AND NOT p.parked AND p.executor = p_executor AND p.queue = p_queue
-                           AND p.owner > o.owner)
+                           AND p.owner > o.owner
+                         ORDER BY p.owner LIMIT 1)
                   FROM o WHERE o.owner IS NOT NULL
             )
             SELECT coalesce(array_agg(o.owner ORDER BY random()), '{}') INTO turn FROM o WHERE o.owner IS NOT NULL;

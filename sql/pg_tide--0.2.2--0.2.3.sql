@@ -43,12 +43,14 @@ SELECT pg_catalog.pg_extension_config_dump('tide.role_limit', '');
 CREATE INDEX task_executor_owner_idx ON tide.task (owner) WHERE NOT paused AND command IS NOT NULL;
 
 -- New functions.
-CREATE  FUNCTION tide."_share_lock"() RETURNS bool /* bool */
+CREATE  FUNCTION tide."_share_lock"(
+	"wait" bool /* bool */
+) RETURNS bool /* bool */
 STRICT VOLATILE PARALLEL UNSAFE  
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'share_lock_wrapper';
-COMMENT ON FUNCTION tide._share_lock() IS
-    'Internal: the executors'' choice lock, until the end of the transaction: whose run an executor takes next is chosen and claimed under it (sql/share.sql). No SQL advisory lock function can take it.';
+COMMENT ON FUNCTION tide._share_lock(boolean) IS
+    'Internal: the executors'' choice lock, until the end of the transaction (without wait, only if free at once): whose run an executor takes next is chosen and claimed under it (sql/share.sql). No SQL advisory lock function can take it.';
 
 CREATE  FUNCTION tide."_shortest_gap"(
 	"schedule" TEXT, /* Option < & str > */
@@ -217,8 +219,10 @@ BEGIN
     -- Another owner of an active task the executors run: the lowest and the highest owner of
     -- one (two probes of task_executor_owner_idx) tell.
     IF p_others
-       OR (SELECT min(t.owner) FROM tide.task t WHERE NOT t.paused AND t.command IS NOT NULL) <> p_owner
-       OR (SELECT max(t.owner) FROM tide.task t WHERE NOT t.paused AND t.command IS NOT NULL) <> p_owner THEN
+       OR (SELECT t.owner FROM tide.task t WHERE NOT t.paused AND t.command IS NOT NULL
+            ORDER BY t.owner LIMIT 1) <> p_owner
+       OR (SELECT t.owner FROM tide.task t WHERE NOT t.paused AND t.command IS NOT NULL
+            ORDER BY t.owner DESC LIMIT 1) <> p_owner THEN
         RETURN n - 1;
     END IF;
     RETURN n;
@@ -241,12 +245,15 @@ DECLARE
     rec record;
 BEGIN
     -- The roles with ready runs for the executors: a loose scan of pending_claim_any_idx, one
-    -- probe per role, whatever their backlogs.
+    -- probe per role, whatever their backlogs (ORDER BY ... LIMIT 1: min() of a name is min()
+    -- of text, which no index serves).
     WITH RECURSIVE o(owner) AS (
-        SELECT min(p.owner) FROM tide.pending p WHERE p.state = 'ready' AND NOT p.parked AND p.executor = 'sql'
+        (SELECT p.owner FROM tide.pending p WHERE p.state = 'ready' AND NOT p.parked AND p.executor = 'sql'
+          ORDER BY p.owner LIMIT 1)
         UNION ALL
-        SELECT (SELECT min(p.owner) FROM tide.pending p
-                 WHERE p.state = 'ready' AND NOT p.parked AND p.executor = 'sql' AND p.owner > o.owner)
+        SELECT (SELECT p.owner FROM tide.pending p
+                 WHERE p.state = 'ready' AND NOT p.parked AND p.executor = 'sql' AND p.owner > o.owner
+                 ORDER BY p.owner LIMIT 1)
           FROM o WHERE o.owner IS NOT NULL
     )
     SELECT coalesce(array_agg(o.owner), '{}') INTO ready FROM o
@@ -898,8 +905,8 @@ BEGIN
     END IF;
     -- The executors choose under a lock of their own, held until the claim commits, so that the
     -- next executor's choice counts this claim (src/share.rs).
-    IF is_sql THEN
-        PERFORM tide._share_lock();
+    IF is_sql AND NOT tide._share_lock(p_after IS NULL) THEN
+        RETURN;  -- (a claim made with the end of a run does not wait: see src/share.rs)
     END IF;
     -- The candidates are fixed in an array first: a LIMIT subquery under FOR UPDATE SKIP LOCKED
     -- may be re-evaluated and claim more rows than asked. Each candidate's run is locked with
@@ -917,14 +924,18 @@ BEGIN
         IF turn IS NULL AND is_sql THEN
             turn := tide._executor_turn(owners_ok, g_owners);
         ELSIF turn IS NULL AND owners_ok IS NULL THEN
-            -- Every role with ready runs in the queue: a loose scan of pending_claim_idx.
+            -- Every role with ready runs in the queue: a loose scan of pending_claim_idx, one
+            -- probe per role (ORDER BY ... LIMIT 1, not min(): min of a name is min of text,
+            -- which no index serves, and read every ready run of the queue).
             WITH RECURSIVE o(owner) AS (
-                SELECT min(p.owner) FROM tide.pending p
-                 WHERE p.state = 'ready' AND NOT p.parked AND p.executor = p_executor AND p.queue = p_queue
+                (SELECT p.owner FROM tide.pending p
+                  WHERE p.state = 'ready' AND NOT p.parked AND p.executor = p_executor AND p.queue = p_queue
+                  ORDER BY p.owner LIMIT 1)
                 UNION ALL
-                SELECT (SELECT min(p.owner) FROM tide.pending p
+                SELECT (SELECT p.owner FROM tide.pending p
                          WHERE p.state = 'ready' AND NOT p.parked AND p.executor = p_executor AND p.queue = p_queue
-                           AND p.owner > o.owner)
+                           AND p.owner > o.owner
+                         ORDER BY p.owner LIMIT 1)
                   FROM o WHERE o.owner IS NOT NULL
             )
             SELECT coalesce(array_agg(o.owner ORDER BY random()), '{}') INTO turn FROM o WHERE o.owner IS NOT NULL;

@@ -193,8 +193,10 @@ BEGIN
     -- Another owner of an active task the executors run: the lowest and the highest owner of
     -- one (two probes of task_executor_owner_idx) tell.
     IF p_others
-       OR (SELECT min(t.owner) FROM tide.task t WHERE NOT t.paused AND t.command IS NOT NULL) <> p_owner
-       OR (SELECT max(t.owner) FROM tide.task t WHERE NOT t.paused AND t.command IS NOT NULL) <> p_owner THEN
+       OR (SELECT t.owner FROM tide.task t WHERE NOT t.paused AND t.command IS NOT NULL
+            ORDER BY t.owner LIMIT 1) <> p_owner
+       OR (SELECT t.owner FROM tide.task t WHERE NOT t.paused AND t.command IS NOT NULL
+            ORDER BY t.owner DESC LIMIT 1) <> p_owner THEN
         RETURN n - 1;
     END IF;
     RETURN n;
@@ -224,12 +226,15 @@ DECLARE
     rec record;
 BEGIN
     -- The roles with ready runs for the executors: a loose scan of pending_claim_any_idx, one
-    -- probe per role, whatever their backlogs.
+    -- probe per role, whatever their backlogs (ORDER BY ... LIMIT 1: min() of a name is min()
+    -- of text, which no index serves).
     WITH RECURSIVE o(owner) AS (
-        SELECT min(p.owner) FROM tide.pending p WHERE p.state = 'ready' AND NOT p.parked AND p.executor = 'sql'
+        (SELECT p.owner FROM tide.pending p WHERE p.state = 'ready' AND NOT p.parked AND p.executor = 'sql'
+          ORDER BY p.owner LIMIT 1)
         UNION ALL
-        SELECT (SELECT min(p.owner) FROM tide.pending p
-                 WHERE p.state = 'ready' AND NOT p.parked AND p.executor = 'sql' AND p.owner > o.owner)
+        SELECT (SELECT p.owner FROM tide.pending p
+                 WHERE p.state = 'ready' AND NOT p.parked AND p.executor = 'sql' AND p.owner > o.owner
+                 ORDER BY p.owner LIMIT 1)
           FROM o WHERE o.owner IS NOT NULL
     )
     SELECT coalesce(array_agg(o.owner), '{}') INTO ready FROM o

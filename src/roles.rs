@@ -176,16 +176,29 @@ fn refuse_drop(roles: &[String]) {
     let Ok(Some(owned)) = owned else {
         return;
     };
-    let first = roles.first().map(String::as_str).unwrap_or_default();
+    let name = roles.first().map(String::as_str).unwrap_or_default();
+    let first = quote_ident(name);
+    let literal = format!("'{}'", name.replace('\'', "''"));
     pgrx::pg_sys::panic::ErrorReport::new(
         PgSqlErrorCode::ERRCODE_DEPENDENT_OBJECTS_STILL_EXIST,
         format!("role cannot be dropped because it owns pg_tide tasks or other pg_tide objects: {owned}"),
         "DROP ROLE",
     )
     .set_hint(format!(
-        "give them to another role first: REASSIGN OWNED BY {first} TO <role> (or SELECT tide.reassign_owned('{first}', '<role>')); or remove them: DROP OWNED BY {first} (or SELECT tide.drop_owned('{first}')); list them with SELECT * FROM tide.owned_by('{first}')"
+        "give them to another role first: REASSIGN OWNED BY {first} TO <role> (or SELECT tide.reassign_owned({literal}, '<role>')); or remove them: DROP OWNED BY {first} (or SELECT tide.drop_owned({literal})); list them with SELECT * FROM tide.owned_by({literal})"
     ))
     .report(PgLogLevel::ERROR);
+}
+
+/// A role's name as SQL writes it (quoted when it must be), as PostgreSQL's quote_ident does.
+fn quote_ident(name: &str) -> String {
+    let Ok(c) = std::ffi::CString::new(name) else {
+        return name.to_string();
+    };
+    // SAFETY: quote_identifier reads a NUL-terminated string and returns it or a palloc'd copy.
+    unsafe { CStr::from_ptr(pg_sys::quote_identifier(c.as_ptr())) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// Applies REASSIGN OWNED or DROP OWNED to pg_tide's rows in this database.

@@ -13,9 +13,12 @@ use pgrx::prelude::*;
 /// "fair" in ASCII: the tag's third field.
 const FAIR: u32 = 0x6661_6972;
 
-/// Takes the executors' choice lock until the end of the transaction.
+/// Takes the executors' choice lock until the end of the transaction; without `wait`, only if
+/// it is free at once (false otherwise). A claim made with the end of an executor's previous run
+/// does not wait: that transaction may hold what the lock's holder waits for (the room of its
+/// run's queue), and the executor claims after its commit anyway.
 #[pg_extern(volatile, parallel_unsafe, schema = "tide", name = "_share_lock")]
-fn share_lock() -> bool {
+fn share_lock(wait: bool) -> bool {
     // SAFETY: reads the backend's database id, set at connection.
     let db = unsafe { pg_sys::MyDatabaseId };
     let tag = pg_sys::LOCKTAG {
@@ -27,14 +30,14 @@ fn share_lock() -> bool {
         locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
     };
     // SAFETY: a valid tag; a transaction-level lock (released at commit or abort); waits,
-    // honouring lock_timeout and cancel, or raises.
-    unsafe {
+    // honouring lock_timeout and cancel, or raises; or, without wait, answers at once.
+    let got = unsafe {
         pg_sys::LockAcquire(
             &tag,
             pg_sys::ExclusiveLock as pg_sys::LOCKMODE,
             false,
-            false,
-        );
-    }
-    true
+            !wait,
+        )
+    };
+    got != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
 }

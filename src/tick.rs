@@ -41,6 +41,8 @@ struct DueTask {
     task_id: i64,
     name: String,
     owner: String,
+    /// Its owner no longer exists.
+    owner_gone: bool,
     rules: RuleText,
     misfire: String,
     threshold: Interval,
@@ -101,8 +103,6 @@ fn fire_due(now_pg: TimestampWithTimeZone, max_tasks: i64) -> Map<String, Value>
         add(key, 0);
     }
     Spi::run("SELECT pg_catalog.set_config('lock_timeout', '1s', true)").or_raise(F);
-    // A due task whose owner no longer exists is paused, not fired (sql/roles.sql).
-    Spi::run_with_args("SELECT tide._pause_orphans($1, false)", &[now_pg.into()]).or_raise(F);
     Spi::connect_mut(|client| {
         let served = TURN.with_borrow(Clone::clone);
         let mut due = due_tasks(client, now_pg, max_tasks, served.as_deref().unwrap_or(&[]));
@@ -117,6 +117,18 @@ fn fire_due(now_pg: TimestampWithTimeZone, max_tasks: i64) -> Map<String, Value>
                     served.push(task.owner.clone());
                 }
             });
+            if task.owner_gone {
+                // Its owner no longer exists (dropped from another database, sql/share.sql):
+                // paused, not fired; the alert owner_gone says why.
+                client
+                    .update(
+                        "UPDATE tide.task SET paused = true, paused_at = $2 WHERE task_id = $1",
+                        None,
+                        &[task.task_id.into(), now_pg.into()],
+                    )
+                    .or_raise(F);
+                continue;
+            }
             add("tasks", 1);
             match isolated(|| fire_task(client, &task, now)) {
                 Ok(Ok(done)) => {
@@ -186,7 +198,8 @@ fn due_tasks(
 ) -> Vec<DueTask> {
     let query = format!(
         "SELECT task_id, name, {RULE_COLUMNS}, misfire::text, misfire_threshold,
-                catch_up_max, source_retention, next_fire_at, skip_until, rescan_previous, owner::text
+                catch_up_max, source_retention, next_fire_at, skip_until, rescan_previous, owner::text,
+                NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = owner)
            FROM tide.task
           WHERE NOT paused AND next_fire_at <= $1
             AND (tick_retry_at IS NULL OR tick_retry_at <= $1)
@@ -224,6 +237,7 @@ fn due_tasks(
             skip_until: row.get::<TimestampWithTimeZone>(16).or_raise(F),
             rescan_previous: row.get::<bool>(17).or_raise(F).unwrap_or(false),
             owner: text(18),
+            owner_gone: row.get::<bool>(19).or_raise(F).unwrap_or(false),
         });
     }
     out

@@ -492,7 +492,7 @@ fn each_role_has_limits_that_a_superuser_sets(cluster: &Cluster) -> Result<(), F
     // claim takes it): mallory has nine ready runs, and no turn.
     let (running, ready, turn): (i64, i64, Vec<String>) = {
         let mut tx = admin.transaction().map_err(db_err)?;
-        tx.batch_execute("SELECT tide._share_lock()")
+        tx.batch_execute("SELECT tide._share_lock(true)")
             .map_err(db_err)?;
         let row = tx
             .query_one(
