@@ -7,8 +7,8 @@
 -- owner, the alert owner_gone). Small input defects are refused with 22023.
 -- Run by ALTER EXTENSION pg_tide UPDATE; the upgrade tier (pg_test/tests/upgrade.rs) checks that
 -- the schema it leaves is the one a fresh CREATE EXTENSION makes. Functions whose body changed are
--- dropped and created again rather than replaced (pgspot's PS002), but for trigger functions,
--- which their triggers depend on.
+-- dropped and created again rather than replaced (pgspot's PS002); trigger functions with their
+-- triggers.
 \echo Use "ALTER EXTENSION pg_tide UPDATE TO '0.2.3'" to load this file. \quit
 SET LOCAL search_path = pg_catalog, pg_temp;
 
@@ -498,7 +498,9 @@ COMMENT ON FUNCTION tide._owned_summary(name[]) IS
     'Internal: what each of some roles owns in pg_tide, in words, for the roles that own anything (why DROP ROLE of them is refused).';
 
 -- History and versions follow their task to another owner (tide.reassign_owned).
-CREATE OR REPLACE FUNCTION tide._task_version_immutable() RETURNS trigger
+DROP TRIGGER task_version_immutable ON tide.task_version;
+DROP FUNCTION tide._task_version_immutable();
+CREATE FUNCTION tide._task_version_immutable() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -514,8 +516,12 @@ END
 $$;
 COMMENT ON FUNCTION tide._task_version_immutable() IS
     'Trigger: refuses updates of tide.task_version, but for a change of owner alone (tide.reassign_owned).';
+CREATE TRIGGER task_version_immutable BEFORE UPDATE ON tide.task_version
+    FOR EACH ROW EXECUTE FUNCTION tide._task_version_immutable();
 
-CREATE OR REPLACE FUNCTION tide._run_event_immutable() RETURNS trigger
+DROP TRIGGER run_event_immutable ON tide.run_event;
+DROP FUNCTION tide._run_event_immutable();
+CREATE FUNCTION tide._run_event_immutable() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -530,6 +536,8 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide._run_event_immutable() IS 'Trigger: refuses updates of tide.run_event, but for a change of owner alone (tide.reassign_owned).';
+CREATE TRIGGER run_event_immutable BEFORE UPDATE ON tide.run_event
+    FOR EACH ROW EXECUTE FUNCTION tide._run_event_immutable();
 
 -- Changed functions.
 DROP FUNCTION tide.unschedule(text);
@@ -2217,16 +2225,16 @@ GRANT SELECT ON tide.dashboard TO PUBLIC;
 
 -- Internal functions that change anything are pg_tide's own (as sql/comments.sql leaves them).
 REVOKE EXECUTE ON FUNCTION tide._check_task(bigint) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION tide._notify(text,text) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION tide._share_lock() FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION tide._claim(tide.executor,text,text,integer,interval,boolean,bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tide._claim(tide.executor, text, text, integer, interval, boolean, bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION tide._alert_deliver(jsonb) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION tide._emit(text,jsonb[],text[],text[],text) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION tide._fold(timestamp with time zone,integer) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION tide._evaluate_alerts(timestamp with time zone,boolean) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION tide._monitor(timestamp with time zone) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tide._emit(text, jsonb[], text[], text[], text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tide._fold(timestamptz, integer) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tide._evaluate_alerts(timestamptz, boolean) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tide._monitor(timestamptz) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION tide._check_role_limits(tide.task) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION tide._executor_turn(name[],name[]) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION tide._reassign_owned(name,name) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tide._executor_turn(name[], name[]) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tide._reassign_owned(name, name) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION tide._drop_owned(name) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION tide._pause_orphans(timestamp with time zone,boolean) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tide._pause_orphans(timestamptz, boolean) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tide._share_lock(boolean) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tide._notify(text, text) FROM PUBLIC;
