@@ -204,10 +204,7 @@ BEGIN
             RETURN format('no executor free: all %s run other runs (raise pg_tide.executors)', executors);
         END IF;
         -- Its role at its share of the executors (sql/share.sql).
-        SELECT count(*) INTO mine FROM tide.run x
-         WHERE x.run_id IN (SELECT p.run_id FROM tide.pending p
-                             WHERE p.state = 'running' AND p.executor = 'sql' AND p.owner = r.owner)
-           AND x.run_id <> ALL (tide._command_runs());
+        SELECT coalesce(sum(b.n), 0) INTO mine FROM tide._executors_held() b WHERE b.owner = r.owner;
         IF mine >= 1 AND mine >= tide._executor_cap(r.owner, running > mine) THEN
             RETURN format('role %s occupies %s executors, its share (its limit executors, or all but one while another role has work)',
                           r.owner, mine);
@@ -1874,7 +1871,7 @@ BEGIN
     PERFORM tide._sweep_gone();
     -- Tasks whose owner was dropped (from another database: sql/roles.sql), event tasks among
     -- them, stop; the alert owner_gone says why.
-    PERFORM tide._pause_orphans(p_now, true);
+    PERFORM tide._pause_orphans(p_now);
     RETURN tide._evaluate_alerts(p_now) || tide._prune(p_now, 5000);
 END
 $$;

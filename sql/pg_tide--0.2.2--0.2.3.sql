@@ -231,6 +231,20 @@ $$;
 COMMENT ON FUNCTION tide._executor_cap(name, boolean) IS
     'Internal: the most executors a role''s runs may occupy at once: its limit executors, else all but one while another role has work for them (p_others: a ready or running run of another role), else all.';
 
+CREATE FUNCTION tide._executors_held() RETURNS TABLE (owner name, n bigint)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT p.owner, count(*) FROM tide.pending p
+      JOIN tide.run r ON r.run_id = p.run_id
+      JOIN tide.task_version v ON v.task_id = r.task_id AND v.version = r.version
+     WHERE p.state = 'running' AND p.executor = 'sql'
+       AND NOT coalesce((v.rules->>'top_level')::boolean, false) AND v.rules->>'database' IS NULL
+     GROUP BY p.owner
+$$;
+COMMENT ON FUNCTION tide._executors_held() IS
+    'Internal: the executors each role''s runs occupy now (running runs of the executors, but for those a command worker runs).';
+
 CREATE FUNCTION tide._executor_turn(p_owners_ok name[], p_g_owners name[]) RETURNS name[]
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -262,15 +276,8 @@ BEGIN
     IF cardinality(ready) = 0 THEN
         RETURN ready;
     END IF;
-    -- The executors each role occupies: its running runs of the executors, but for those a
-    -- command worker runs (top-level commands, commands in another database).
     SELECT coalesce(array_agg(b.owner), '{}'), coalesce(array_agg(b.n), '{}') INTO busy_owners, busy_n
-      FROM (SELECT p.owner, count(*) AS n FROM tide.pending p
-              JOIN tide.run r ON r.run_id = p.run_id
-              JOIN tide.task_version v ON v.task_id = r.task_id AND v.version = r.version
-             WHERE p.state = 'running' AND p.executor = 'sql'
-               AND NOT coalesce((v.rules->>'top_level')::boolean, false) AND v.rules->>'database' IS NULL
-             GROUP BY p.owner) b;
+      FROM tide._executors_held() b;
     FOR rec IN SELECT u.o AS owner, coalesce(b.n, 0) AS n
                  FROM unnest(ready) u(o) LEFT JOIN unnest(busy_owners, busy_n) b(o, n) ON b.o = u.o
                 ORDER BY 2, random() LOOP
@@ -460,7 +467,7 @@ $$;
 COMMENT ON FUNCTION tide.drop_owned(name) IS
     'drop_owned(role): removes every pg_tide row of a role (a role that no longer exists included), as DROP OWNED does for catalog objects: its tasks with their runs and history, queues, channels, checks, side effects, alerts, the grants it gave and was given, its limits. Superuser or tide_admin. Returns the tasks removed.';
 
-CREATE FUNCTION tide._pause_orphans(p_now timestamptz, p_all boolean) RETURNS integer
+CREATE FUNCTION tide._pause_orphans(p_now timestamptz) RETURNS integer
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -468,14 +475,14 @@ DECLARE
     n integer;
 BEGIN
     UPDATE tide.task t SET paused = true, paused_at = p_now
-     WHERE NOT t.paused AND (p_all OR t.next_fire_at <= p_now)
+     WHERE NOT t.paused
        AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = t.owner);
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END
 $$;
-COMMENT ON FUNCTION tide._pause_orphans(timestamptz, boolean) IS
-    'Internal: pauses the tasks (due ones, or all) whose owner no longer exists; the alert owner_gone says why.';
+COMMENT ON FUNCTION tide._pause_orphans(timestamptz) IS
+    'Internal: pauses every task whose owner no longer exists; the alert owner_gone says why.';
 
 CREATE FUNCTION tide._owned_summary(p_roles name[]) RETURNS TABLE (role name, summary text)
 LANGUAGE sql STABLE
@@ -1484,7 +1491,7 @@ BEGIN
     PERFORM tide._sweep_gone();
     -- Tasks whose owner was dropped (from another database: sql/roles.sql), event tasks among
     -- them, stop; the alert owner_gone says why.
-    PERFORM tide._pause_orphans(p_now, true);
+    PERFORM tide._pause_orphans(p_now);
     RETURN tide._evaluate_alerts(p_now) || tide._prune(p_now, 5000);
 END
 $$;
@@ -2071,10 +2078,7 @@ BEGIN
             RETURN format('no executor free: all %s run other runs (raise pg_tide.executors)', executors);
         END IF;
         -- Its role at its share of the executors (sql/share.sql).
-        SELECT count(*) INTO mine FROM tide.run x
-         WHERE x.run_id IN (SELECT p.run_id FROM tide.pending p
-                             WHERE p.state = 'running' AND p.executor = 'sql' AND p.owner = r.owner)
-           AND x.run_id <> ALL (tide._command_runs());
+        SELECT coalesce(sum(b.n), 0) INTO mine FROM tide._executors_held() b WHERE b.owner = r.owner;
         IF mine >= 1 AND mine >= tide._executor_cap(r.owner, running > mine) THEN
             RETURN format('role %s occupies %s executors, its share (its limit executors, or all but one while another role has work)',
                           r.owner, mine);
@@ -2235,6 +2239,6 @@ REVOKE EXECUTE ON FUNCTION tide._check_role_limits(tide.task) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION tide._executor_turn(name[], name[]) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION tide._reassign_owned(name, name) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION tide._drop_owned(name) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION tide._pause_orphans(timestamptz, boolean) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tide._pause_orphans(timestamptz) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION tide._share_lock(boolean) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION tide._notify(text, text) FROM PUBLIC;

@@ -209,6 +209,23 @@ COMMENT ON FUNCTION tide._executor_cap(name, boolean) IS
 -- (tide._executor_cap): two probes, its lowest and highest owner.
 CREATE INDEX task_executor_owner_idx ON tide.task (owner) WHERE NOT paused AND command IS NOT NULL;
 
+-- The executors each role's runs occupy now: its running runs of the executors, but for those a
+-- command worker runs (top-level commands, commands in another database). The one count of the
+-- executors' share (tide._executor_turn, a late start's cause).
+CREATE FUNCTION tide._executors_held() RETURNS TABLE (owner name, n bigint)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT p.owner, count(*) FROM tide.pending p
+      JOIN tide.run r ON r.run_id = p.run_id
+      JOIN tide.task_version v ON v.task_id = r.task_id AND v.version = r.version
+     WHERE p.state = 'running' AND p.executor = 'sql'
+       AND NOT coalesce((v.rules->>'top_level')::boolean, false) AND v.rules->>'database' IS NULL
+     GROUP BY p.owner
+$$;
+COMMENT ON FUNCTION tide._executors_held() IS
+    'Internal: the executors each role''s runs occupy now (running runs of the executors, but for those a command worker runs).';
+
 -- The roles whose runs a free executor looks at, in turn (the rule above): the roles with ready
 -- runs for the executors, fewest occupied executors first, ties in an order drawn at random,
 -- without the roles at their limit executors. Called by tide._claim under the choice lock.
@@ -243,15 +260,8 @@ BEGIN
     IF cardinality(ready) = 0 THEN
         RETURN ready;
     END IF;
-    -- The executors each role occupies: its running runs of the executors, but for those a
-    -- command worker runs (top-level commands, commands in another database).
     SELECT coalesce(array_agg(b.owner), '{}'), coalesce(array_agg(b.n), '{}') INTO busy_owners, busy_n
-      FROM (SELECT p.owner, count(*) AS n FROM tide.pending p
-              JOIN tide.run r ON r.run_id = p.run_id
-              JOIN tide.task_version v ON v.task_id = r.task_id AND v.version = r.version
-             WHERE p.state = 'running' AND p.executor = 'sql'
-               AND NOT coalesce((v.rules->>'top_level')::boolean, false) AND v.rules->>'database' IS NULL
-             GROUP BY p.owner) b;
+      FROM tide._executors_held() b;
     FOR rec IN SELECT u.o AS owner, coalesce(b.n, 0) AS n
                  FROM unnest(ready) u(o) LEFT JOIN unnest(busy_owners, busy_n) b(o, n) ON b.o = u.o
                 ORDER BY 2, random() LOOP
@@ -460,9 +470,10 @@ $$;
 COMMENT ON FUNCTION tide.drop_owned(name) IS
     'drop_owned(role): removes every pg_tide row of a role (a role that no longer exists included), as DROP OWNED does for catalog objects: its tasks with their runs and history, queues, channels, checks, side effects, alerts, the grants it gave and was given, its limits. Superuser or tide_admin. Returns the tasks removed.';
 
--- A task whose owner no longer exists never fires: the tick pauses it when it comes due (p_all:
--- every such task, at each evaluation of alerts), and the alert owner_gone says why.
-CREATE FUNCTION tide._pause_orphans(p_now timestamptz, p_all boolean) RETURNS integer
+-- A task whose owner no longer exists never fires: the tick pauses a due one as it picks it
+-- (src/tick.rs), and this every such task (event tasks among them) at each evaluation of
+-- alerts; the alert owner_gone says why.
+CREATE FUNCTION tide._pause_orphans(p_now timestamptz) RETURNS integer
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -470,14 +481,14 @@ DECLARE
     n integer;
 BEGIN
     UPDATE tide.task t SET paused = true, paused_at = p_now
-     WHERE NOT t.paused AND (p_all OR t.next_fire_at <= p_now)
+     WHERE NOT t.paused
        AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = t.owner);
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END
 $$;
-COMMENT ON FUNCTION tide._pause_orphans(timestamptz, boolean) IS
-    'Internal: pauses the tasks (due ones, or all) whose owner no longer exists; the alert owner_gone says why.';
+COMMENT ON FUNCTION tide._pause_orphans(timestamptz) IS
+    'Internal: pauses every task whose owner no longer exists; the alert owner_gone says why.';
 
 -- What each of some roles owns in pg_tide, in words ("3 tasks, 1 queue"), for the roles that
 -- own anything: why DROP ROLE of them is refused (src/roles.rs).
