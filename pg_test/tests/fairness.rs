@@ -66,6 +66,10 @@ fn main() {
             a_role_dropped_elsewhere_leaves_paused_tasks_and_an_alert,
         ),
         (
+            "owned_by_reassign_owned_and_drop_owned_refuse_bad_input",
+            owned_by_reassign_owned_and_drop_owned_refuse_bad_input,
+        ),
+        (
             "no_backtrace_reaches_a_client",
             no_backtrace_reaches_a_client,
         ),
@@ -690,6 +694,69 @@ fn a_role_dropped_elsewhere_leaves_paused_tasks_and_an_alert(
         Ok((open == 0).then_some(()))
     })?;
     exec(&mut alice, "SELECT tide.unschedule('later')")?;
+    Ok(())
+}
+
+/// tide.owned_by, tide.reassign_owned and tide.drop_owned: NULLs, a missing role, another
+/// role's rows without the rights, and a clash of names are refused with their SQLSTATE and a
+/// hint, and write nothing.
+fn owned_by_reassign_owned_and_drop_owned_refuse_bad_input(
+    cluster: &Cluster,
+) -> Result<(), Failed> {
+    let mut admin = setup(cluster)?;
+    let mut alice = cluster.connect_as(pg_tide_pg_test::WORKERS_DB, "alice")?;
+    let mut mallory = cluster.connect_as(pg_tide_pg_test::WORKERS_DB, "mallory")?;
+    exec(
+        &mut alice,
+        "SELECT tide.schedule('same', '0 3 * * *', command => 'SELECT 1')",
+    )?;
+    exec(
+        &mut mallory,
+        "SELECT tide.schedule('same', '0 4 * * *', command => 'SELECT 1')",
+    )?;
+    // A role lists its own rows; another's are not its to list.
+    let own: String = one(
+        &mut alice,
+        "SELECT string_agg(kind || ':' || name, ',') FROM tide.owned_by('alice')",
+    )?;
+    assert_eq!(own, "task:same");
+    // (true: as the superuser; false: as alice.)
+    let cases = [
+        (false, "SELECT * FROM tide.owned_by('mallory')", "42501"),
+        (false, "SELECT * FROM tide.owned_by(NULL)", "22004"),
+        (
+            false,
+            "SELECT tide.reassign_owned('mallory', 'alice')",
+            "42501",
+        ),
+        (false, "SELECT tide.drop_owned('mallory')", "42501"),
+        (true, "SELECT tide.reassign_owned('mallory', NULL)", "22004"),
+        (true, "SELECT tide.reassign_owned(NULL, 'alice')", "22004"),
+        (
+            true,
+            "SELECT tide.reassign_owned('mallory', 'nobody_here')",
+            "42704",
+        ),
+        (
+            true,
+            "SELECT tide.reassign_owned('mallory', 'alice')",
+            "23505",
+        ),
+        (true, "SELECT tide.drop_owned(NULL)", "22004"),
+    ];
+    for (as_admin, sql, code) in cases {
+        let c = if as_admin { &mut admin } else { &mut alice };
+        let (got, message, hint) = refused(c, sql)?;
+        assert_eq!(got, code, "{sql}: {message}");
+        assert!(!hint.is_empty(), "{sql}: no hint");
+    }
+    let tasks: String = one(
+        &mut admin,
+        "SELECT string_agg(owner || ':' || name, ',' ORDER BY owner) FROM tide.task WHERE name = 'same'",
+    )?;
+    assert_eq!(tasks, "alice:same,mallory:same", "refusals write nothing");
+    exec(&mut alice, "SELECT tide.unschedule('same')")?;
+    clear_mallory(&mut admin)?;
     Ok(())
 }
 
