@@ -39,6 +39,7 @@ inlined=(
     "tide._log_on()"
     "tide._setting(name text,fallback text)"
     "tide._le(seconds double precision)"
+    "tide._duration_bucket(d interval)"
     "tide._counts_of(p_to tide.run_state,p_attempts integer,p_claimed timestamptz,p_finished timestamptz,p_started timestamptz,p_fire timestamptz,p_created timestamptz,metric text,label text,value double precision)"
 )
 args=()

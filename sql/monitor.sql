@@ -492,12 +492,54 @@ BEGIN
     END IF;
     -- Each statement below reads with a snapshot taken after the lock: it sees what an earlier
     -- fold wrote.
-    WITH d AS (DELETE FROM tide.count_delta RETURNING task_id, metric, label, value, owner)
-    INSERT INTO tide.run_count AS c (task_id, metric, label, value, owner)
-    SELECT d.task_id, d.metric, d.label, sum(d.value), min(d.owner) FROM d
-     WHERE EXISTS (SELECT 1 FROM tide.task t WHERE t.task_id = d.task_id)
-     GROUP BY 1, 2, 3
-    ON CONFLICT (task_id, metric, label) DO UPDATE SET value = c.value + EXCLUDED.value;
+    -- The hourly counters (metric 'hour', label 'hour since the epoch|state|duration bucket')
+    -- go to tide.run_hourly and tide.owner_hourly (sql/charts.sql), the rest to tide.run_count.
+    WITH d AS (DELETE FROM tide.count_delta RETURNING task_id, metric, label, value, owner
+    ), counters AS (
+        INSERT INTO tide.run_count AS c (task_id, metric, label, value, owner)
+        SELECT d.task_id, d.metric, d.label, sum(d.value), min(d.owner) FROM d
+         WHERE d.metric <> 'hour' AND EXISTS (SELECT 1 FROM tide.task t WHERE t.task_id = d.task_id)
+         GROUP BY 1, 2, 3
+        ON CONFLICT (task_id, metric, label) DO UPDATE SET value = c.value + EXCLUDED.value
+    ), h AS (
+        SELECT d.task_id, d.owner, to_timestamp(split_part(d.label, '|', 1)::bigint * 3600) AS hour,
+               split_part(d.label, '|', 2) AS state, nullif(split_part(d.label, '|', 3), '') AS bucket,
+               sum(d.value)::integer AS n
+          FROM d WHERE d.metric = 'hour'
+         GROUP BY 1, 2, 3, 4, 5
+    ), task_hours AS (
+        INSERT INTO tide.run_hourly AS x (task_id, hour, succeeded, failed, dead, skipped, need_check, cancelled,
+                                          durations, owner)
+        SELECT h.task_id, h.hour, coalesce(sum(h.n) FILTER (WHERE h.state = 'succeeded'), 0),
+               coalesce(sum(h.n) FILTER (WHERE h.state = 'retry'), 0), coalesce(sum(h.n) FILTER (WHERE h.state = 'dead'), 0),
+               coalesce(sum(h.n) FILTER (WHERE h.state = 'skipped'), 0),
+               coalesce(sum(h.n) FILTER (WHERE h.state = 'need_check'), 0),
+               coalesce(sum(h.n) FILTER (WHERE h.state = 'cancelled'), 0),
+               coalesce(jsonb_object_agg(h.bucket, h.n) FILTER (WHERE h.bucket IS NOT NULL), '{}'), min(h.owner)
+          FROM h WHERE EXISTS (SELECT 1 FROM tide.task t WHERE t.task_id = h.task_id)
+         GROUP BY h.task_id, h.hour
+        ON CONFLICT (task_id, hour) DO UPDATE
+           SET succeeded = x.succeeded + EXCLUDED.succeeded, failed = x.failed + EXCLUDED.failed,
+               dead = x.dead + EXCLUDED.dead, skipped = x.skipped + EXCLUDED.skipped,
+               need_check = x.need_check + EXCLUDED.need_check, cancelled = x.cancelled + EXCLUDED.cancelled,
+               durations = tide._hist_add(x.durations, EXCLUDED.durations)
+    ), o AS (
+        SELECT h.owner, h.hour, h.state, h.bucket, sum(h.n) AS n FROM h GROUP BY 1, 2, 3, 4
+    )
+    INSERT INTO tide.owner_hourly AS x (owner, hour, succeeded, failed, dead, skipped, need_check, cancelled, durations)
+    SELECT o.owner, o.hour, coalesce(sum(o.n) FILTER (WHERE o.state = 'succeeded'), 0),
+           coalesce(sum(o.n) FILTER (WHERE o.state = 'retry'), 0), coalesce(sum(o.n) FILTER (WHERE o.state = 'dead'), 0),
+           coalesce(sum(o.n) FILTER (WHERE o.state = 'skipped'), 0),
+           coalesce(sum(o.n) FILTER (WHERE o.state = 'need_check'), 0),
+           coalesce(sum(o.n) FILTER (WHERE o.state = 'cancelled'), 0),
+           coalesce(jsonb_object_agg(o.bucket, o.n) FILTER (WHERE o.bucket IS NOT NULL), '{}')
+      FROM o
+     GROUP BY o.owner, o.hour
+    ON CONFLICT (owner, hour) DO UPDATE
+       SET succeeded = x.succeeded + EXCLUDED.succeeded, failed = x.failed + EXCLUDED.failed,
+           dead = x.dead + EXCLUDED.dead, skipped = x.skipped + EXCLUDED.skipped,
+           need_check = x.need_check + EXCLUDED.need_check, cancelled = x.cancelled + EXCLUDED.cancelled,
+           durations = tide._hist_add(x.durations, EXCLUDED.durations);
     -- The tasks to recompute: those touched (their touch rows deleted now) and those whose
     -- 24-hour figures expired. They are computed with a later snapshot than the deletion's:
     -- every change whose touch row goes is in it (one committed later keeps its row).
@@ -545,7 +587,7 @@ $$;
 COMMENT ON FUNCTION tide._fold(timestamptz, integer) IS
     'Internal: recomputes the kept health figures (tide.task_stat) of tasks whose runs changed or whose 24-hour figures expired, and adds new counts to the counters of tide.metrics() (every tick); notifies pg_tide_changed with the ids of the tasks whose runs changed.';
 
-CREATE FUNCTION tide._health(p_now timestamptz, p_task_ids bigint[] DEFAULT NULL)
+CREATE FUNCTION tide._health(p_now timestamptz, p_task_ids bigint[] DEFAULT NULL, p_exact boolean DEFAULT false)
 RETURNS TABLE (task text, status text, severity tide.severity, last_success timestamptz, silence interval,
                max_silence interval, last_state tide.run_state, consecutive_failures integer,
                consecutive_skips integer, retries_24h integer, backlog integer, oldest_ready interval,
@@ -560,7 +602,9 @@ RETURNS TABLE (task text, status text, severity tide.severity, last_success time
 -- query at every call; this one sets them once and its session keeps the plan (measured over
 -- 10,000 tasks: 13% less per call, alternating rounds). p_task_ids: these tasks and every task
 -- with runs in tide.pending (whose counts health makes in any case, in one pass over the table)
--- only: the tick's alert evaluation asks for those that may have something to report.
+-- only: the tick's alert evaluation asks for those that may have something to report. With
+-- p_exact, the tasks given alone, and only their runs in tide.pending are counted
+-- (tide.task_health).
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 SET jit = off
@@ -586,6 +630,7 @@ WITH open_runs AS (
            min(p.run_id) FILTER (WHERE p.state = 'held') AS oldest_held_id,
            count(*) FILTER (WHERE p.state = 'held') AS held
       FROM tide.pending p
+     WHERE NOT p_exact OR p.task_id = ANY (p_task_ids)
      GROUP BY p.task_id) o
 ), diffs AS (
     -- A reconciliation's open differences (each counted once, however many runs saw it).
@@ -600,7 +645,7 @@ WITH open_runs AS (
     -- With p_task_ids, the tasks shown: those given and every task with runs in tide.pending
     -- (counted above in any case). Both the kept figures and the stale tasks below keep to them.
     SELECT unnest(p_task_ids) AS task_id
-    UNION SELECT o.task_id FROM open_runs o WHERE p_task_ids IS NOT NULL
+    UNION SELECT o.task_id FROM open_runs o WHERE p_task_ids IS NOT NULL AND NOT p_exact
 ), stale AS MATERIALIZED (
     -- The tasks whose kept figures do not hold at p_now (a visible touch row, computed after
     -- p_now, or out of date; see above): computed from their runs below. A task without kept
@@ -662,7 +707,7 @@ SELECT h.name,
   FROM h;
 END
 $$;
-COMMENT ON FUNCTION tide._health(timestamptz, bigint[]) IS 'Internal: tide.health at an instant, of every task, or of the tasks given and those with unfinished or unresolved runs (the tick evaluates alerts with it).';
+COMMENT ON FUNCTION tide._health(timestamptz, bigint[], boolean) IS 'Internal: tide.health at an instant, of every task, or of the tasks given and those with unfinished or unresolved runs (the tick evaluates alerts with it), or (p_exact) of the tasks given alone (tide.task_health).';
 
 -- ---------------------------------------------------------------------------------------------
 -- pg_tide itself: the scheduler's ticks (noted in shared memory, src/delivery.rs), its workers,
@@ -1692,6 +1737,20 @@ $$;
 COMMENT ON FUNCTION tide._le(double precision) IS
     'Internal: the histogram bucket (its upper bound, the le label) of a duration or wait in seconds; NULL above 21600 (+Inf only).';
 
+-- A duration as the index of its bucket in the hourly counters: bucket k holds durations of at
+-- most 2^(k/4) milliseconds (each bucket 19% wider than the one before; 0: 1 ms or less, 120:
+-- 12 days or more). tide._bucket_bound gives a bucket's bound back. Inlined into
+-- tide._counts_of (no SET clause; names qualified, scripts/pgspot.sh lists it).
+CREATE FUNCTION tide._duration_bucket(d interval) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN extract(epoch FROM d) OPERATOR(pg_catalog.<=) 0.001 THEN 0
+                ELSE LEAST(120::numeric, pg_catalog.ceil(4 OPERATOR(pg_catalog.*)
+                         pg_catalog.log(2.0, (extract(epoch FROM d) OPERATOR(pg_catalog.*) 1000)::numeric)))::integer END
+$$;
+COMMENT ON FUNCTION tide._duration_bucket(interval) IS
+    'Internal: the bucket of a duration in the hourly counters (durations of at most 2^(k/4) ms in bucket k).';
+
 -- What one history row adds to the counters of tide.metrics(), from the run it ends in: an
 -- outcome reached (a replayed run counts again), with the duration of a success (its last
 -- attempt) and its histogram bucket; a run's first start, with its wait from fire (or creation)
@@ -1720,12 +1779,21 @@ AS $$
           ('wait_count', '', 1, p_to OPERATOR(pg_catalog.=) 'running'::tide.run_state AND p_attempts OPERATOR(pg_catalog.=) 1),
           ('wait_bucket', tide._le(extract(epoch FROM greatest(p_started OPERATOR(pg_catalog.-) COALESCE(p_fire, p_created),
                                                                    '0'::pg_catalog.interval))::double precision), 1,
-           p_to OPERATOR(pg_catalog.=) 'running'::tide.run_state AND p_attempts OPERATOR(pg_catalog.=) 1))
+           p_to OPERATOR(pg_catalog.=) 'running'::tide.run_state AND p_attempts OPERATOR(pg_catalog.=) 1),
+          -- The hour's counters of the console's charts (tide.run_hourly, folded by tide._fold):
+          -- the hour an attempt ended, its outcome (retry: a failed attempt to be tried again),
+          -- and a success's duration as the index of its bucket (tide._duration_bucket).
+          ('hour', pg_catalog.concat_ws('|',
+                     pg_catalog.floor(extract(epoch FROM COALESCE(p_finished, pg_catalog.now())) OPERATOR(pg_catalog./) 3600)::bigint,
+                     p_to,
+                     CASE WHEN p_to OPERATOR(pg_catalog.=) 'succeeded'::tide.run_state AND p_claimed IS NOT NULL
+                          THEN tide._duration_bucket(p_finished OPERATOR(pg_catalog.-) p_claimed) END), 1,
+           p_to OPERATOR(pg_catalog.=) ANY ('{succeeded,need_check,dead,skipped,cancelled,retry}'::tide.run_state[])))
           AS m(metric, label, value, counts)
      WHERE m.counts AND m.label IS NOT NULL
 $$;
 COMMENT ON FUNCTION tide._counts_of(tide.run_state, integer, timestamptz, timestamptz, timestamptz, timestamptz, timestamptz) IS
-    'Internal: what a history row that brings a run to a state adds to the counters of tide.metrics() (metric, label, value).';
+    'Internal: what a history row that brings a run to a state adds to the counters of tide.metrics() and to the hourly counters of tide.run_hours (metric, label, value).';
 
 -- There is no trigger on tide.run_event: every path that writes history rows writes what they
 -- count itself, in the same transaction (tide.claim_runs, tide.complete_run(s), tide._fail,
@@ -1801,6 +1869,13 @@ BEGIN
     DELETE FROM tide.run_count c
      WHERE c.task_id IN (SELECT x.task_id FROM tide.run_count x
                           WHERE NOT EXISTS (SELECT 1 FROM tide.task t WHERE t.task_id = x.task_id) LIMIT p_limit);
+    -- The hourly counters of the charts, kept eight days (tide.run_hours reads at most 192 hours).
+    DELETE FROM tide.run_hourly x
+     WHERE (x.task_id, x.hour) IN (SELECT y.task_id, y.hour FROM tide.run_hourly y
+                                    WHERE y.hour < date_trunc('hour', p_now) - interval '192 hours' LIMIT p_limit);
+    DELETE FROM tide.owner_hourly x
+     WHERE (x.owner, x.hour) IN (SELECT y.owner, y.hour FROM tide.owner_hourly y
+                                  WHERE y.hour < date_trunc('hour', p_now) - interval '192 hours' LIMIT p_limit);
     -- At the end of the table, start over (runs kept then may be prunable later).
     UPDATE tide.monitor_state SET prune_cursor = CASE WHEN scanned < p_limit THEN 0 ELSE last_id END;
     DELETE FROM tide.alert a

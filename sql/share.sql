@@ -378,6 +378,15 @@ BEGIN
                   HINT = 'rename or remove one of them first (tide.unschedule(task, owner => ...) removes a task), then reassign again';
     END IF;
     SELECT count(*) INTO moved FROM tide.task t WHERE t.owner = p_old;
+    -- The hourly counters summed by owner: p_old's hours are added to p_new's.
+    WITH gone AS (DELETE FROM tide.owner_hourly x WHERE x.owner = p_old RETURNING x.*)
+    INSERT INTO tide.owner_hourly AS x (owner, hour, succeeded, failed, dead, skipped, need_check, cancelled, durations)
+    SELECT p_new, g.hour, g.succeeded, g.failed, g.dead, g.skipped, g.need_check, g.cancelled, g.durations FROM gone g
+    ON CONFLICT (owner, hour) DO UPDATE
+       SET succeeded = x.succeeded + EXCLUDED.succeeded, failed = x.failed + EXCLUDED.failed,
+           dead = x.dead + EXCLUDED.dead, skipped = x.skipped + EXCLUDED.skipped,
+           need_check = x.need_check + EXCLUDED.need_check, cancelled = x.cancelled + EXCLUDED.cancelled,
+           durations = tide._hist_add(x.durations, EXCLUDED.durations);
     BEGIN
         FOR tbl IN SELECT * FROM tide._owner_tables() LOOP
             EXECUTE format('UPDATE %s SET owner = $2 WHERE owner = $1', tbl) USING p_old, p_new;

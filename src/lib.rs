@@ -134,6 +134,8 @@ mod tide {}
         run_change::history_unwritten
     ]
 );
+// Hourly counters for charts (tide.run_hours) and one task's health (tide.task_health).
+::pgrx::extension_sql_file!("../sql/charts.sql", name = "charts", requires = ["monitor"]);
 // The samples of tide.metrics() as rows (the view tide.metric).
 ::pgrx::extension_sql_file!(
     "../sql/metric.sql",

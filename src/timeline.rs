@@ -6,7 +6,7 @@ use pgrx::prelude::*;
 use crate::calendar::{
     fire_iter, parse_zone, to_local, window_for, DstGap, DstOverlap, DstPolicy, Schedule,
 };
-use crate::catalog::load_task;
+use crate::catalog::load_task_of;
 use crate::error::TideError;
 use crate::pgtime::{date_to_pg, from_pg, local_to_pg, now, to_pg};
 use crate::sqlerr::{raise, required, OrRaise};
@@ -66,6 +66,7 @@ fn preview(
     task: Option<&str>,
     n: default!(Option<i32>, 5),
     after: default!(Option<TimestampWithTimeZone>, "NULL"),
+    owner: default!(Option<&str>, "NULL"),
 ) -> TableIterator<
     'static,
     (
@@ -86,7 +87,7 @@ fn preview(
         Some(a) => from_pg(a, "after").or_raise(F),
         None => now(),
     };
-    let row = load_task(task, false).or_raise(F);
+    let row = load_task_of(task, owner, false).or_raise(F);
     let rules = row.rules.validate().or_raise(F);
     let tz = rules.tz;
     let schedule = rules.calendar(task).or_raise(F);
