@@ -790,10 +790,11 @@ BEGIN
     -- What it counts, here as on every path that writes history: the task touched, and a dead
     -- letter among the outcomes of tide.metrics().
     INSERT INTO tide.task_touch (task_id, owner) VALUES (r.task_id, r.owner);
+    -- (A retry has no finished_at: its failed attempt ended at p_now, the hour it counts in.)
     INSERT INTO tide.count_delta (task_id, metric, label, value, owner)
     SELECT r.task_id, m.metric, m.label, m.value, r.owner
-      FROM tide._counts_of(new_state, changed.attempts, changed.claimed_at, changed.finished_at, changed.started_at,
-                           changed.fire_at, changed.created_at) m;
+      FROM tide._counts_of(new_state, changed.attempts, changed.claimed_at, coalesce(changed.finished_at, p_now),
+                           changed.started_at, changed.fire_at, changed.created_at) m;
     IF new_state = 'retry' THEN
         PERFORM tide._wake(true);  -- the scheduler sleeps until the retry is due, not its next poll
     END IF;

@@ -324,6 +324,106 @@ $$;
 COMMENT ON FUNCTION tide._fold(timestamptz, integer) IS
     'Internal: recomputes the kept health figures (tide.task_stat) of tasks whose runs changed or whose 24-hour figures expired, and adds new counts to the counters of tide.metrics() (every tick); notifies pg_tide_changed with the ids of the tasks whose runs changed.';
 
+DROP FUNCTION tide._fail(bigint, text, tide.error_kind, text, tide.attempt_outcome, timestamptz);
+CREATE FUNCTION tide._fail(p_run_id bigint, p_error text, p_kind tide.error_kind, p_sqlstate text,
+                           p_outcome tide.attempt_outcome, p_now timestamptz)
+RETURNS tide.run_state
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    r tide.run;
+    changed tide.run;
+    rules jsonb;
+    next_fire timestamptz;
+    max_attempts integer;
+    new_state tide.run_state;
+    wait_until timestamptz;
+    budget_hold timestamptz;
+    why text;
+    error_text text;
+BEGIN
+    SELECT * INTO r FROM tide.run WHERE run_id = p_run_id FOR UPDATE;
+    SELECT v.rules INTO rules FROM tide.task_version v WHERE v.task_id = r.task_id AND v.version = r.version;
+    max_attempts := (rules->>'max_attempts')::integer;
+    -- Errors come from workers and commands: kept bounded.
+    error_text := tide._clip(p_error, 10000);
+    IF p_kind = 'business' THEN
+        new_state := 'dead';
+        why := format('business error: %s', error_text);
+    ELSIF r.tries >= max_attempts THEN
+        new_state := 'dead';
+        why := format('gave up after %s of %s attempts: %s', r.tries, max_attempts, error_text);
+    ELSIF p_kind = 'transient' THEN
+        new_state := 'retry';
+        wait_until := p_now + tide.backoff_delay(r.tries, (rules->>'backoff_base')::interval,
+                                                 (rules->>'backoff_factor')::float8,
+                                                 (rules->>'backoff_cap')::interval,
+                                                 rules->>'jitter', random());
+        -- The queue's retry budget (tide.queue): when it is spent, the retry waits for it.
+        budget_hold := tide._spend_retry(r.owner, r.queue, p_now);
+        IF budget_hold > wait_until THEN
+            wait_until := budget_hold;
+        END IF;
+        why := format('attempt %s of %s failed, retry after %s%s: %s', r.tries, max_attempts,
+                      to_char(wait_until AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS" UTC"'),
+                      CASE WHEN budget_hold IS NOT NULL
+                           THEN format(' (the retry budget of queue %s is spent)', r.queue) ELSE '' END,
+                      error_text);
+    ELSE
+        -- Not ready: wait for the next window, never a tight loop.
+        SELECT t.next_fire_at INTO next_fire FROM tide.task t WHERE t.task_id = r.task_id;
+        wait_until := CASE WHEN next_fire > p_now THEN next_fire
+                           ELSE p_now + (rules->>'recheck_interval')::interval END;
+        new_state := 'waiting';
+        why := format('not ready (attempt %s of %s), waits until %s: %s', r.tries, max_attempts,
+                      to_char(wait_until AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS" UTC"'), error_text);
+    END IF;
+    -- Running to retry, dead or waiting: legal by construction; the history row, written here,
+    -- carries the attempt this ends.
+    PERFORM set_config('tide.history', 'written', true);
+    UPDATE tide.run
+       SET state = new_state,
+           run_after = wait_until,
+           ready_deadline = NULL,
+           last_error = error_text,
+           last_error_kind = p_kind,
+           lease_expires_at = NULL,
+           finished_at = CASE WHEN new_state = 'dead' THEN p_now END,
+           updated_at = now(),
+           reason = why
+     WHERE run_id = p_run_id AND state = 'running'
+    RETURNING * INTO changed;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'run % is %, not running: no attempt to end', p_run_id, r.state
+            USING ERRCODE = 'object_not_in_prerequisite_state', HINT = 'only a claimed run can fail';
+    END IF;
+    PERFORM set_config('tide.history', '', true);
+    PERFORM tide._sync_pending(changed, true);
+    INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner, at, attempt, worker, lease_token,
+                                claimed_at, outcome, error_kind, sqlstate, error)
+    VALUES (p_run_id, 'running', new_state, why, r.owner, p_now, r.attempts, r.lease_owner, r.lease_token,
+            coalesce(r.claimed_at, p_now), p_outcome, p_kind, p_sqlstate, error_text);
+    -- What it counts, here as on every path that writes history: the task touched, and a dead
+    -- letter among the outcomes of tide.metrics().
+    INSERT INTO tide.task_touch (task_id, owner) VALUES (r.task_id, r.owner);
+    -- (A retry has no finished_at: its failed attempt ended at p_now, the hour it counts in.)
+    INSERT INTO tide.count_delta (task_id, metric, label, value, owner)
+    SELECT r.task_id, m.metric, m.label, m.value, r.owner
+      FROM tide._counts_of(new_state, changed.attempts, changed.claimed_at, coalesce(changed.finished_at, p_now),
+                           changed.started_at, changed.fire_at, changed.created_at) m;
+    IF new_state = 'retry' THEN
+        PERFORM tide._wake(true);  -- the scheduler sleeps until the retry is due, not its next poll
+    END IF;
+    IF tide._log_on() THEN
+        PERFORM tide._log_runs('failure', ARRAY[p_run_id], error_text);
+    END IF;
+    RETURN new_state;
+END
+$$;
+COMMENT ON FUNCTION tide._fail(bigint, text, tide.error_kind, text, tide.attempt_outcome, timestamptz) IS
+    'Internal: records a failed attempt and decides retry (with backoff), wait (not ready) or dead letter.';
+
 DROP FUNCTION tide._prune(timestamptz, integer);
 CREATE FUNCTION tide._prune(p_now timestamptz, p_limit integer) RETURNS jsonb
 LANGUAGE plpgsql
@@ -685,3 +785,4 @@ COMMENT ON FUNCTION tide.task_health(text, name) IS
 REVOKE EXECUTE ON FUNCTION tide._fold(timestamptz, integer) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION tide._prune(timestamptz, integer) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION tide._reassign_owned(name, name) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tide._fail(bigint, text, tide.error_kind, text, tide.attempt_outcome, timestamptz) FROM PUBLIC;

@@ -18,7 +18,7 @@ WITH h AS (
      LIMIT $1 OFFSET $2
 )
 SELECT h.task_id::text, h.task, h.owner::text, h.status, h.severity::text,
-       date_trunc('second', h.silence)::text, h.consecutive_failures::text, h.backlog::text,
+       extract(epoch FROM h.silence)::text, h.consecutive_failures::text, h.backlog::text,
        h.dead::text,
        to_char(h.next_fire_at AT TIME ZONE h.tz, 'YYYY-MM-DD HH24:MI:SS'),
        to_char(h.next_fire_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS'),

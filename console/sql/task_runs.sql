@@ -1,5 +1,6 @@
 -- The runs of one task on its console page, newest first, filtered by state ($2), business
--- date ($3) and trigger ($4), as the signed-in role (RLS). The runs with a window are read from
+-- date ($3) and trigger ($4), as the signed-in role (RLS), $5 of them after the first $6
+-- (paging: run ids order them, newest first). The runs with a window are read from
 -- run_window_key and then sorted (`run_id + 0` keeps the planner from walking the primary key
 -- back through every task's runs, expecting this task's soon), those without by ORDER BY
 -- -run_id, the order of run_event_task_idx: each part reads this task's own index range. With
@@ -15,13 +16,13 @@ SELECT r.run_id::text, r.state::text, r.trigger::text, r.biz_date::text,
             AND ($2::text IS NULL OR r.state::text = $2)
             AND ($3::text IS NULL OR r.biz_date = $3::text::date)
             AND ($4::text IS NULL OR r.trigger::text = $4)
-          ORDER BY r.run_id + 0 DESC LIMIT 100)
+          ORDER BY r.run_id + 0 DESC LIMIT $5::bigint + $6::bigint)
         UNION ALL
         (SELECT * FROM tide.run r
           WHERE r.task_id = $1 AND r.window_start IS NULL
             AND ($2::text IS NULL OR r.state::text = $2)
             AND ($3::text IS NULL OR r.biz_date = $3::text::date)
             AND ($4::text IS NULL OR r.trigger::text = $4)
-          ORDER BY -r.run_id LIMIT 100)) r
+          ORDER BY -r.run_id LIMIT $5::bigint + $6::bigint)) r
   JOIN tide.task t ON t.task_id = r.task_id
- ORDER BY r.run_id DESC LIMIT 100
+ ORDER BY r.run_id DESC LIMIT $5::bigint OFFSET $6::bigint

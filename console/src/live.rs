@@ -65,7 +65,7 @@ pub async fn events(s: Signed, Query(q): Query<LiveQuery>) -> Response {
         return r;
     }
     let slot = StreamSlot(s.session.clone());
-    let (client, mut conn) = match s.app.sessions.listener(&s.session).await {
+    let (client, mut messages) = match s.app.sessions.listener(&s.session).await {
         Ok(x) => x,
         Err(e) => return Fail::Db(e).into_response(),
     };
@@ -75,7 +75,6 @@ pub async fn events(s: Signed, Query(q): Query<LiveQuery>) -> Response {
     // task ends when the browser goes (the receiver is dropped) or the server closes.
     tokio::spawn(async move {
         let _slot = slot;
-        let mut messages = stream::poll_fn(move |cx| conn.poll_message(cx));
         loop {
             tokio::select! {
                 _ = tx.closed() => break,

@@ -5,22 +5,28 @@
 //! role, decides what each person sees and may do. Pages update live through LISTEN/NOTIFY
 //! relayed to the browser as server-sent events (`live.rs`).
 
+mod charts;
 mod html;
 mod live;
 mod metrics;
 mod pages;
 mod session;
+mod throttle;
+mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use axum::extract::{FromRequestParts, State};
+use axum::extract::{ConnectInfo, FromRequestParts, State};
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, COOKIE, HOST, ORIGIN, SET_COOKIE};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{Form, Router};
+use clap::Parser;
+use maud::html;
 use serde::Deserialize;
 use tokio_postgres::Client;
 
@@ -32,78 +38,70 @@ pub struct App {
     secure_cookies: bool,
     /// `/metrics`, when `--metrics-database` is given.
     pub metrics: Option<metrics::Metrics>,
+    /// Failed sign-ins per role and per address.
+    throttle: throttle::Throttle,
+    /// Take the client's address from `X-Forwarded-For` (behind a reverse proxy).
+    trust_forwarded_for: bool,
 }
 
 pub type AppState = State<Arc<App>>;
 
-const USAGE: &str =
-    "usage: pg_tide-console --database URL [--listen ADDR] [--read-only] [--secure-cookies]
-                       [--metrics-database URL] [--metrics-only]
-
-  --database URL     where pg_tide is: postgres://host:port/dbname (user and password come
-                     from each person's sign-in); also PG_TIDE_CONSOLE_DATABASE
-  --listen ADDR      address to serve on (default 127.0.0.1:8790: loopback only)
-  --read-only        show everything, change nothing (no action buttons; every transaction
-                     read-only)
-  --secure-cookies   mark the session cookie Secure (behind a reverse proxy with TLS)
-  --metrics-database URL
-                     serve /metrics (Prometheus) from a read-only connection of its own, as the
-                     role in URL, a member of tide_monitor:
-                     postgres://scraper:password@host:port/dbname; also
-                     PG_TIDE_CONSOLE_METRICS_DATABASE
-  --metrics-only     serve /metrics alone, no web pages (--database is then not needed)";
-
+/// pg_tide's web console: server-rendered pages over pg_tide's SQL API, signed in as a
+/// PostgreSQL role. Every option can also be given as an environment variable (for a systemd
+/// unit's EnvironmentFile).
+#[derive(Parser, Debug)]
+#[command(name = "pg_tide-console", version, about, long_about = None)]
 struct Args {
+    /// Where pg_tide is: postgres://host:port/dbname?sslmode=prefer (user and password come from
+    /// each person's sign-in), or key=value pairs (host=/var/run/postgresql dbname=postgres).
+    #[arg(
+        long,
+        env = "PG_TIDE_CONSOLE_DATABASE",
+        value_name = "URL",
+        required_unless_present = "metrics_only"
+    )]
     database: Option<String>,
+    /// Address to serve on (loopback by default: put a reverse proxy with TLS in front).
+    #[arg(
+        long,
+        env = "PG_TIDE_CONSOLE_LISTEN",
+        default_value = "127.0.0.1:8790",
+        value_name = "ADDR"
+    )]
     listen: SocketAddr,
+    /// Show everything, change nothing (no action buttons; every transaction read-only).
+    #[arg(long, env = "PG_TIDE_CONSOLE_READ_ONLY")]
     read_only: bool,
+    /// Mark the session cookie Secure (behind a reverse proxy with TLS).
+    #[arg(long, env = "PG_TIDE_CONSOLE_SECURE_COOKIES")]
     secure_cookies: bool,
+    /// Serve /metrics (Prometheus) from a read-only connection of its own, as the role in URL, a
+    /// member of tide_monitor: postgres://scraper:password@host:port/dbname.
+    #[arg(long, env = "PG_TIDE_CONSOLE_METRICS_DATABASE", value_name = "URL")]
     metrics_database: Option<String>,
+    /// Serve /metrics alone, no web pages (--database is then not needed).
+    #[arg(
+        long,
+        env = "PG_TIDE_CONSOLE_METRICS_ONLY",
+        requires = "metrics_database"
+    )]
     metrics_only: bool,
-}
-
-fn parse_args() -> Result<Args, String> {
-    let mut database = std::env::var("PG_TIDE_CONSOLE_DATABASE").ok();
-    let mut metrics_database = std::env::var("PG_TIDE_CONSOLE_METRICS_DATABASE").ok();
-    let mut listen = "127.0.0.1:8790".to_string();
-    let mut read_only = false;
-    let mut secure_cookies = false;
-    let mut metrics_only = false;
-    let mut it = std::env::args().skip(1);
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--database" => database = Some(it.next().ok_or("--database needs a value")?),
-            "--listen" => listen = it.next().ok_or("--listen needs a value")?,
-            "--read-only" => read_only = true,
-            "--secure-cookies" => secure_cookies = true,
-            "--metrics-database" => {
-                metrics_database = Some(it.next().ok_or("--metrics-database needs a value")?)
-            }
-            "--metrics-only" => metrics_only = true,
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                std::process::exit(0);
-            }
-            other => return Err(format!("unknown argument {other:?}")),
-        }
-    }
-    if metrics_only && metrics_database.is_none() {
-        return Err("--metrics-only needs --metrics-database".into());
-    }
-    if !metrics_only && database.is_none() {
-        return Err("--database is required".into());
-    }
-    let listen = listen
-        .parse()
-        .map_err(|e| format!("--listen {listen:?} is not an address like 127.0.0.1:8790: {e}"))?;
-    Ok(Args {
-        database,
-        listen,
-        read_only,
-        secure_cookies,
-        metrics_database,
-        metrics_only,
-    })
+    /// Check the database server's TLS certificate against this CA (PEM) and the host name
+    /// (without it, TLS is used as the URL's sslmode says, the certificate unchecked).
+    #[arg(long, env = "PG_TIDE_CONSOLE_DATABASE_CA", value_name = "FILE")]
+    database_ca: Option<String>,
+    /// Failed sign-ins in a row, for a role or from an address, before its sign-ins pause.
+    #[arg(long, env = "PG_TIDE_CONSOLE_SIGN_IN_FAILURES", default_value_t = 10,
+          value_parser = clap::value_parser!(u32).range(1..=1000), value_name = "N")]
+    sign_in_failures: u32,
+    /// How long sign-ins of a throttled role or address are refused, in seconds.
+    #[arg(long, env = "PG_TIDE_CONSOLE_SIGN_IN_PAUSE", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..=86400), value_name = "SECONDS")]
+    sign_in_pause: u64,
+    /// Take the client's address for sign-in throttling from the last X-Forwarded-For entry
+    /// (only behind a reverse proxy that sets it).
+    #[arg(long, env = "PG_TIDE_CONSOLE_TRUST_FORWARDED_FOR")]
+    trust_forwarded_for: bool,
 }
 
 /// A connection URL, or exit with what is wrong with it.
@@ -116,13 +114,11 @@ fn config_of(option: &str, url: &str) -> tokio_postgres::Config {
 
 #[tokio::main]
 async fn main() {
-    let args = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("pg_tide-console: {e}\n\n{USAGE}");
-            std::process::exit(2);
-        }
-    };
+    let args = Args::parse();
+    let tls = tls::connector(args.database_ca.as_deref()).unwrap_or_else(|e| {
+        eprintln!("pg_tide-console: {e}");
+        std::process::exit(2);
+    });
     // Metrics only: no pages, and no database for them (a base that is never connected to).
     let base = args
         .database
@@ -131,13 +127,18 @@ async fn main() {
             config_of("--database", url)
         });
     let app = Arc::new(App {
-        sessions: Sessions::new(base, args.read_only),
+        sessions: Sessions::new(base, tls.clone(), args.read_only),
         read_only: args.read_only,
         secure_cookies: args.secure_cookies,
         metrics: args
             .metrics_database
             .as_deref()
-            .map(|url| metrics::Metrics::new(config_of("--metrics-database", url))),
+            .map(|url| metrics::Metrics::new(config_of("--metrics-database", url), tls.clone())),
+        throttle: throttle::Throttle::new(
+            args.sign_in_failures,
+            Duration::from_secs(args.sign_in_pause),
+        ),
+        trust_forwarded_for: args.trust_forwarded_for,
     });
     let router = if args.metrics_only {
         Router::new()
@@ -184,7 +185,9 @@ fn pages_router(app: Arc<App>) -> Router {
         .route("/run/{id}", get(pages::run))
         .route("/run/{id}/{verb}", post(pages::run_action))
         .route("/dead", get(pages::dead))
+        .route("/dead/replay", post(pages::replay_many))
         .route("/alerts", get(pages::alerts))
+        .route("/alerts/ack", post(pages::ack_many))
         .route("/alert/{id}/ack", post(pages::ack))
         .route("/checks", get(pages::checks))
         .route("/backfills", get(pages::backfills))
@@ -207,17 +210,19 @@ fn pages_router(app: Arc<App>) -> Router {
 
 /// Serves until SIGTERM or ^C.
 async fn serve(listener: tokio::net::TcpListener, router: Router) {
-    let served = axum::serve(listener, router)
-        .with_graceful_shutdown(async {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("SIGTERM handler");
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        })
-        .await;
+    let served = axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    })
+    .await;
     if let Err(e) = served {
         eprintln!("pg_tide-console: {e}");
         std::process::exit(1);
@@ -287,47 +292,56 @@ impl IntoResponse for Fail {
                     } else {
                         "PostgreSQL refused this"
                     };
-                    let mut b = format!(
-                        "<p class=\"err\"><code>{}</code> {}</p>",
-                        html::esc(code),
-                        html::esc(db.message())
-                    );
-                    if let Some(d) = db.detail() {
-                        b.push_str(&format!("<p>{}</p>", html::esc(d)));
-                    }
-                    if let Some(h) = db.hint() {
-                        b.push_str(&format!("<p class=\"hint\">Hint: {}</p>", html::esc(h)));
-                    }
-                    (status, title, b)
+                    let body = html! {
+                        p.err { code { (code) } " " (db.message()) }
+                        @if let Some(d) = db.detail() { p { (d) } }
+                        @if let Some(h) = db.hint() { p.hint { "Hint: " (h) } }
+                    };
+                    (status, title, body)
                 }
                 None => (
                     StatusCode::SERVICE_UNAVAILABLE,
                     "Cannot reach PostgreSQL",
-                    format!("<p class=\"err\">{}</p>", html::esc(&e.to_string())),
+                    html! { p.err { (with_causes(e)) } },
                 ),
             },
             Fail::Forbidden(m) => (
                 StatusCode::FORBIDDEN,
                 "Not allowed",
-                format!("<p class=\"err\">{}</p>", html::esc(m)),
+                html! { p.err { (m) } },
             ),
-            Fail::NotFound(m) => (
-                StatusCode::NOT_FOUND,
-                "Not found",
-                format!("<p class=\"err\">{}</p>", html::esc(m)),
-            ),
+            Fail::NotFound(m) => (StatusCode::NOT_FOUND, "Not found", html! { p.err { (m) } }),
             Fail::BadRequest(m) => (
                 StatusCode::BAD_REQUEST,
                 "Bad request",
-                format!("<p class=\"err\">{}</p>", html::esc(m)),
+                html! { p.err { (m) } },
             ),
         };
-        let body = format!(
-            "<section class=\"refusal\" id=\"refusal\"><h1>{}</h1>{body}<p><a href=\"/\">Back to the overview</a></p></section>",
-            html::esc(title)
-        );
-        (status, axum::response::Html(html::page(title, None, &body))).into_response()
+        let body = html! {
+            section.refusal #refusal { h1 { (title) } (body) p { a href="/" { "Back to the overview" } } }
+        };
+        (
+            status,
+            axum::response::Html(html::page(title, None, body).into_string()),
+        )
+            .into_response()
     }
+}
+
+/// An error with what caused it ("error performing TLS handshake: invalid peer certificate:
+/// UnknownIssuer"): the top line alone rarely says what to fix.
+pub fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    text
 }
 
 /// A signed-in request: the session and its connection.
@@ -462,33 +476,28 @@ impl FromRequestParts<Arc<App>> for Signed {
     }
 }
 
-fn login_form(error: Option<&str>, user: &str) -> Response {
-    let err = error
-        .map(|e| format!("<p class=\"err\" id=\"login-error\">{}</p>", html::esc(e)))
-        .unwrap_or_default();
-    let body = format!(
-        "<section class=\"login\"><h1>pg_tide</h1><p>Sign in with your PostgreSQL role: you see and \
-         change what PostgreSQL lets that role see and change.</p>{err}\
-         <form method=\"post\" action=\"/login\"><label>Role <input name=\"user\" id=\"user-field\" \
-         autocomplete=\"username\" required value=\"{}\"></label><label>Password <input type=\"password\" \
-         name=\"password\" id=\"password-field\" autocomplete=\"current-password\"></label>\
-         <button id=\"sign-in\">Sign in</button></form></section>",
-        html::esc(user)
-    );
-    let status = if error.is_some() {
-        StatusCode::UNAUTHORIZED
-    } else {
-        StatusCode::OK
+fn login_form(status: StatusCode, error: Option<&str>, user: &str) -> Response {
+    let body = html! {
+        section.login {
+            h1 { "pg_tide" }
+            p { "Sign in with your PostgreSQL role: you see and change what PostgreSQL lets that role see and change." }
+            @if let Some(e) = error { p.err #login-error { (e) } }
+            form method="post" action="/login" {
+                label { "Role " input name="user" #user-field autocomplete="username" required value=(user); }
+                label { "Password " input type="password" name="password" #password-field autocomplete="current-password"; }
+                button #sign-in { "Sign in" }
+            }
+        }
     };
     (
         status,
-        axum::response::Html(html::page("Sign in", None, &body)),
+        axum::response::Html(html::page("Sign in", None, body).into_string()),
     )
         .into_response()
 }
 
 async fn login_page() -> Response {
-    login_form(None, "")
+    login_form(StatusCode::OK, None, "")
 }
 
 #[derive(Deserialize)]
@@ -499,16 +508,57 @@ struct LoginForm {
     password: String,
 }
 
-async fn login(State(app): AppState, headers: HeaderMap, Form(f): Form<LoginForm>) -> Response {
+/// The address a sign-in comes from: the peer's, or behind a trusted proxy the last entry of
+/// `X-Forwarded-For` (the one the proxy added).
+fn client_addr(app: &App, peer: SocketAddr, headers: &HeaderMap) -> String {
+    if app.trust_forwarded_for {
+        if let Some(last) = headers
+            .get("x-forwarded-for")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.rsplit(',').next())
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+        {
+            return last.to_string();
+        }
+    }
+    peer.ip().to_string()
+}
+
+async fn login(
+    State(app): AppState,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    Form(f): Form<LoginForm>,
+) -> Response {
     if cross_origin(&headers) {
         return Fail::Forbidden(CROSS_ORIGIN.into()).into_response();
     }
     let user = f.user.trim();
     if user.is_empty() {
-        return login_form(Some("a role name is needed"), "");
+        return login_form(StatusCode::UNAUTHORIZED, Some("a role name is needed"), "");
+    }
+    let addr = client_addr(&app, peer, &headers);
+    // Throttled: refused at once, PostgreSQL is not asked.
+    if let Err(r) = app.throttle.check(user, &addr, Instant::now()) {
+        let secs = r.wait.as_secs() + u64::from(r.wait.subsec_nanos() > 0);
+        let mut resp = login_form(
+            StatusCode::TOO_MANY_REQUESTS,
+            Some(&format!(
+                "too many failed sign-ins for {}: try again in {}",
+                r.what,
+                html::human(secs as f64)
+            )),
+            user,
+        );
+        if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
+            resp.headers_mut().insert("retry-after", v);
+        }
+        return resp;
     }
     match app.sessions.sign_in(user, &f.password).await {
         Ok(id) => {
+            app.throttle.succeeded(user, &addr);
             let secure = if app.secure_cookies { "; Secure" } else { "" };
             let cookie = format!("tide_session={id}; Path=/; HttpOnly; SameSite=Strict{secure}");
             let mut r = Redirect::to("/").into_response();
@@ -518,11 +568,19 @@ async fn login(State(app): AppState, headers: HeaderMap, Form(f): Form<LoginForm
             r
         }
         Err(e) => {
-            let msg = match e.as_db_error() {
-                Some(db) => format!("PostgreSQL refused the sign-in: {}", db.message()),
-                None => format!("PostgreSQL refused the sign-in: {e}"),
+            // Only a refusal of the role or its password counts (28xxx: invalid authorization);
+            // a server that is down is not the person's failure.
+            let (msg, counts) = match e.as_db_error() {
+                Some(db) => (
+                    format!("PostgreSQL refused the sign-in: {}", db.message()),
+                    db.code().code().starts_with("28"),
+                ),
+                None => (format!("cannot sign in: {}", with_causes(&e)), false),
             };
-            login_form(Some(&msg), user)
+            if counts {
+                app.throttle.failed(user, &addr, Instant::now());
+            }
+            login_form(StatusCode::UNAUTHORIZED, Some(&msg), user)
         }
     }
 }

@@ -11,20 +11,23 @@ use axum::http::header::CONTENT_TYPE;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use tokio::sync::Mutex;
-use tokio_postgres::{Client, Config, NoTls};
+use tokio_postgres::{Client, Config};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 /// The metrics connection: made on the first scrape, made again after it breaks.
 pub struct Metrics {
     config: Config,
+    tls: MakeRustlsConnect,
     client: Mutex<Option<Client>>,
 }
 
 impl Metrics {
-    pub fn new(mut config: Config) -> Metrics {
+    pub fn new(mut config: Config, tls: MakeRustlsConnect) -> Metrics {
         config.application_name("pg_tide-console metrics");
         config.options("-c default_transaction_read_only=on");
         Metrics {
             config,
+            tls,
             client: Mutex::new(None),
         }
     }
@@ -32,7 +35,7 @@ impl Metrics {
     async fn scrape(&self) -> Result<String, tokio_postgres::Error> {
         let mut held = self.client.lock().await;
         if held.as_ref().is_none_or(Client::is_closed) {
-            let (client, conn) = self.config.connect(NoTls).await?;
+            let (client, conn) = self.config.connect(self.tls.clone()).await?;
             tokio::spawn(async move {
                 let _ = conn.await;
             });

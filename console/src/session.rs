@@ -8,8 +8,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures_util::Stream;
 use rand::RngCore;
-use tokio_postgres::{Client, Config, NoTls};
+use tokio_postgres::{AsyncMessage, Client, Config};
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+/// What a live page's connection says (its notifications), until the server closes it.
+pub type Messages =
+    std::pin::Pin<Box<dyn Stream<Item = Result<AsyncMessage, tokio_postgres::Error>> + Send>>;
 
 /// A session ends after this long without a request.
 pub const IDLE: Duration = Duration::from_secs(8 * 3600);
@@ -29,6 +35,7 @@ pub struct Session {
 
 pub struct Sessions {
     base: Config,
+    tls: MakeRustlsConnect,
     read_only: bool,
     map: Mutex<HashMap<String, Arc<Session>>>,
 }
@@ -50,9 +57,10 @@ pub fn same_token(a: &str, b: &str) -> bool {
 }
 
 impl Sessions {
-    pub fn new(base: Config, read_only: bool) -> Sessions {
+    pub fn new(base: Config, tls: MakeRustlsConnect, read_only: bool) -> Sessions {
         Sessions {
             base,
+            tls,
             read_only,
             map: Mutex::new(HashMap::new()),
         }
@@ -79,7 +87,10 @@ impl Sessions {
         user: &str,
         password: &str,
     ) -> Result<Client, tokio_postgres::Error> {
-        let (client, conn) = self.config(user, password).connect(NoTls).await?;
+        let (client, conn) = self
+            .config(user, password)
+            .connect(self.tls.clone())
+            .await?;
         tokio::spawn(async move {
             let _ = conn.await;
         });
@@ -146,18 +157,15 @@ impl Sessions {
         Ok(c)
     }
 
-    /// A second connection as the session's role, for a live page's LISTEN.
-    pub async fn listener(
-        &self,
-        s: &Session,
-    ) -> Result<
-        (
-            Client,
-            tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>,
-        ),
-        tokio_postgres::Error,
-    > {
-        self.config(&s.user, &s.password).connect(NoTls).await
+    /// A second connection as the session's role, for a live page's LISTEN: the client and
+    /// the stream of what the server sends on it (which drives the connection).
+    pub async fn listener(&self, s: &Session) -> Result<(Client, Messages), tokio_postgres::Error> {
+        let (client, mut conn) = self
+            .config(&s.user, &s.password)
+            .connect(self.tls.clone())
+            .await?;
+        let messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
+        Ok((client, Box::pin(messages)))
     }
 }
 

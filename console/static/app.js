@@ -1,7 +1,7 @@
 // pg_tide-console: confirmation of destructive actions, and live pages. A page whose <body>
 // has data-live listens to /events (server-sent events relayed from PostgreSQL's
 // LISTEN/NOTIFY) and, when told something changed, fetches itself again and swaps its <main>:
-// at most once a second, and not while a form field of it has the focus.
+// at most once a second, and not while a form field of it has the focus or rows are ticked.
 (function () {
   "use strict";
   document.addEventListener("submit", function (e) {
@@ -11,8 +11,10 @@
   var live = document.body.getAttribute("data-live");
   if (live === null || !window.EventSource) { return; }
   var busy = false, again = false, last = 0;
+  // Typing in a field of the page, or rows picked for an action on many: no swap meanwhile.
   function typing() {
     var a = document.activeElement;
+    if (document.querySelector("main input[type=checkbox]:checked")) { return true; }
     return a && a.closest && a.closest("main") && /^(INPUT|SELECT|TEXTAREA)$/.test(a.tagName);
   }
   function refresh() {

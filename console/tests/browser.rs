@@ -9,7 +9,6 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use base64::Engine;
 use pg_tide_pg_test::{
     db_err, one, run_state, run_tests_with, wait_for, Client, Cluster, Failed, NoTls, WORKERS_DB,
 };
@@ -18,9 +17,15 @@ use serde_json::{json, Value};
 const CONSOLE: &str = env!("CARGO_BIN_EXE_pg_tide-console");
 
 fn main() {
+    let tls = tls_files();
+    let conf = format!(
+        "pg_tide.monitor_interval = '1s'\nssl = on\nssl_cert_file = '{}'\nssl_key_file = '{}'",
+        tls.join("server.crt").display(),
+        tls.join("server.key").display()
+    );
     run_tests_with(
         "console",
-        "pg_tide.monitor_interval = '1s'",
+        &conf,
         &[
             // First: its recorded scrape is compared with exact expectations (no other test's
             // tasks, alerts and deliveries in it yet).
@@ -30,6 +35,12 @@ fn main() {
             ("the_read_only_console_changes_nothing", read_only),
             ("forged_and_foreign_posts_are_refused", forged_posts),
             ("upcoming_fires_mark_dst_days", dst_days),
+            ("charts_count_what_ran_in_the_tasks_zone", charts_and_times),
+            ("forty_dead_letters_are_replayed_once_each", bulk_actions),
+            ("lists_page_beyond_their_first_hundred", paging),
+            ("a_tide_admin_sees_another_roles_fires", admin_fires),
+            ("sign_ins_are_throttled_after_ten_failures", throttled),
+            ("the_database_connection_uses_tls_when_offered", tls_used),
         ],
     )
 }
@@ -96,10 +107,10 @@ fn wait_port(port: u16, proc: &mut Proc) -> Result<(), Failed> {
 fn roles(cluster: &Cluster) -> Result<Client, Failed> {
     let hba = cluster.data_dir.join("pg_hba.conf");
     let text = std::fs::read_to_string(&hba).map_err(|e| e.to_string())?;
-    if !text.contains("alice,bob") {
+    if !text.contains("alice,bob,ada") {
         std::fs::write(
             &hba,
-            format!("host all alice,bob 127.0.0.1/32 scram-sha-256\n{text}"),
+            format!("host all alice,bob,ada 127.0.0.1/32 scram-sha-256\n{text}"),
         )
         .map_err(|e| e.to_string())?;
     }
@@ -108,10 +119,12 @@ fn roles(cluster: &Cluster) -> Result<Client, Failed> {
         "DO $$ BEGIN
              IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'alice') THEN CREATE ROLE alice LOGIN; END IF;
              IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'bob') THEN CREATE ROLE bob LOGIN; END IF;
+             IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'ada') THEN CREATE ROLE ada LOGIN IN ROLE tide_admin; END IF;
          END $$;
          SET password_encryption = 'scram-sha-256';
          ALTER ROLE alice PASSWORD 'alice-secret';
          ALTER ROLE bob PASSWORD 'bob-secret';
+         ALTER ROLE ada PASSWORD 'ada-secret';
          SELECT pg_reload_conf();",
     )
     .map_err(db_err)?;
@@ -130,13 +143,18 @@ fn connect_as(cluster: &Cluster, user: &str, password: &str) -> Result<Client, F
 }
 
 fn console(cluster: &Cluster, extra: &[&str]) -> Result<(Proc, String), Failed> {
+    console_at(
+        &format!("postgres://127.0.0.1:{}/{WORKERS_DB}", cluster.port),
+        extra,
+    )
+}
+
+/// The console for the database at `database`.
+fn console_at(database: &str, extra: &[&str]) -> Result<(Proc, String), Failed> {
     let port = free_port();
     let child = Command::new(CONSOLE)
         .arg("--database")
-        .arg(format!(
-            "postgres://127.0.0.1:{}/{WORKERS_DB}",
-            cluster.port
-        ))
+        .arg(database)
         .arg("--listen")
         .arg(format!("127.0.0.1:{port}"))
         .args(extra)
@@ -149,24 +167,19 @@ fn console(cluster: &Cluster, extra: &[&str]) -> Result<(Proc, String), Failed> 
     Ok((p, format!("http://127.0.0.1:{port}")))
 }
 
-// ---- A small WebDriver client (W3C protocol over HTTP, through ureq) ----------------------
+// ---- The browser, through fantoccini (a maintained WebDriver client) -----------------------
 
-const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
-
+/// A headless Chromium driven by chromedriver. fantoccini is asynchronous: each call runs on a
+/// runtime of the browser's own, so the tests read as plain steps.
 struct Browser {
     _driver: Proc,
-    base: String,
-    session: String,
-    agent: ureq::Agent,
+    rt: tokio::runtime::Runtime,
+    client: Option<fantoccini::Client>,
 }
 
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .max_redirects(0)
-        .timeout_global(Some(Duration::from_secs(60)))
-        .build()
-        .into()
+/// A WebDriver error as the tests' failure.
+fn wd(e: impl std::fmt::Display) -> Failed {
+    Failed::from(format!("WebDriver: {e}"))
 }
 
 impl Browser {
@@ -191,76 +204,43 @@ impl Browser {
                 "userAgent": "Mozilla/5.0 (Linux; Android 14) Mobile"
             });
         }
-        let mut b = Browser {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        let mut caps = serde_json::Map::new();
+        caps.insert("browserName".into(), json!("chrome"));
+        caps.insert("goog:chromeOptions".into(), options);
+        let client = rt
+            .block_on(
+                fantoccini::ClientBuilder::new(
+                    hyper_util::client::legacy::connect::HttpConnector::new(),
+                )
+                .capabilities(caps)
+                .connect(&format!("http://127.0.0.1:{port}")),
+            )
+            .map_err(wd)?;
+        Ok(Browser {
             _driver: driver,
-            base: format!("http://127.0.0.1:{port}"),
-            session: String::new(),
-            agent: agent(),
-        };
-        let v = b.call(
-            "POST",
-            "/session",
-            Some(json!({"capabilities": {"alwaysMatch": {"browserName": "chrome", "goog:chromeOptions": options}}})),
-        )?;
-        b.session = v["sessionId"]
-            .as_str()
-            .ok_or_else(|| format!("no session id in {v}"))?
-            .to_string();
-        Ok(b)
+            rt,
+            client: Some(client),
+        })
     }
 
-    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value, Failed> {
-        let url = format!("{}{path}", self.base);
-        let resp = match (method, body) {
-            ("GET", _) => self.agent.get(&url).call(),
-            ("DELETE", _) => self.agent.delete(&url).call(),
-            (_, b) => self
-                .agent
-                .post(&url)
-                .header("content-type", "application/json")
-                .send(b.unwrap_or(json!({})).to_string()),
-        };
-        let mut resp = resp.map_err(|e| format!("WebDriver {method} {path}: {e}"))?;
-        let status = resp.status();
-        let text = resp
-            .body_mut()
-            .read_to_string()
-            .map_err(|e| format!("WebDriver {method} {path}: {e}"))?;
-        let v: Value =
-            serde_json::from_str(&text).map_err(|e| format!("WebDriver {path}: {e}: {text}"))?;
-        if !status.is_success() {
-            return Err(format!("WebDriver {method} {path}: {status}: {}", v["value"]).into());
-        }
-        Ok(v.get("value").cloned().unwrap_or(Value::Null))
-    }
-
-    fn s(&self, path: &str) -> String {
-        format!("/session/{}{path}", self.session)
+    fn c(&self) -> &fantoccini::Client {
+        self.client.as_ref().expect("a browser session")
     }
 
     fn go(&self, url: &str) -> Result<(), Failed> {
-        self.call("POST", &self.s("/url"), Some(json!({ "url": url })))?;
-        Ok(())
+        self.rt.block_on(self.c().goto(url)).map_err(wd)
     }
 
     fn js(&self, script: &str, args: Value) -> Result<Value, Failed> {
-        self.call(
-            "POST",
-            &self.s("/execute/sync"),
-            Some(json!({"script": script, "args": args})),
-        )
-    }
-
-    fn find(&self, css: &str) -> Result<String, Failed> {
-        let v = self.call(
-            "POST",
-            &self.s("/element"),
-            Some(json!({"using": "css selector", "value": css})),
-        )?;
-        v[ELEMENT]
-            .as_str()
-            .map(str::to_string)
-            .ok_or_else(|| format!("no element {css}").into())
+        let args = match args {
+            Value::Array(a) => a,
+            other => vec![other],
+        };
+        self.rt.block_on(self.c().execute(script, args)).map_err(wd)
     }
 
     fn exists(&self, css: &str) -> Result<bool, Failed> {
@@ -278,37 +258,47 @@ impl Browser {
         Ok(v.as_str().map(str::to_string))
     }
 
+    /// An attribute of the first element `css` finds (None: no element or no attribute).
+    fn attr(&self, css: &str, name: &str) -> Result<Option<String>, Failed> {
+        let v = self.js(
+            "var e = document.querySelector(arguments[0]); return e ? e.getAttribute(arguments[1]) : null",
+            json!([css, name]),
+        )?;
+        Ok(v.as_str().map(str::to_string))
+    }
+
     /// Finds an element and acts on it; a live page may swap its content between the two
     /// (the element goes stale): then it is found again.
-    fn on_element(&self, css: &str, verb: &str, body: Value) -> Result<(), Failed> {
+    fn on_element(&self, css: &str, click: Option<bool>, text: &str) -> Result<(), Failed> {
         let mut tries = 0;
         loop {
-            let e = self.find(css)?;
-            let path = self.s(&format!("/element/{e}/{verb}"));
-            match self.call("POST", &path, Some(body.clone())) {
-                Err(err)
-                    if tries < 5 && err.message().is_some_and(|m| m.contains("stale element")) =>
-                {
-                    tries += 1
+            let done = self.rt.block_on(async {
+                let e = self.c().find(fantoccini::Locator::Css(css)).await?;
+                match click {
+                    Some(_) => e.click().await,
+                    None => e.send_keys(text).await,
                 }
-                other => return other.map(|_| ()),
+            });
+            match done {
+                Err(e) if tries < 5 && e.is_stale_element_reference() => tries += 1,
+                other => return other.map_err(|e| wd(format!("{css}: {e}"))),
             }
         }
     }
 
     fn type_in(&self, css: &str, text: &str) -> Result<(), Failed> {
-        self.on_element(css, "value", json!({ "text": text }))
+        self.on_element(css, None, text)
     }
 
     fn click(&self, css: &str) -> Result<(), Failed> {
-        self.on_element(css, "click", json!({}))
+        self.on_element(css, Some(true), "")
     }
 
     fn url(&self) -> Result<String, Failed> {
         Ok(self
-            .call("GET", &self.s("/url"), None)?
-            .as_str()
-            .unwrap_or("")
+            .rt
+            .block_on(self.c().current_url())
+            .map_err(wd)?
             .to_string())
     }
 
@@ -320,10 +310,7 @@ impl Browser {
     }
 
     fn screenshot(&self, name: &str) -> Result<(), Failed> {
-        let v = self.call("GET", &self.s("/screenshot"), None)?;
-        let png = base64::engine::general_purpose::STANDARD
-            .decode(v.as_str().unwrap_or(""))
-            .map_err(|e| e.to_string())?;
+        let png = self.rt.block_on(self.c().screenshot()).map_err(wd)?;
         let dir = screenshots();
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
         std::fs::write(dir.join(format!("{name}.png")), png).map_err(|e| e.to_string())?;
@@ -347,12 +334,21 @@ impl Browser {
         Ok(())
     }
 
-    fn sign_in(&self, console: &str, user: &str, password: &str) -> Result<(), Failed> {
+    /// Fills in and sends the sign-in form; the page it leads to is the caller's to check.
+    fn try_sign_in(&self, console: &str, user: &str, password: &str) -> Result<(), Failed> {
         self.go(&format!("{console}/login"))?;
         self.wait_for("#user-field")?;
+        self.js(
+            "document.querySelector('#user-field').value = ''; document.querySelector('#password-field').value = ''",
+            json!([]),
+        )?;
         self.type_in("#user-field", user)?;
         self.type_in("#password-field", password)?;
-        self.click("#sign-in")?;
+        self.click("#sign-in")
+    }
+
+    fn sign_in(&self, console: &str, user: &str, password: &str) -> Result<(), Failed> {
+        self.try_sign_in(console, user, password)?;
         self.wait_for("#user")?;
         let who = self.text("#user")?;
         if who.as_deref() != Some(user) {
@@ -364,8 +360,8 @@ impl Browser {
 
 impl Drop for Browser {
     fn drop(&mut self) {
-        if !self.session.is_empty() {
-            let _ = self.call("DELETE", &self.s(""), None);
+        if let Some(c) = self.client.take() {
+            let _ = self.rt.block_on(c.close());
         }
     }
 }
@@ -688,6 +684,16 @@ fn browser_story(cluster: &Cluster) -> Result<(), Failed> {
 
 // ---- Plain HTTP: the read-only console and posts from elsewhere --------------------------
 
+/// An HTTP client that shows every status and follows no redirect.
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .timeout_global(Some(Duration::from_secs(60)))
+        .build()
+        .into()
+}
+
 /// Signs in over HTTP; returns the session cookie.
 fn http_sign_in(url: &str, user: &str, password: &str) -> Result<String, Failed> {
     let resp = agent()
@@ -937,7 +943,7 @@ fn dst_days(cluster: &Cluster) -> Result<(), Failed> {
         .collect();
     assert_eq!(marked.len(), 1, "one DST day among {rows:?}");
     assert!(
-        marked[0].contains("2027-03-14") && marked[0].contains("23:00:00"),
+        marked[0].contains("2027-03-14") && marked[0].contains(">23 h<"),
         "{}",
         marked[0]
     );
@@ -1361,5 +1367,599 @@ fn untaken_alerts(cluster: &Cluster) -> Result<(), Failed> {
     assert_eq!(left, 0);
     let (_, page) = http_get(&format!("{url}/"), &cookie)?;
     assert!(!page.contains("id=\"untaken-alerts\""), "{page}");
+    Ok(())
+}
+
+// ---- Charts, times, acting on many, paging, throttling, TLS (issue 46) ---------------------
+
+/// A CA, a server certificate it signed for 127.0.0.1 (the cluster's, with ssl = on), and another
+/// CA that signed nothing: made with openssl once per run, readable by the postgres user.
+fn tls_files() -> PathBuf {
+    let dir = std::env::temp_dir().join("pg_tide-console-tls");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a directory for the test certificates");
+    let sh = "set -e
+        openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 2 -subj '/CN=pg_tide test CA' 2>/dev/null
+        openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj '/CN=127.0.0.1' 2>/dev/null
+        printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n' > server.ext
+        openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out server.crt -days 2 -extfile server.ext 2>/dev/null
+        openssl req -x509 -newkey rsa:2048 -nodes -keyout other.key -out other.crt -days 2 -subj '/CN=another CA' 2>/dev/null
+        chmod 755 .; chmod 600 server.key; chown postgres server.key server.crt";
+    let ok = Command::new("sh")
+        .arg("-c")
+        .arg(sh)
+        .current_dir(&dir)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(
+        ok,
+        "openssl could not make the test certificates in {}",
+        dir.display()
+    );
+    dir
+}
+
+/// What the hourly counters of `filter` (a condition on `r`, a tide.run) must say, computed
+/// from history: each attempt that ended (each history row that brings a run to an outcome), by
+/// the hour it ended (UTC, as the page's data-hour) and its outcome (a failed attempt to be
+/// tried again: "failed").
+fn ended_by_hour(c: &mut Client, filter: &str) -> Result<Vec<(String, String, i64)>, Failed> {
+    let rows = c
+        .query(
+            &format!(
+                "SELECT to_char(date_trunc('hour', e.at) AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS'),
+                        CASE e.to_state WHEN 'retry' THEN 'failed' ELSE e.to_state::text END, count(*)
+                   FROM tide.run_event e JOIN tide.run r ON r.run_id = e.run_id
+                  WHERE {filter} AND e.to_state IN ('succeeded', 'dead', 'need_check', 'skipped', 'cancelled', 'retry')
+                    AND e.at > date_trunc('hour', now()) - interval '168 hours'
+                  GROUP BY 1, 2 ORDER BY 1, 2"
+            ),
+            &[],
+        )
+        .map_err(db_err)?;
+    Ok(rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect())
+}
+
+/// The humanized durations of a page: `2 ms`, `6 s`, `3 min`, `26 h`, `< 1 ms`.
+fn humanized(text: &str) -> bool {
+    let t = text.trim();
+    if t == "< 1 ms" {
+        return true;
+    }
+    match t.split_once(' ') {
+        Some((n, unit)) => n.parse::<f64>().is_ok() && ["ms", "s", "min", "h", "d"].contains(&unit),
+        None => false,
+    }
+}
+
+fn charts_and_times(cluster: &Cluster) -> Result<(), Failed> {
+    let mut admin = roles(cluster)?;
+    let mut a = connect_as(cluster, "alice", "alice-secret")?;
+    a.batch_execute(
+        "SELECT tide.schedule('c_week', NULL, topics => '{c_week}', queue => 'c_week', tz => 'Asia/Tokyo',
+                              max_attempts => 3);
+         SELECT tide.emit_many('c_week', array_fill('{}'::jsonb, ARRAY[12]));",
+    )
+    .map_err(db_err)?;
+    let task: i64 = one(
+        &mut admin,
+        "SELECT task_id FROM tide.task WHERE name = 'c_week'",
+    )?;
+    let claimed: Vec<(i64, i64)> = a
+        .query(
+            "SELECT run_id, lease_token FROM tide.claim_runs(queue => 'c_week', worker => 'w', n => 12) ORDER BY run_id",
+            &[],
+        )
+        .map_err(db_err)?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(claimed.len(), 12);
+    // Five succeed now; three die, 2, 30 and 100 hours ago; two fail and wait to be tried again,
+    // 50 hours ago (pg_tide's own failure path, at an instant the test gives: the week of
+    // history a test cannot wait for); two stay running.
+    for (run, token) in &claimed[..5] {
+        a.execute("SELECT tide.complete_run($1, $2)", &[run, token])
+            .map_err(db_err)?;
+    }
+    for ((run, _), hours) in claimed[5..8].iter().zip([2, 30, 100]) {
+        admin
+            .execute(
+                &format!("SELECT tide._fail($1, 'the ledger was closed', 'business', NULL, 'failed', now() - interval '{hours} hours')"),
+                &[run],
+            )
+            .map_err(db_err)?;
+    }
+    for (run, _) in &claimed[8..10] {
+        admin
+            .execute(
+                "SELECT tide._fail($1, 'timeout talking to the bank', 'transient', NULL, 'failed', now() - interval '50 hours')",
+                &[run],
+            )
+            .map_err(db_err)?;
+    }
+    let filter = format!("r.task_id = {task}");
+    let expected = ended_by_hour(&mut admin, &filter)?;
+    assert_eq!(
+        expected.iter().map(|e| e.2).sum::<i64>(),
+        10,
+        "ten attempts ended: {expected:?}"
+    );
+    // The fold (every tick) has counted them when tide.run_hours says so.
+    wait("the hourly counters", Duration::from_secs(30), || {
+        let n: i64 = one(
+            &mut a,
+            "SELECT sum(succeeded + failed + dead)::bigint FROM tide.run_hours('c_week', hours => 168)",
+        )?;
+        Ok((n == 10).then_some(()))
+    })?;
+    let alert: i64 = wait("the dead_letter alert", Duration::from_secs(30), || {
+        Ok(admin
+            .query_opt(
+                "SELECT alert_id FROM tide.alert WHERE subject = 'c_week' AND kind = 'dead_letter'",
+                &[],
+            )
+            .map_err(db_err)?
+            .map(|r| r.get(0)))
+    })?;
+
+    let (_console, url) = console(cluster, &[])?;
+    let b = Browser::start(false)?;
+    b.sign_in(&url, "alice", "alice-secret")?;
+    b.go(&format!("{url}/task/{task}"))?;
+    b.wait_for("#runs-week")?;
+    // Each hour's bar holds what history says ended in it; the day's chart only the last 24.
+    let day_start: String = one(
+        &mut admin,
+        "SELECT to_char(date_trunc('hour', now()) - interval '23 hours', 'YYYY-MM-DD HH24:MI:SS')",
+    )?;
+    let mut hours: Vec<&str> = expected.iter().map(|e| e.0.as_str()).collect();
+    hours.dedup();
+    for h in &hours {
+        let want: i64 = expected.iter().filter(|e| e.0 == *h).map(|e| e.2).sum();
+        let bar = format!("#runs-week g.hour[data-hour='{h}']");
+        assert_eq!(
+            b.attr(&bar, "data-total")?,
+            Some(want.to_string()),
+            "the week's bar of {h}"
+        );
+        let in_day = b.attr(&format!("#runs-day g.hour[data-hour='{h}']"), "data-total")?;
+        if *h >= day_start.as_str() {
+            assert_eq!(in_day, Some(want.to_string()), "the day's bar of {h}");
+        } else {
+            assert_eq!(in_day, None, "{h} is older than a day");
+        }
+    }
+    for (chart, since) in [
+        ("runs-week", "0001-01-01 00:00:00"),
+        ("runs-day", day_start.as_str()),
+    ] {
+        for outcome in ["succeeded", "failed", "dead", "skipped"] {
+            let want: i64 = expected
+                .iter()
+                .filter(|e| e.1 == outcome && e.0.as_str() >= since)
+                .map(|e| e.2)
+                .sum();
+            assert_eq!(
+                b.attr(&format!("#{chart} [data-outcome={outcome}]"), "data-count")?,
+                Some(want.to_string()),
+                "{chart}: {outcome}"
+            );
+        }
+    }
+    // Hours in the task's zone (Tokyo), UTC in the data: the bar of the death 2 hours ago.
+    let (utc, local): (String, String) = {
+        let r = admin
+            .query_one(
+                "SELECT to_char(h AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS'), to_char(h AT TIME ZONE 'Asia/Tokyo', 'Dy HH24:00')
+                   FROM (SELECT date_trunc('hour', now() - interval '2 hours') h) x",
+                &[],
+            )
+            .map_err(db_err)?;
+        (r.get(0), r.get(1))
+    };
+    let title = b
+        .text(&format!("#runs-day g.hour[data-hour='{utc}'] title"))?
+        .unwrap_or_default();
+    assert_eq!(
+        title,
+        format!("{local}: 1 dead"),
+        "the bar's figures, in Tokyo's hours"
+    );
+    assert!(
+        b.exists("#durations-day g.hour title")?,
+        "the successes of this hour have a duration"
+    );
+    // Durations as people write them.
+    for css in ["#health #quiet", "#health #p50"] {
+        let t = b.text(css)?.unwrap_or_default();
+        assert!(humanized(&t), "{css}: {t:?}");
+    }
+    b.screenshot("task-charts-desktop")?;
+    // The dead run's page: its attempt in Tokyo time, UTC on hover.
+    let dead_run = claimed[5].0;
+    let (local, utc): (String, String) = {
+        let r = admin
+            .query_one(
+                "SELECT to_char(at AT TIME ZONE 'Asia/Tokyo', 'YYYY-MM-DD HH24:MI:SS'), to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS')
+                   FROM tide.run_event WHERE run_id = $1 AND to_state = 'dead'",
+                &[&dead_run],
+            )
+            .map_err(db_err)?;
+        (r.get(0), r.get(1))
+    };
+    b.go(&format!("{url}/run/{dead_run}"))?;
+    b.wait_for("#state")?;
+    let shown = b.js(
+        "return Array.from(document.querySelectorAll('td[data-label=finished] time')).map(function (t) { return [t.textContent, t.title]; })",
+        json!([]),
+    )?;
+    assert_eq!(
+        shown,
+        json!([[local, format!("{utc} UTC")]]),
+        "the attempt's end"
+    );
+    // The alerts page: the alert's opening in Tokyo time.
+    let opened: String = one(
+        &mut admin,
+        &format!("SELECT to_char(opened_at AT TIME ZONE 'Asia/Tokyo', 'YYYY-MM-DD HH24:MI:SS') FROM tide.alert WHERE alert_id = {alert}"),
+    )?;
+    b.go(&format!("{url}/alerts"))?;
+    b.wait_for("main h1")?;
+    let row = b.js(
+        "var r = Array.from(document.querySelectorAll('tbody tr')).find(function (tr) { return tr.textContent.indexOf('c_week') >= 0; });
+         return r ? r.querySelector('td[data-label=opened] time').textContent : null",
+        json!([]),
+    )?;
+    assert_eq!(row, json!(opened), "the alert opened, in the task's zone");
+    // The overview: all of alice's tasks, and her queues now (the two running runs).
+    let all = ended_by_hour(&mut admin, "r.owner = 'alice'")?;
+    b.go(&format!("{url}/"))?;
+    b.wait_for("#overview-charts #runs-week")?;
+    let dead: i64 = all.iter().filter(|e| e.1 == "dead").map(|e| e.2).sum();
+    assert_eq!(
+        b.attr(
+            "#overview-charts #runs-week [data-outcome=dead]",
+            "data-count"
+        )?,
+        Some(dead.to_string()),
+        "alice's dead runs of the week"
+    );
+    assert_eq!(
+        b.attr("#queues li[data-queue=c_week]", "data-running")?,
+        Some("2".into()),
+        "the queue's running runs"
+    );
+    b.screenshot("overview-charts-desktop")?;
+    drop(b);
+    let p = Browser::start(true)?;
+    p.sign_in(&url, "alice", "alice-secret")?;
+    for (name, path) in [
+        ("task-charts", format!("/task/{task}")),
+        ("overview-charts", "/".into()),
+    ] {
+        p.go(&format!("{url}{path}"))?;
+        p.wait_for("#runs-week")?;
+        p.fits()?;
+        p.screenshot(&format!("{name}-phone"))?;
+    }
+    Ok(())
+}
+
+fn bulk_actions(cluster: &Cluster) -> Result<(), Failed> {
+    let mut admin = roles(cluster)?;
+    let mut a = connect_as(cluster, "alice", "alice-secret")?;
+    a.batch_execute(
+        "SELECT tide.schedule('c_bulk', NULL, topics => '{c_bulk}', queue => 'c_bulk');
+         SELECT tide.emit_many('c_bulk', array_fill('{}'::jsonb, ARRAY[40]));
+         SELECT tide.fail_run(c.run_id, c.lease_token, 'the partner was down', 'business')
+           FROM tide.claim_runs('c_bulk', 'w', 40) c;",
+    )
+    .map_err(db_err)?;
+    let task: i64 = one(
+        &mut admin,
+        "SELECT task_id FROM tide.task WHERE name = 'c_bulk'",
+    )?;
+    let dead: i64 = one(
+        &mut admin,
+        &format!("SELECT count(*) FROM tide.run WHERE task_id = {task} AND state = 'dead'"),
+    )?;
+    assert_eq!(dead, 40);
+    let replays = format!(
+        "SELECT count(*), coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM tide.run_event e JOIN tide.run r USING (run_id)
+          WHERE r.task_id = {task} AND e.from_state = 'dead' GROUP BY e.run_id) x"
+    );
+    let (_console, url) = console(cluster, &[])?;
+    let b = Browser::start(false)?;
+    b.sign_in(&url, "alice", "alice-secret")?;
+    b.go(&format!("{url}/dead?task={task}"))?;
+    b.wait_for("#replay-all")?;
+    assert!(
+        b.text("#replay-all")?.unwrap_or_default().contains("40"),
+        "the button says how many"
+    );
+    b.click("#replay-all")?;
+    b.wait_for("#bulk-count")?;
+    assert_eq!(
+        b.attr("#bulk-count", "data-count")?,
+        Some("40".into()),
+        "the count to confirm"
+    );
+    let r = admin.query_one(&replays, &[]).map_err(db_err)?;
+    assert_eq!(
+        r.get::<_, i64>(0),
+        0,
+        "nothing is replayed before the confirmation"
+    );
+    b.screenshot("bulk-confirm-desktop")?;
+    b.click("#confirm-replay")?;
+    b.wait_for("#bulk-result")?;
+    assert_eq!(b.attr("#bulk-result", "data-done")?, Some("40".into()));
+    assert_eq!(b.attr("#bulk-result", "data-refused")?, Some("0".into()));
+    let r = admin.query_one(&replays, &[]).map_err(db_err)?;
+    assert_eq!(
+        (r.get::<_, i64>(0), r.get::<_, i64>(1)),
+        (40, 1),
+        "40 runs replayed, once each"
+    );
+    // The confirmation sent again (back, and confirm once more): none replayed twice.
+    b.js("history.back()", json!([]))?;
+    b.wait_for("#confirm-replay")?;
+    b.click("#confirm-replay")?;
+    b.wait_for("#bulk-result")?;
+    assert_eq!(b.attr("#bulk-result", "data-done")?, Some("0".into()));
+    assert_eq!(
+        b.attr("#bulk-result", "data-unchanged")?,
+        Some("40".into()),
+        "already back in line"
+    );
+    let r = admin.query_one(&replays, &[]).map_err(db_err)?;
+    assert_eq!(
+        (r.get::<_, i64>(0), r.get::<_, i64>(1)),
+        (40, 1),
+        "still once each"
+    );
+    // Several alerts acknowledged at once, after their count is confirmed.
+    b.go(&format!("{url}/alerts"))?;
+    b.wait_for("main h1")?;
+    let picked = b.js(
+        "return Array.from(document.querySelectorAll('input.pick[name=alert]')).map(function (c) { c.click(); return c.value; })",
+        json!([]),
+    )?;
+    let picked: Vec<i64> = picked
+        .as_array()
+        .map(|v| v.iter().filter_map(|x| x.as_str()?.parse().ok()).collect())
+        .unwrap_or_default();
+    assert!(!picked.is_empty(), "alice has open alerts to acknowledge");
+    b.click("#ack-selected")?;
+    b.wait_for("#bulk-count")?;
+    assert_eq!(
+        b.attr("#bulk-count", "data-count")?,
+        Some(picked.len().to_string())
+    );
+    b.type_in("input[name=note]", "on it")?;
+    b.click("#confirm-ack")?;
+    b.wait_for("#bulk-result")?;
+    assert_eq!(
+        b.attr("#bulk-result", "data-done")?,
+        Some(picked.len().to_string())
+    );
+    let acked: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM tide.alert WHERE alert_id = ANY ($1) AND acked_by = 'alice' AND ack_note = 'on it'",
+            &[&picked],
+        )
+        .map_err(db_err)?
+        .get(0);
+    assert_eq!(
+        acked,
+        picked.len() as i64,
+        "each acknowledged with the note"
+    );
+    // Nothing is selected: refused, nothing done.
+    let cookie = http_sign_in(&url, "alice", "alice-secret")?;
+    let (_, page) = http_get(&format!("{url}/dead"), &cookie)?;
+    let csrf = csrf_of(&page)?;
+    let (status, page) = http_post(
+        &format!("{url}/dead/replay"),
+        Some(&cookie),
+        &[("csrf", &csrf)],
+    )?;
+    assert_eq!(status, 400, "{page}");
+    assert!(page.contains("no dead run was selected"), "{page}");
+    Ok(())
+}
+
+/// The run links of a page's runs table.
+fn run_links(page: &str) -> Vec<String> {
+    page.split("href=\"/run/")
+        .skip(1)
+        .filter_map(|x| x.split('"').next())
+        .map(str::to_string)
+        .collect()
+}
+
+fn paging(cluster: &Cluster) -> Result<(), Failed> {
+    let mut admin = roles(cluster)?;
+    let mut a = connect_as(cluster, "alice", "alice-secret")?;
+    a.batch_execute(
+        "SELECT tide.schedule('c_many', NULL, topics => '{c_many}', queue => 'c_many');
+         SELECT tide.emit_many('c_many', array_fill('{}'::jsonb, ARRAY[150]));
+         SELECT tide.fail_run(c.run_id, c.lease_token, 'no', 'business') FROM tide.claim_runs('c_many', 'w', 120) c;",
+    )
+    .map_err(db_err)?;
+    let task: i64 = one(
+        &mut admin,
+        "SELECT task_id FROM tide.task WHERE name = 'c_many'",
+    )?;
+    let (_console, url) = console(cluster, &["--read-only"])?;
+    let cookie = http_sign_in(&url, "alice", "alice-secret")?;
+    for (path, total) in [
+        (format!("/task/{task}?"), 150usize),
+        (format!("/dead?task={task}&"), 120),
+    ] {
+        let (status, first) = http_get(&format!("{url}{path}"), &cookie)?;
+        assert_eq!(status, 200, "{first}");
+        let (status, second) = http_get(&format!("{url}{path}page=1"), &cookie)?;
+        assert_eq!(status, 200, "{second}");
+        let (one_, two) = (run_links(&first), run_links(&second));
+        assert_eq!(one_.len(), 100, "{path}: a page of 100");
+        assert_eq!(two.len(), total - 100, "{path}: the rest");
+        assert!(
+            first.contains("rel=\"next\"") && !first.contains("rel=\"prev\""),
+            "{path}"
+        );
+        assert!(
+            second.contains("rel=\"prev\"") && !second.contains("rel=\"next\""),
+            "{path}"
+        );
+        let mut all: Vec<i64> = one_
+            .iter()
+            .chain(&two)
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        assert!(
+            all.windows(2).all(|w| w[0] > w[1]),
+            "{path}: newest first, across the pages"
+        );
+        all.dedup();
+        assert_eq!(all.len(), total, "{path}: every run once");
+    }
+    Ok(())
+}
+
+fn admin_fires(cluster: &Cluster) -> Result<(), Failed> {
+    let mut admin = roles(cluster)?;
+    let mut bob = connect_as(cluster, "bob", "bob-secret")?;
+    bob.batch_execute("SELECT tide.schedule('c_same', '0 3 * * *', command => 'SELECT 1')")
+        .map_err(db_err)?;
+    // ada, a tide_admin, has a task of the same name: the name alone would mean hers.
+    let mut ada = connect_as(cluster, "ada", "ada-secret")?;
+    ada.batch_execute("SELECT tide.schedule('c_same', '0 4 * * *', command => 'SELECT 1')")
+        .map_err(db_err)?;
+    let task: i64 = one(
+        &mut admin,
+        "SELECT task_id FROM tide.task WHERE name = 'c_same' AND owner = 'bob'",
+    )?;
+    let first: String = one(
+        &mut admin,
+        "SELECT to_char(fire_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') FROM tide.preview('c_same', 1, owner => 'bob')",
+    )?;
+    let (_console, url) = console(cluster, &[])?;
+    let cookie = http_sign_in(&url, "ada", "ada-secret")?;
+    let (status, page) = http_get(&format!("{url}/task/{task}"), &cookie)?;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("owner bob"), "bob's task: {page}");
+    assert!(
+        page.contains(&format!("{first} UTC")) && !page.contains("04:00:00 UTC"),
+        "bob's next fires, not ada's: {page}"
+    );
+    assert!(page.contains("id=\"health\""), "its health: {page}");
+    Ok(())
+}
+
+fn throttled(cluster: &Cluster) -> Result<(), Failed> {
+    roles(cluster)?;
+    let (_console, url) = console(
+        cluster,
+        &["--sign-in-failures", "10", "--sign-in-pause", "10"],
+    )?;
+    let b = Browser::start(false)?;
+    for i in 1..=10 {
+        b.try_sign_in(&url, "alice", "not her password")?;
+        b.wait_for("#login-error")?;
+        let e = b.text("#login-error")?.unwrap_or_default();
+        assert!(
+            e.contains("password authentication failed"),
+            "attempt {i}: {e}"
+        );
+    }
+    // The eleventh, even with the right password, is refused without asking PostgreSQL.
+    b.try_sign_in(&url, "alice", "alice-secret")?;
+    b.wait_for("#login-error")?;
+    let e = b.text("#login-error")?.unwrap_or_default();
+    assert!(
+        e.contains("too many failed sign-ins for role \"alice\""),
+        "{e}"
+    );
+    b.screenshot("throttled-desktop")?;
+    // Another role from the same address waits too; the answer says when to come back.
+    let r = agent()
+        .post(&format!("{url}/login"))
+        .send_form([("user", "bob"), ("password", "bob-secret")])
+        .map_err(|e| e.to_string())?;
+    assert_eq!(r.status().as_u16(), 429);
+    assert!(
+        r.headers().get("retry-after").is_some(),
+        "a Retry-After header"
+    );
+    // After the pause, the right password lets alice in.
+    wait(
+        "alice let in after the pause",
+        Duration::from_secs(30),
+        || {
+            b.try_sign_in(&url, "alice", "alice-secret")?;
+            wait("a page", Duration::from_secs(20), || {
+                Ok((b.exists("#user")? || b.exists("#login-error")?).then_some(()))
+            })?;
+            Ok(b.exists("#user")?.then_some(()))
+        },
+    )?;
+    assert_eq!(b.text("#user")?.as_deref(), Some("alice"));
+    Ok(())
+}
+
+fn tls_used(cluster: &Cluster) -> Result<(), Failed> {
+    let mut admin = roles(cluster)?;
+    let tls = std::env::temp_dir().join("pg_tide-console-tls");
+    let base = format!("postgres://127.0.0.1:{}/{WORKERS_DB}", cluster.port);
+    let ca = tls.join("ca.crt").display().to_string();
+    let other = tls.join("other.crt").display().to_string();
+    // Whether the console's connections for alice made since `t0` are over TLS.
+    let mut encrypted = |t0: &str| -> Result<(bool, i64), Failed> {
+        let r = admin
+            .query_one(
+                "SELECT coalesce(bool_and(s.ssl), false), count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid)
+                  WHERE a.usename = 'alice' AND a.application_name = 'pg_tide-console' AND a.backend_start >= $1::text::timestamptz",
+                &[&t0],
+            )
+            .map_err(db_err)?;
+        Ok((r.get(0), r.get(1)))
+    };
+    for (url, extra, ssl) in [
+        (base.clone(), vec![], true),
+        (format!("{base}?sslmode=disable"), vec![], false),
+        (
+            format!("{base}?sslmode=require"),
+            vec!["--database-ca", ca.as_str()],
+            true,
+        ),
+    ] {
+        let t0: String = one(&mut roles(cluster)?, "SELECT clock_timestamp()::text")?;
+        let (console, http) = console_at(&url, &extra)?;
+        let cookie = http_sign_in(&http, "alice", "alice-secret")?;
+        let (status, page) = http_get(&format!("{http}/"), &cookie)?;
+        assert_eq!(status, 200, "{page}");
+        let (all_tls, n) = encrypted(&t0)?;
+        assert!(n >= 1, "{url}: the console's connection");
+        assert_eq!(all_tls, ssl, "{url} {extra:?}: TLS");
+        drop(console);
+    }
+    // A certificate that does not chain to the CA given: the sign-in fails, nothing connects.
+    let (_console, http) = console_at(
+        &format!("{base}?sslmode=require"),
+        &["--database-ca", &other],
+    )?;
+    let r = agent()
+        .post(&format!("{http}/login"))
+        .send_form([("user", "alice"), ("password", "alice-secret")]);
+    let mut r = r.map_err(|e| e.to_string())?;
+    let text = r.body_mut().read_to_string().map_err(|e| e.to_string())?;
+    assert_eq!(r.status().as_u16(), 401, "{text}");
+    assert!(text.to_lowercase().contains("certificate"), "{text}");
     Ok(())
 }

@@ -1752,7 +1752,9 @@ fn health_of_a_quiet_task_skips_the_busy_ones(cluster: &Cluster) -> Result<(), F
                 .replace("$1", &id.to_string())
                 .replace("$2", &format!("{state}::text"))
                 .replace("$3", "NULL::text")
-                .replace("$4", "NULL::text");
+                .replace("$4", "NULL::text")
+                .replace("$5", "101::bigint")
+                .replace("$6", "0::bigint");
             let read = blocks_read(&mut c, "tide.run", &page)?;
             assert!(
                 read < 100,
@@ -1772,6 +1774,8 @@ fn health_of_a_quiet_task_skips_the_busy_ones(cluster: &Cluster) -> Result<(), F
                 .replace("$2", "NULL::text")
                 .replace("$3", "NULL::text")
                 .replace("$4", "NULL::text")
+                .replace("$5", "100::bigint")
+                .replace("$6", "0::bigint")
         ),
     )?;
     let runs: i64 = one(
