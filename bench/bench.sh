@@ -564,6 +564,29 @@ console_rows=$(grep -o 'class="task"' "$tmp/overview.html" | wc -l)
 console_sql=$("${PSQL[@]}" -d "$DB" -f "$tmp/overview_psql.sql" | sed -nE 's/^Time: ([0-9.]+) ms.*/\1/p' \
     | awk 'NR % 3 == 2 { s += $1; n++ } END { printf "%.1f", s / n }')
 kill $console_pid 2>/dev/null || true
+# The console's charts and one task's health over the same tasks and runs, with the hourly
+# counters full (every task with runs in each of the 192 hours they keep): a task's two charts
+# (tide.run_hours for 24 and 168 hours) and its health (tide.task_health) beside tide.health
+# filtered to it (what a task's page read before); the overview's two charts (every task of
+# the owner); average of 20 each (ms).
+"${PSQL[@]}" -d "$DB" -q <<'SQL'
+INSERT INTO tide.run_hourly (task_id, hour, succeeded, failed, dead, durations, owner)
+SELECT t.task_id, date_trunc('hour', now()) - g * interval '1 hour', 10, 1, 0, '{"30": 8, "34": 2}', t.owner
+  FROM tide.task t, generate_series(0, 191) g
+ON CONFLICT DO NOTHING;
+INSERT INTO tide.owner_hourly (owner, hour, succeeded, failed, dead, durations)
+SELECT owner, hour, sum(succeeded), sum(failed), sum(dead), '{"30": 80000, "34": 20000}' FROM tide.run_hourly GROUP BY 1, 2
+ON CONFLICT DO NOTHING;
+ANALYZE tide.run_hourly;
+ANALYZE tide.owner_hourly;
+SQL
+chart_task=$("${PSQL[@]}" -d "$DB" -At -c "SELECT name FROM tide.task ORDER BY task_id OFFSET 5000 LIMIT 1")
+avg_ms() { { echo '\timing on'; for _ in $(seq 20); do echo "$1"; done; } > "$tmp/avg.sql"
+    "${PSQL[@]}" -d "$DB" -f "$tmp/avg.sql" | sed -nE 's/^Time: ([0-9.]+) ms.*/\1/p' | awk '{ s += $1; n++ } END { printf "%.1f", s / n }'; }
+chart_task_ms=$(avg_ms "SELECT count(*) FROM (SELECT * FROM tide.run_hours('$chart_task', hours => 24) UNION ALL SELECT * FROM tide.run_hours('$chart_task', hours => 168)) x;")
+chart_overview_ms=$(avg_ms "SELECT count(*) FROM (SELECT * FROM tide.run_hours(hours => 24) UNION ALL SELECT * FROM tide.run_hours(hours => 168)) x;")
+task_health_ms=$(avg_ms "SELECT * FROM tide.task_health('$chart_task');")
+health_filtered_ms=$(avg_ms "SELECT * FROM tide.health WHERE task = '$chart_task';")
 # Storage: the run ledger and its history with their indexes (and TOAST), per run kept.
 storage=$("${PSQL[@]}" -d "$DB" -At -F ' ' -c "SELECT count(*), round((pg_total_relation_size('tide.run') + pg_total_relation_size('tide.run_event'))::numeric / count(*)),
     round(pg_total_relation_size('tide.run')::numeric / count(*)), round(pg_total_relation_size('tide.run_event')::numeric / count(*)),
@@ -769,6 +792,9 @@ echo "(target: each under 20 ms with 10,000 tasks and with 1,000,000 finished ru
 printf '%-46s %10s %10s\n' "console overview, first 100 tasks (ms)" HTTP psql
 printf '%-46s %10s %10s\n' "10,000 tasks and $runs_full finished runs" "$console_http" "$console_sql"
 echo "(HTTP: the whole page, signed in, $console_rows task rows; psql: the same query, console/sql/overview.sql, average of 20 each)"
+printf '%-58s %10s ms\n' "a task's charts (tide.run_hours, 24 h and 168 h)" "$chart_task_ms"
+printf '%-58s %10s ms\n' "the overview's charts (every task of the owner)" "$chart_overview_ms"
+printf '%-58s %10s ms   (tide.health filtered to it: %s ms)\n' "one task's health (tide.task_health)" "$task_health_ms" "$health_filtered_ms"
 set -- $storage
 echo "storage: $2 bytes per run kept ($1 runs; tide.run $3, tide.run_event $4, each with its indexes); tide.pending $5 MB for $6 rows (target: at most 600 bytes per finished run)"
 echo

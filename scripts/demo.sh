@@ -91,6 +91,44 @@ print("\n".join("    " + l for l in lines))
 print("    ... %d lines in all; monitoring/prometheus-rules.yml and grafana-prometheus.json use them" % len(text.splitlines()))
 PY
 
+# The console as its user sees it: what the charts of a task and of the overview say, and
+# screenshots of both pages at desktop and phone width (Chromium, when installed: make setup).
+TASK_ID=$("${PSQL[@]}" -d "$DB" -Atc "SELECT task_id FROM tide.task WHERE name = 'rollup_5s'")
+echo
+echo "==> the console's charts (tide.run_hours, pg_tide's hourly counters):"
+python3 - "http://127.0.0.1:$CONSOLE_PORT" "$TASK_ID" "$PWD/target/console-screenshots" \
+    "$PWD/console/static/app.css" <<'PY'
+import html, http.cookiejar, os, re, shutil, subprocess, sys, tempfile, urllib.parse, urllib.request
+base, task, shots, css = sys.argv[1:5]
+jar = http.cookiejar.CookieJar()
+web = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+web.open(base + "/login", urllib.parse.urlencode({"user": "postgres", "password": ""}).encode(), timeout=30)
+def text(fragment):
+    return html.unescape(re.sub(r"<[^>]+>", "", fragment)).strip()
+pages = {"overview": "/", "task": "/task/" + task}
+os.makedirs(shots, exist_ok=True)
+browser = shutil.which("chromium")
+tmp = tempfile.mkdtemp()
+shutil.copy(css, os.path.join(tmp, "app.css"))
+for name, path in pages.items():
+    page = web.open(base + path, timeout=30).read().decode()
+    print("    %s (%s):" % (name, base + path))
+    for caption in re.findall(r'<figcaption[^>]*>(.*?)</figcaption>', page, re.S):
+        print("      " + " ".join(text(caption).split()))
+    if browser:
+        local = os.path.join(tmp, name + ".html")
+        with open(local, "w") as f:
+            f.write(page.replace("/static/app.css", "app.css").replace('<script src="/static/app.js" defer></script>', ""))
+        for width, suffix in ((1280, "desktop"), (375, "phone")):
+            out = os.path.join(shots, "demo-%s-%s.png" % (name, suffix))
+            subprocess.run([browser, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                            "--window-size=%d,1600" % width, "--screenshot=" + out, "file://" + local],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120, check=False)
+            if os.path.exists(out):
+                print("      screenshot: " + os.path.relpath(out))
+shutil.rmtree(tmp)
+PY
+
 cat <<EOT
 
 ==> the demo cluster is running. Connect with:

@@ -1913,8 +1913,154 @@ fn grafana_dashboard_queries_run(cluster: &Cluster) -> Result<(), Failed> {
     Ok(())
 }
 
+/// The hourly counters (tide.run_hours) count each attempt's end in its hour, by outcome, as
+/// history does; tide.task_health is tide.health's row of one task; both refuse bad input, and
+/// the counters follow a role's rows to another (tide.reassign_owned).
+fn hourly_counters_and_one_tasks_health(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.workers_db()?;
+    exec(
+        &mut c,
+        "DROP ROLE IF EXISTS hc_old; DROP ROLE IF EXISTS hc_new;
+         CREATE ROLE hc_old; CREATE ROLE hc_new;
+         GRANT tide_worker TO hc_old, hc_new;
+         SET ROLE hc_old;
+         SELECT tide.schedule('hc', NULL, topics => '{hc}', queue => 'hc', max_attempts => 3);
+         SELECT tide.emit_many('hc', array_fill('{}'::jsonb, ARRAY[5]));
+         CREATE TEMP TABLE hc_claimed AS SELECT * FROM tide.claim_runs('hc', 'w', 5);
+         SELECT tide.complete_run(run_id, lease_token) FROM (SELECT * FROM hc_claimed ORDER BY run_id LIMIT 3) x;
+         SELECT tide.fail_run(run_id, lease_token, 'no', 'business') FROM (SELECT * FROM hc_claimed ORDER BY run_id OFFSET 3 LIMIT 1) x;
+         SELECT tide.fail_run(run_id, lease_token, 'later', 'transient') FROM (SELECT * FROM hc_claimed ORDER BY run_id OFFSET 4) x;
+         RESET ROLE;
+         SET ROLE hc_new;
+         SELECT tide.schedule('hc2', NULL, topics => '{hc2}', queue => 'hc2');
+         SELECT tide.emit('hc2');
+         SELECT tide.complete_run(run_id, lease_token) FROM tide.claim_runs('hc2', 'w', 1);
+         RESET ROLE;",
+    )?;
+    tick(&mut c, "now()")?;
+    let counted = |c: &mut Client, sql: &str| -> Result<String, Failed> {
+        one(
+            c,
+            &format!(
+                "SELECT concat_ws(' ', sum(succeeded), sum(failed), sum(dead), sum(skipped), sum(need_check), sum(cancelled),
+                                  bool_and(p50_duration <= p95_duration) FILTER (WHERE succeeded > 0),
+                                  count(*))
+                   FROM {sql}"
+            ),
+        )
+    };
+    // As history says: 3 succeeded, 1 failed and tried again, 1 dead; over one hour, the
+    // current one; a p50 no longer than the p95.
+    assert_eq!(
+        counted(
+            &mut c,
+            "tide.run_hours('hc', owner => 'hc_old', hours => 1)"
+        )?,
+        "3 1 1 0 0 0 t 1"
+    );
+    let from_history: String = one(
+        &mut c,
+        "SELECT concat_ws(' ', count(*) FILTER (WHERE e.to_state = 'succeeded'), count(*) FILTER (WHERE e.to_state = 'retry'),
+                          count(*) FILTER (WHERE e.to_state = 'dead'))
+           FROM tide.run_event e JOIN tide.run r USING (run_id) JOIN tide.task t USING (task_id) WHERE t.name = 'hc'",
+    )?;
+    assert_eq!(from_history, "3 1 1");
+    assert_eq!(
+        counted(&mut c, "tide.run_hours(owner => 'hc_old', hours => 168)")?,
+        "3 1 1 0 0 0 t 168",
+        "the owner's figures: a week of hours"
+    );
+    // Each role sees its own: hc_new does not see hc_old's task, nor its hours.
+    exec(&mut c, "SET ROLE hc_new")?;
+    let (code, msg, hint) = refused(
+        &mut c,
+        "SELECT * FROM tide.run_hours('hc', owner => 'hc_old')",
+    )?;
+    assert_eq!(code, "42704", "{msg}");
+    assert!(
+        msg.contains("task \"hc\" of role hc_old does not exist"),
+        "{msg}"
+    );
+    assert!(hint.contains("SELECT name, owner FROM tide.task"), "{hint}");
+    assert_eq!(
+        counted(&mut c, "tide.run_hours(hours => 2)")?,
+        "1 0 0 0 0 0 t 2"
+    );
+    exec(&mut c, "RESET ROLE")?;
+    // One task's health is tide.health's row of it.
+    let same: bool = one(
+        &mut c,
+        "SELECT (SELECT row(h.*)::text FROM tide.task_health('hc', owner => 'hc_old') h)
+              = (SELECT row(h.*)::text FROM tide.health h WHERE h.task = 'hc' AND h.owner = 'hc_old')",
+    )?;
+    assert!(same, "task_health and health agree");
+    let status: String = one(
+        &mut c,
+        "SELECT status || ' ' || dead FROM tide.task_health('hc', 'hc_old')",
+    )?;
+    assert_eq!(status, "failing 1");
+    // Bad input: refused with its value named and a hint.
+    for (sql, code, says) in [
+        (
+            "SELECT * FROM tide.run_hours(hours => 0)",
+            "22023",
+            "hours 0 is out of range",
+        ),
+        (
+            "SELECT * FROM tide.run_hours('hc', 'hc_old', 193)",
+            "22023",
+            "hours 193 is out of range",
+        ),
+        (
+            "SELECT * FROM tide.run_hours(hours => NULL)",
+            "22023",
+            "hours NULL is out of range",
+        ),
+        (
+            "SELECT * FROM tide.task_health(NULL)",
+            "22004",
+            "task must not be NULL",
+        ),
+        (
+            "SELECT * FROM tide.task_health('no such task')",
+            "42704",
+            "task \"no such task\" does not exist",
+        ),
+        (
+            "SELECT * FROM tide.preview('hc2', owner => 'hc_old')",
+            "42704",
+            "hc2",
+        ),
+    ] {
+        let (got, msg, hint) = refused(&mut c, sql)?;
+        assert_eq!(got, code, "{sql}: {msg}");
+        assert!(msg.contains(says), "{sql}: {msg}");
+        assert!(!hint.is_empty(), "{sql}: a hint");
+    }
+    // REASSIGN: hc_old's hours are added to hc_new's (both had runs this hour).
+    exec(&mut c, "SELECT tide.reassign_owned('hc_old', 'hc_new')")?;
+    assert_eq!(
+        counted(&mut c, "tide.run_hours(owner => 'hc_new', hours => 1)")?,
+        "4 1 1 0 0 0 t 1"
+    );
+    let left: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM tide.owner_hourly WHERE owner = 'hc_old'",
+    )?;
+    assert_eq!(left, 0);
+    exec(
+        &mut c,
+        "DROP TABLE hc_claimed; SELECT tide.drop_owned('hc_new'); DROP ROLE hc_old; DROP ROLE hc_new;",
+    )?;
+    Ok(())
+}
+
 fn main() {
     let tests: &[(&str, TestFn)] = &[
+        (
+            "hourly_counters_and_one_tasks_health",
+            hourly_counters_and_one_tasks_health,
+        ),
         (
             "health_of_a_quiet_task_skips_the_busy_ones",
             health_of_a_quiet_task_skips_the_busy_ones,
