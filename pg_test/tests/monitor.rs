@@ -1812,7 +1812,7 @@ fn health_of_a_quiet_task_skips_the_busy_ones(cluster: &Cluster) -> Result<(), F
     Ok(())
 }
 
-/// The console's query for the runs of one task (console/src/pages.rs).
+/// The console's query for the runs of one task (console/src/pages/task.rs).
 const TASK_RUNS_SQL: &str = include_str!("../../console/sql/task_runs.sql");
 
 /// A Grafana SQL query with its macros expanded as Grafana's PostgreSQL data source expands
