@@ -599,6 +599,44 @@ mod tests {
     }
 
     #[test]
+    fn options_are_checked_as_they_are_read() {
+        use clap::CommandFactory;
+        Args::command().debug_assert();
+        let a = Args::try_parse_from(["pg_tide-console", "--database", "postgres://h/db"]).unwrap();
+        assert_eq!(a.listen.to_string(), "127.0.0.1:8790");
+        assert_eq!((a.sign_in_failures, a.sign_in_pause), (10, 60));
+        assert!(!a.read_only && !a.metrics_only);
+        for bad in [
+            vec!["pg_tide-console"],
+            vec!["pg_tide-console", "--metrics-only"],
+            vec![
+                "pg_tide-console",
+                "--database",
+                "x",
+                "--sign-in-failures",
+                "0",
+            ],
+            vec![
+                "pg_tide-console",
+                "--database",
+                "x",
+                "--listen",
+                "localhost",
+            ],
+        ] {
+            assert!(Args::try_parse_from(&bad).is_err(), "{bad:?}");
+        }
+        let m = Args::try_parse_from([
+            "pg_tide-console",
+            "--metrics-only",
+            "--metrics-database",
+            "postgres://scraper@h/db",
+        ])
+        .unwrap();
+        assert!(m.metrics_only && m.database.is_none());
+    }
+
+    #[test]
     fn posts_from_other_sites_are_told_apart() {
         assert!(
             !cross_origin(&h(None, "127.0.0.1:8790")),
