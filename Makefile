@@ -19,6 +19,7 @@ demo-stop:
 bench:
 	bash bench/bench.sh
 
-# A Debian package for PostgreSQL 15: target/postgresql-15-pg-tide_<version>-1_<arch>.deb.
+# Debian packages: target/postgresql-15-pg-tide_<version>-1_<arch>.deb (pg_tide for PostgreSQL 15)
+# and target/pg-tide-console_<version>-1_<arch>.deb (the console, a systemd service).
 package: setup
 	bash scripts/package.sh

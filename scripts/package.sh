@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# `make package`: a Debian package of pg_tide for PostgreSQL 15 (amd64), built from this tree:
-#   target/postgresql-15-pg-tide_<version>-1_<arch>.deb
+# `make package`: Debian packages built from this tree:
+#   target/postgresql-15-pg-tide_<version>-1_<arch>.deb   pg_tide for PostgreSQL 15
+#   target/pg-tide-console_<version>-1_<arch>.deb         the web console, as a systemd service
 # It holds the library, the current install script, the upgrade scripts and the frozen install
 # scripts of earlier versions (so `ALTER EXTENSION pg_tide UPDATE` works from any of them), the
 # license and the README. It depends on Debian's postgresql-15 and the libraries the .so links.
@@ -62,3 +63,78 @@ CONTROL
 dpkg-deb --root-owner-group --build "$stage" "$deb" >/dev/null
 echo "==> $deb"
 dpkg-deb --info "$deb" | sed -n 's/^ \(Package\|Version\|Depends\):/  \1:/p'
+
+# The console: its binary, a systemd unit that runs it as a user of its own (DynamicUser) with
+# its options from /etc/pg-tide-console/console.env (a conffile, readable by root alone: systemd
+# reads it before it starts the console), and its documentation.
+cname=pg-tide-console
+cdeb="target/${cname}_${version}-1_${arch}.deb"
+echo "==> building pg_tide-console $version (release)"
+cargo build -q --release -p pg_tide_console
+cstage=target/deb/$cname
+rm -rf "$cstage"
+mkdir -p "$cstage/DEBIAN" "$cstage/usr/bin" "$cstage/lib/systemd/system" "$cstage/etc/$cname" \
+    "$cstage/usr/share/doc/$cname"
+install -m 755 target/release/pg_tide-console "$cstage/usr/bin/"
+strip --strip-unneeded "$cstage/usr/bin/pg_tide-console"
+install -m 644 console/packaging/pg-tide-console.service "$cstage/lib/systemd/system/"
+install -m 600 console/packaging/console.env "$cstage/etc/$cname/console.env"
+install -m 644 LICENSE "$cstage/usr/share/doc/$cname/copyright"
+install -m 644 docs/console.md "$cstage/usr/share/doc/$cname/console.md"
+echo "/etc/$cname/console.env" > "$cstage/DEBIAN/conffiles"
+# systemd learns of the unit; it is not enabled: the database URL is set first.
+cat > "$cstage/DEBIAN/postinst" <<'POSTINST'
+#!/bin/sh
+set -e
+if [ "$1" = configure ] && [ -d /run/systemd/system ]; then
+    systemctl daemon-reload >/dev/null || true
+    if systemctl is-active --quiet pg-tide-console; then systemctl restart pg-tide-console || true; fi
+fi
+exit 0
+POSTINST
+cat > "$cstage/DEBIAN/prerm" <<'PRERM'
+#!/bin/sh
+set -e
+if [ "$1" = remove ] && [ -d /run/systemd/system ]; then
+    systemctl stop pg-tide-console >/dev/null 2>&1 || true
+    systemctl disable pg-tide-console >/dev/null 2>&1 || true
+fi
+exit 0
+PRERM
+cat > "$cstage/DEBIAN/postrm" <<'POSTRM'
+#!/bin/sh
+set -e
+if [ -d /run/systemd/system ]; then systemctl daemon-reload >/dev/null || true; fi
+exit 0
+POSTRM
+chmod 755 "$cstage/DEBIAN/postinst" "$cstage/DEBIAN/prerm" "$cstage/DEBIAN/postrm"
+shlib=$(mktemp -d)
+mkdir -p "$shlib/debian"
+printf 'Source: pg-tide\n\nPackage: %s\nArchitecture: any\n' "$cname" > "$shlib/debian/control"
+bin=$(realpath "$cstage/usr/bin/pg_tide-console")
+clibs=$(cd "$shlib" && dpkg-shlibdeps -O --ignore-missing-info "$bin" 2>/dev/null | sed -n 's/^shlibs:Depends=//p')
+rm -rf "$shlib"
+csize=$(du -sk "$cstage" | cut -f1)
+cat > "$cstage/DEBIAN/control" <<CONTROL
+Package: $cname
+Version: $version-1
+Architecture: $arch
+Maintainer: The pg_tide contributors <pg_tide@localhost>
+Depends: ${clibs:-libc6}
+Recommends: systemd
+Section: database
+Priority: optional
+Installed-Size: $csize
+Description: web console of pg_tide, reliable scheduled work inside PostgreSQL
+ Server-rendered pages over pg_tide's SQL API, signed in as a PostgreSQL role: what is
+ failing, worst first, charts of runs and durations, and buttons to replay dead runs,
+ acknowledge alerts and pause backfills. Runs as the systemd service pg-tide-console.
+ .
+ Set the database URL in /etc/pg-tide-console/console.env, then
+ systemctl enable --now pg-tide-console.
+CONTROL
+(cd "$cstage" && find . -path ./DEBIAN -prune -o -path ./etc -prune -o -type f -printf '%P\0' | sort -z | xargs -0 md5sum) \
+    > "$cstage/DEBIAN/md5sums"
+dpkg-deb --root-owner-group --build "$cstage" "$cdeb" >/dev/null
+echo "==> $cdeb"
+dpkg-deb --info "$cdeb" | sed -n 's/^ \(Package\|Version\|Depends\):/  \1:/p'
