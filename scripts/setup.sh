@@ -11,6 +11,8 @@ PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
 # chromium, chromium-driver: a real headless browser (through WebDriver) for the console's tests.
 # golang-go, golang-github-lib-pq-dev: the Go example worker (examples/go), built without modules.
 # dpkg-dev: dpkg-deb and dpkg-shlibdeps for `make package`.
+# systemd: systemd-analyze, which the package tier checks the console's unit with.
+# openssl: the console tier makes a CA and a server certificate for its cluster's ssl = on.
 # prometheus (for promtool), python3-yaml: the console tier checks and tests monitoring/'s alert
 # rules and Grafana panels against a recorded scrape of /metrics.
 APT_PACKAGES=(postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo make python3-prometheus-client
@@ -18,7 +20,7 @@ APT_PACKAGES=(postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo mak
               python3-venv
               chromium chromium-driver
               golang-go golang-github-lib-pq-dev
-              dpkg-dev
+              dpkg-dev systemd openssl
               prometheus python3-yaml)
 PGSPOT_VERSION=0.9.4
 PGSPOT_VENV=${PG_TIDE_PGSPOT_VENV:-$HOME/.cache/pg_tide/pgspot-venv}
