@@ -14,6 +14,29 @@ arch=$(dpkg --print-architecture)
 name=postgresql-15-pg-tide
 deb="target/${name}_${version}-1_${arch}.deb"
 
+# The shared libraries a binary of package $1 needs, as Debian names their packages
+# (dpkg-shlibdeps reads a debian/control of its own: it gets a minimal one in a scratch
+# directory).
+shlibs_of() {
+    local scratch file
+    scratch=$(mktemp -d)
+    mkdir -p "$scratch/debian"
+    printf 'Source: pg-tide\n\nPackage: %s\nArchitecture: any\n' "$1" > "$scratch/debian/control"
+    file=$(realpath "$2")
+    (cd "$scratch" && dpkg-shlibdeps -O --ignore-missing-info "$file" 2>/dev/null | sed -n 's/^shlibs:Depends=//p')
+    rm -rf "$scratch"
+}
+
+# Builds the package staged in $1 into $2: the checksums of its files (for dpkg --verify and
+# debsums; conffiles under /etc are tracked by dpkg apart), then the .deb.
+build_deb() {
+    (cd "$1" && find . -path ./DEBIAN -prune -o -path ./etc -prune -o -type f -printf '%P\0' | sort -z | xargs -0 md5sum) \
+        > "$1/DEBIAN/md5sums"
+    dpkg-deb --root-owner-group --build "$1" "$2" >/dev/null
+    echo "==> $2"
+    dpkg-deb --info "$2" | sed -n 's/^ \(Package\|Version\|Depends\):/  \1:/p'
+}
+
 echo "==> building pg_tide $version (release) with cargo pgrx package"
 cargo pgrx package --pg-config "$PG_CONFIG" >/dev/null
 built=target/release/pg_tide-pg15
@@ -30,14 +53,7 @@ install -m 644 LICENSE "$stage/usr/share/doc/$name/copyright"
 install -m 644 README.md "$stage/usr/share/doc/$name/README.md"
 strip --strip-unneeded "$stage$libdir/pg_tide.so"
 
-# The shared libraries the .so needs, as Debian names their packages (dpkg-shlibdeps reads a
-# debian/control of its own: it gets a minimal one in a scratch directory).
-shlib=$(mktemp -d)
-mkdir -p "$shlib/debian"
-printf 'Source: pg-tide\n\nPackage: %s\nArchitecture: any\n' "$name" > "$shlib/debian/control"
-so=$(realpath "$stage$libdir/pg_tide.so")
-libs=$(cd "$shlib" && dpkg-shlibdeps -O --ignore-missing-info "$so" 2>/dev/null | sed -n 's/^shlibs:Depends=//p')
-rm -rf "$shlib"
+libs=$(shlibs_of "$name" "$stage$libdir/pg_tide.so")
 size=$(du -sk "$stage" | cut -f1)
 cat > "$stage/DEBIAN/control" <<CONTROL
 Package: $name
@@ -57,12 +73,7 @@ Description: reliable scheduled work inside PostgreSQL 15
  Add pg_tide to shared_preload_libraries, set pg_tide.database, restart, then
  CREATE EXTENSION pg_tide as a superuser.
 CONTROL
-# Checksums of the files, for dpkg --verify (and debsums).
-(cd "$stage" && find . -path ./DEBIAN -prune -o -type f -printf '%P\0' | sort -z | xargs -0 md5sum) \
-    > "$stage/DEBIAN/md5sums"
-dpkg-deb --root-owner-group --build "$stage" "$deb" >/dev/null
-echo "==> $deb"
-dpkg-deb --info "$deb" | sed -n 's/^ \(Package\|Version\|Depends\):/  \1:/p'
+build_deb "$stage" "$deb"
 
 # The console: its binary, a systemd unit that runs it as a user of its own (DynamicUser) with
 # its options from /etc/pg-tide-console/console.env (a conffile, readable by root alone: systemd
@@ -108,12 +119,7 @@ if [ -d /run/systemd/system ]; then systemctl daemon-reload >/dev/null || true; 
 exit 0
 POSTRM
 chmod 755 "$cstage/DEBIAN/postinst" "$cstage/DEBIAN/prerm" "$cstage/DEBIAN/postrm"
-shlib=$(mktemp -d)
-mkdir -p "$shlib/debian"
-printf 'Source: pg-tide\n\nPackage: %s\nArchitecture: any\n' "$cname" > "$shlib/debian/control"
-bin=$(realpath "$cstage/usr/bin/pg_tide-console")
-clibs=$(cd "$shlib" && dpkg-shlibdeps -O --ignore-missing-info "$bin" 2>/dev/null | sed -n 's/^shlibs:Depends=//p')
-rm -rf "$shlib"
+clibs=$(shlibs_of "$cname" "$cstage/usr/bin/pg_tide-console")
 csize=$(du -sk "$cstage" | cut -f1)
 cat > "$cstage/DEBIAN/control" <<CONTROL
 Package: $cname
@@ -133,8 +139,4 @@ Description: web console of pg_tide, reliable scheduled work inside PostgreSQL
  Set the database URL in /etc/pg-tide-console/console.env, then
  systemctl enable --now pg-tide-console.
 CONTROL
-(cd "$cstage" && find . -path ./DEBIAN -prune -o -path ./etc -prune -o -type f -printf '%P\0' | sort -z | xargs -0 md5sum) \
-    > "$cstage/DEBIAN/md5sums"
-dpkg-deb --root-owner-group --build "$cstage" "$cdeb" >/dev/null
-echo "==> $cdeb"
-dpkg-deb --info "$cdeb" | sed -n 's/^ \(Package\|Version\|Depends\):/  \1:/p'
+build_deb "$cstage" "$cdeb"
