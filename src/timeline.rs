@@ -60,9 +60,9 @@ fn next_fires(
 // pgrx reads the column names from `name!` inside the signature, so the tuple cannot be a
 // type alias.
 #[allow(clippy::type_complexity)]
-#[pg_extern(stable, schema = "tide")]
+#[pg_extern(stable, schema = "tide", name = "preview")]
 #[search_path(pg_catalog, pg_temp)]
-fn preview(
+fn preview_of(
     task: Option<&str>,
     n: default!(Option<i32>, 5),
     after: default!(Option<TimestampWithTimeZone>, "NULL"),
@@ -109,4 +109,29 @@ fn preview(
         })
         .collect();
     TableIterator::new(rows)
+}
+
+/// `tide.preview` as 0.2.0 to 0.2.3 declare it (without `owner`): kept, without SQL of its own,
+/// so that their install scripts run against this library until `ALTER EXTENSION pg_tide
+/// UPDATE` brings the new signature.
+#[allow(clippy::type_complexity)]
+#[pg_extern(sql = false)]
+fn preview(
+    task: Option<&str>,
+    n: Option<i32>,
+    after: Option<TimestampWithTimeZone>,
+) -> TableIterator<
+    'static,
+    (
+        name!(fire_at, TimestampWithTimeZone),
+        name!(fire_local, Timestamp),
+        name!(window_start, TimestampWithTimeZone),
+        name!(window_end, TimestampWithTimeZone),
+        name!(window_start_local, Timestamp),
+        name!(window_end_local, Timestamp),
+        name!(window_length, Interval),
+        name!(biz_date, Date),
+    ),
+> {
+    preview_of(task, n, after, None)
 }

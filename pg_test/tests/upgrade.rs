@@ -217,7 +217,9 @@ fn write_everything(c: &mut Client) -> Result<(), Failed> {
          SELECT tide.backfill('up_daily', current_date - 3, current_date - 2, canary => 0, sample => 0);
          -- A heartbeat check with a beat.
          SELECT tide.create_check('up_check', '1 day');
-         SELECT tide.heartbeat_check('up_check');",
+         SELECT tide.heartbeat_check('up_check');
+         -- The library's functions as the old version declares them (tide.preview without owner).
+         SELECT count(*) FROM tide.preview('up_daily', 2);",
     )?;
     wait_for(
         "the backfills to end, the dead letter's alert to open",
