@@ -90,11 +90,7 @@ BEGIN
         RAISE EXCEPTION '%: task must not be NULL', p_function USING ERRCODE = 'null_value_not_allowed',
             HINT = 'name a task: SELECT name, owner FROM tide.task';
     END IF;
-    IF p_owner IS NULL THEN
-        id := tide._named_task(p_task);
-    ELSE
-        SELECT t.task_id INTO id FROM tide.task t WHERE t.name = p_task AND t.owner = p_owner;
-    END IF;
+    id := tide._named_task(p_task, NULL, p_owner);
     IF id IS NULL THEN
         RAISE EXCEPTION '%: task "%"% does not exist', p_function, left(p_task, 200),
                         coalesce(' of role ' || quote_ident(p_owner), '')
@@ -125,40 +121,37 @@ BEGIN
     END IF;
     IF run_hours.task IS NOT NULL THEN
         id := tide._task_of(run_hours.task, run_hours.owner, 'tide.run_hours');
-        RETURN QUERY
-        SELECT g.h, coalesce(x.succeeded, 0), coalesce(x.failed, 0), coalesce(x.dead, 0), coalesce(x.skipped, 0),
-               coalesce(x.need_check, 0), coalesce(x.cancelled, 0),
-               tide._hist_quantile(x.durations, 0.5), tide._hist_quantile(x.durations, 0.95)
-          FROM generate_series(last_hour - make_interval(hours => run_hours.hours - 1), last_hour, '1 hour') g(h)
-          LEFT JOIN tide.run_hourly x ON x.task_id = id AND x.hour = g.h
-         ORDER BY g.h;
-    ELSE
-        -- Every owner the caller sees (row-level security), or the one named, summed by hour.
-        RETURN QUERY
-        WITH o AS (
-            SELECT x.* FROM tide.owner_hourly x
-             WHERE x.hour > last_hour - make_interval(hours => run_hours.hours)
-               AND (run_hours.owner IS NULL OR x.owner = run_hours.owner)
-        ), d AS (
-            SELECT o.hour, jsonb_object_agg(b.k, b.n) AS durations
-              FROM (SELECT o.hour, e.key AS k, sum(e.value::bigint) AS n
-                      FROM o CROSS JOIN LATERAL jsonb_each_text(o.durations) e GROUP BY 1, 2) b
-              JOIN (SELECT DISTINCT o.hour FROM o) o ON o.hour = b.hour
-             GROUP BY o.hour
-        ), s AS (
-            SELECT o.hour, sum(o.succeeded)::integer AS succeeded, sum(o.failed)::integer AS failed,
-                   sum(o.dead)::integer AS dead, sum(o.skipped)::integer AS skipped,
-                   sum(o.need_check)::integer AS need_check, sum(o.cancelled)::integer AS cancelled
-              FROM o GROUP BY o.hour
-        )
-        SELECT g.h, coalesce(s.succeeded, 0), coalesce(s.failed, 0), coalesce(s.dead, 0), coalesce(s.skipped, 0),
-               coalesce(s.need_check, 0), coalesce(s.cancelled, 0),
-               tide._hist_quantile(d.durations, 0.5), tide._hist_quantile(d.durations, 0.95)
-          FROM generate_series(last_hour - make_interval(hours => run_hours.hours - 1), last_hour, '1 hour') g(h)
-          LEFT JOIN s ON s.hour = g.h
-          LEFT JOIN d ON d.hour = g.h
-         ORDER BY g.h;
     END IF;
+    -- The task's hours, or those of every owner the caller sees (row-level security) or of the
+    -- one named, summed by hour; every hour of the span, empty ones included.
+    RETURN QUERY
+    WITH x AS (
+        SELECT y.hour, y.succeeded, y.failed, y.dead, y.skipped, y.need_check, y.cancelled, y.durations
+          FROM tide.run_hourly y
+         WHERE id IS NOT NULL AND y.task_id = id AND y.hour > last_hour - make_interval(hours => run_hours.hours)
+        UNION ALL
+        SELECT y.hour, y.succeeded, y.failed, y.dead, y.skipped, y.need_check, y.cancelled, y.durations
+          FROM tide.owner_hourly y
+         WHERE id IS NULL AND y.hour > last_hour - make_interval(hours => run_hours.hours)
+           AND (run_hours.owner IS NULL OR y.owner = run_hours.owner)
+    ), s AS (
+        SELECT x.hour, sum(x.succeeded)::integer AS succeeded, sum(x.failed)::integer AS failed,
+               sum(x.dead)::integer AS dead, sum(x.skipped)::integer AS skipped,
+               sum(x.need_check)::integer AS need_check, sum(x.cancelled)::integer AS cancelled
+          FROM x GROUP BY x.hour
+    ), d AS (
+        SELECT b.hour, jsonb_object_agg(b.k, b.n) AS durations
+          FROM (SELECT x.hour, e.key AS k, sum(e.value::bigint) AS n
+                  FROM x CROSS JOIN LATERAL jsonb_each_text(x.durations) e GROUP BY 1, 2) b
+         GROUP BY b.hour
+    )
+    SELECT g.h, coalesce(s.succeeded, 0), coalesce(s.failed, 0), coalesce(s.dead, 0), coalesce(s.skipped, 0),
+           coalesce(s.need_check, 0), coalesce(s.cancelled, 0),
+           tide._hist_quantile(d.durations, 0.5), tide._hist_quantile(d.durations, 0.95)
+      FROM generate_series(last_hour - make_interval(hours => run_hours.hours - 1), last_hour, '1 hour') g(h)
+      LEFT JOIN s ON s.hour = g.h
+      LEFT JOIN d ON d.hour = g.h
+     ORDER BY g.h;
 END
 $$;
 COMMENT ON FUNCTION tide.run_hours(text, name, integer) IS

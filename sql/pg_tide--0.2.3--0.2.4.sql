@@ -100,11 +100,7 @@ BEGIN
         RAISE EXCEPTION '%: task must not be NULL', p_function USING ERRCODE = 'null_value_not_allowed',
             HINT = 'name a task: SELECT name, owner FROM tide.task';
     END IF;
-    IF p_owner IS NULL THEN
-        id := tide._named_task(p_task);
-    ELSE
-        SELECT t.task_id INTO id FROM tide.task t WHERE t.name = p_task AND t.owner = p_owner;
-    END IF;
+    id := tide._named_task(p_task, NULL, p_owner);
     IF id IS NULL THEN
         RAISE EXCEPTION '%: task "%"% does not exist', p_function, left(p_task, 200),
                         coalesce(' of role ' || quote_ident(p_owner), '')
@@ -135,40 +131,37 @@ BEGIN
     END IF;
     IF run_hours.task IS NOT NULL THEN
         id := tide._task_of(run_hours.task, run_hours.owner, 'tide.run_hours');
-        RETURN QUERY
-        SELECT g.h, coalesce(x.succeeded, 0), coalesce(x.failed, 0), coalesce(x.dead, 0), coalesce(x.skipped, 0),
-               coalesce(x.need_check, 0), coalesce(x.cancelled, 0),
-               tide._hist_quantile(x.durations, 0.5), tide._hist_quantile(x.durations, 0.95)
-          FROM generate_series(last_hour - make_interval(hours => run_hours.hours - 1), last_hour, '1 hour') g(h)
-          LEFT JOIN tide.run_hourly x ON x.task_id = id AND x.hour = g.h
-         ORDER BY g.h;
-    ELSE
-        -- Every owner the caller sees (row-level security), or the one named, summed by hour.
-        RETURN QUERY
-        WITH o AS (
-            SELECT x.* FROM tide.owner_hourly x
-             WHERE x.hour > last_hour - make_interval(hours => run_hours.hours)
-               AND (run_hours.owner IS NULL OR x.owner = run_hours.owner)
-        ), d AS (
-            SELECT o.hour, jsonb_object_agg(b.k, b.n) AS durations
-              FROM (SELECT o.hour, e.key AS k, sum(e.value::bigint) AS n
-                      FROM o CROSS JOIN LATERAL jsonb_each_text(o.durations) e GROUP BY 1, 2) b
-              JOIN (SELECT DISTINCT o.hour FROM o) o ON o.hour = b.hour
-             GROUP BY o.hour
-        ), s AS (
-            SELECT o.hour, sum(o.succeeded)::integer AS succeeded, sum(o.failed)::integer AS failed,
-                   sum(o.dead)::integer AS dead, sum(o.skipped)::integer AS skipped,
-                   sum(o.need_check)::integer AS need_check, sum(o.cancelled)::integer AS cancelled
-              FROM o GROUP BY o.hour
-        )
-        SELECT g.h, coalesce(s.succeeded, 0), coalesce(s.failed, 0), coalesce(s.dead, 0), coalesce(s.skipped, 0),
-               coalesce(s.need_check, 0), coalesce(s.cancelled, 0),
-               tide._hist_quantile(d.durations, 0.5), tide._hist_quantile(d.durations, 0.95)
-          FROM generate_series(last_hour - make_interval(hours => run_hours.hours - 1), last_hour, '1 hour') g(h)
-          LEFT JOIN s ON s.hour = g.h
-          LEFT JOIN d ON d.hour = g.h
-         ORDER BY g.h;
     END IF;
+    -- The task's hours, or those of every owner the caller sees (row-level security) or of the
+    -- one named, summed by hour; every hour of the span, empty ones included.
+    RETURN QUERY
+    WITH x AS (
+        SELECT y.hour, y.succeeded, y.failed, y.dead, y.skipped, y.need_check, y.cancelled, y.durations
+          FROM tide.run_hourly y
+         WHERE id IS NOT NULL AND y.task_id = id AND y.hour > last_hour - make_interval(hours => run_hours.hours)
+        UNION ALL
+        SELECT y.hour, y.succeeded, y.failed, y.dead, y.skipped, y.need_check, y.cancelled, y.durations
+          FROM tide.owner_hourly y
+         WHERE id IS NULL AND y.hour > last_hour - make_interval(hours => run_hours.hours)
+           AND (run_hours.owner IS NULL OR y.owner = run_hours.owner)
+    ), s AS (
+        SELECT x.hour, sum(x.succeeded)::integer AS succeeded, sum(x.failed)::integer AS failed,
+               sum(x.dead)::integer AS dead, sum(x.skipped)::integer AS skipped,
+               sum(x.need_check)::integer AS need_check, sum(x.cancelled)::integer AS cancelled
+          FROM x GROUP BY x.hour
+    ), d AS (
+        SELECT b.hour, jsonb_object_agg(b.k, b.n) AS durations
+          FROM (SELECT x.hour, e.key AS k, sum(e.value::bigint) AS n
+                  FROM x CROSS JOIN LATERAL jsonb_each_text(x.durations) e GROUP BY 1, 2) b
+         GROUP BY b.hour
+    )
+    SELECT g.h, coalesce(s.succeeded, 0), coalesce(s.failed, 0), coalesce(s.dead, 0), coalesce(s.skipped, 0),
+           coalesce(s.need_check, 0), coalesce(s.cancelled, 0),
+           tide._hist_quantile(d.durations, 0.5), tide._hist_quantile(d.durations, 0.95)
+      FROM generate_series(last_hour - make_interval(hours => run_hours.hours - 1), last_hour, '1 hour') g(h)
+      LEFT JOIN s ON s.hour = g.h
+      LEFT JOIN d ON d.hour = g.h
+     ORDER BY g.h;
 END
 $$;
 COMMENT ON FUNCTION tide.run_hours(text, name, integer) IS
@@ -424,6 +417,40 @@ $$;
 COMMENT ON FUNCTION tide._fail(bigint, text, tide.error_kind, text, tide.attempt_outcome, timestamptz) IS
     'Internal: records a failed attempt and decides retry (with backoff), wait (not ready) or dead letter.';
 
+DROP FUNCTION tide._named_task(text, text);
+CREATE FUNCTION tide._named_task(p_name text, p_granted text DEFAULT NULL, p_owner name DEFAULT NULL) RETURNS bigint
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    ids bigint[];
+BEGIN
+    -- With an owner: that role's task of the name, as row-level security lets the caller see it.
+    IF p_owner IS NOT NULL THEN
+        RETURN (SELECT t.task_id FROM tide.task t WHERE t.name = p_name AND t.owner = p_owner);
+    END IF;
+    SELECT array_agg(t.task_id) INTO ids FROM tide.task t WHERE t.name = p_name AND t.owner = tide._caller();
+    IF ids IS NOT NULL THEN
+        RETURN ids[1];
+    END IF;
+    SELECT array_agg(x.task_id) INTO ids FROM (
+        SELECT t.task_id FROM tide.task t
+         WHERE t.name = p_name
+           AND (tide._may_act(t.owner)
+                OR (p_granted IS NOT NULL
+                    AND EXISTS (SELECT 1 FROM tide._granted(p_granted) g WHERE g.owner = t.owner AND g.object = t.name)))
+         ORDER BY t.task_id LIMIT 2) x;
+    IF cardinality(ids) > 1 THEN
+        RAISE EXCEPTION 'task name "%" belongs to several roles you act for', left(p_name, 200)
+            USING ERRCODE = 'ambiguous_parameter',
+                  HINT = 'SET ROLE to the task''s owner first (see SELECT name, owner FROM tide.task)';
+    END IF;
+    RETURN ids[1];
+END
+$$;
+COMMENT ON FUNCTION tide._named_task(text, text, name) IS
+    'Internal: the task a name means to the caller: its own, else the one of a role it acts for (or, with p_granted, that was granted to it); 42P08 when two roles have it. With p_owner: that role''s task of the name, if the caller sees it.';
+
 DROP FUNCTION tide._prune(timestamptz, integer);
 CREATE FUNCTION tide._prune(p_now timestamptz, p_limit integer) RETURNS jsonb
 LANGUAGE plpgsql
@@ -600,10 +627,10 @@ CREATE  FUNCTION tide."preview"(
 	"window_length" interval,  /* Interval */
 	"biz_date" date  /* Date */
 )
-STABLE 
+STABLE  
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'preview_wrapper';
+AS 'MODULE_PATHNAME', 'preview_of_wrapper';
 COMMENT ON FUNCTION tide.preview(text, integer, timestamptz, text) IS
     'preview(task, n => 5, after => now(), owner => NULL): the next n fires of a task with their local time, business window and biz_date. owner names another role''s task of that name (a team''s, or any role''s for tide_admin).';
 

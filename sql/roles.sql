@@ -88,13 +88,17 @@ COMMENT ON FUNCTION tide._may_work(name, text) IS
 -- whose owner granted it that privilege on the task. Two such tasks of other roles are
 -- ambiguous (42P08). NULL: none. tide.alter, pause, resume ... (src/catalog.rs) and
 -- tide.enqueue find tasks through it.
-CREATE FUNCTION tide._named_task(p_name text, p_granted text DEFAULT NULL) RETURNS bigint
+CREATE FUNCTION tide._named_task(p_name text, p_granted text DEFAULT NULL, p_owner name DEFAULT NULL) RETURNS bigint
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     ids bigint[];
 BEGIN
+    -- With an owner: that role's task of the name, as row-level security lets the caller see it.
+    IF p_owner IS NOT NULL THEN
+        RETURN (SELECT t.task_id FROM tide.task t WHERE t.name = p_name AND t.owner = p_owner);
+    END IF;
     SELECT array_agg(t.task_id) INTO ids FROM tide.task t WHERE t.name = p_name AND t.owner = tide._caller();
     IF ids IS NOT NULL THEN
         RETURN ids[1];
@@ -114,8 +118,8 @@ BEGIN
     RETURN ids[1];
 END
 $$;
-COMMENT ON FUNCTION tide._named_task(text, text) IS
-    'Internal: the task a name means to the caller: its own, else the one of a role it acts for (or, with p_granted, that was granted to it); 42P08 when two roles have it.';
+COMMENT ON FUNCTION tide._named_task(text, text, name) IS
+    'Internal: the task a name means to the caller: its own, else the one of a role it acts for (or, with p_granted, that was granted to it); 42P08 when two roles have it. With p_owner: that role''s task of the name, if the caller sees it.';
 
 CREATE FUNCTION tide._grant_args(p_privilege text, p_object text, p_grantee text, p_function text, p_granting boolean)
 RETURNS void

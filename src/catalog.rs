@@ -58,12 +58,16 @@ pub fn load_task(name: &str, lock: bool) -> Result<TaskRow, TideError> {
 /// team's, any role's for tide_admin).
 pub fn load_task_of(name: &str, owner: Option<&str>, lock: bool) -> Result<TaskRow, TideError> {
     // The caller's own task of that name, else a team's or (tide_admin) anyone's: which one,
-    // and the error when two roles have it, are tide._named_task's (sql/roles.sql). With an
-    // owner, that role's task, as row-level security lets the caller see it.
+    // and the error when two roles have it, are tide._named_task's (sql/roles.sql); with an
+    // owner, that role's task, as row-level security lets the caller see it. Without one, the
+    // call every version's schema has (an older version runs with this library until ALTER
+    // EXTENSION pg_tide UPDATE).
+    let named = match owner {
+        None => "tide._named_task($1)",
+        Some(_) => "tide._named_task($1, NULL, $2::name)",
+    };
     let query = format!(
-        "SELECT task_id, {RULE_COLUMNS}, paused FROM tide.task
-          WHERE task_id = CASE WHEN $2::name IS NULL THEN tide._named_task($1)
-                               ELSE (SELECT t.task_id FROM tide.task t WHERE t.name = $1 AND t.owner = $2::name) END {}",
+        "SELECT task_id, {RULE_COLUMNS}, paused FROM tide.task WHERE task_id = {named} {}",
         // NO KEY UPDATE: it serialises changes of the task without blocking the inserts of its
         // runs, whose foreign-key checks take KEY SHARE (a role's open transaction after
         // tide.pause would otherwise block the emits, and ticks, that create its runs).
@@ -72,9 +76,11 @@ pub fn load_task_of(name: &str, owner: Option<&str>, lock: bool) -> Result<TaskR
     const F: &str = "load_task";
     // `connect_mut`: a read-only SPI connection refuses the row lock.
     Spi::connect_mut(|client| {
-        let table = client
-            .update(&query, Some(1), &[name.into(), owner.into()])
-            .or_raise(F);
+        let args: Vec<pgrx::datum::DatumWithOid> = match owner {
+            None => vec![name.into()],
+            Some(o) => vec![name.into(), o.into()],
+        };
+        let table = client.update(&query, Some(1), &args).or_raise(F);
         let Some(row) = table.into_iter().next() else {
             return Err(TideError::NoSuchTask(name.to_string()));
         };
