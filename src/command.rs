@@ -41,7 +41,7 @@
 //! job has one, so it goes to the dead letters and alerts instead of running twice).
 
 use std::cell::{Cell, RefCell};
-use std::ffi::{c_int, c_long, CStr, CString};
+use std::ffi::{c_int, CStr, CString};
 use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 
@@ -744,13 +744,13 @@ pub extern "C-unwind" fn pg_tide_command_main(arg: pg_sys::Datum) {
     // SAFETY: as in every backend, SIGTERM ends the process at the next interrupt check, and
     // SIGINT (pg_cancel_backend: tide.cancel_run, tide.pause_run) cancels the running statement.
     unsafe {
-        pg_sys::pqsignal(pg_sys::SIGTERM as c_int, Some(die));
-        pg_sys::pqsignal(pg_sys::SIGINT as c_int, Some(StatementCancelHandler));
+        crate::pgversion::pqsignal(pg_sys::SIGTERM, Some(die));
+        crate::pgversion::pqsignal(pg_sys::SIGINT, Some(StatementCancelHandler));
     }
     let Some(job) = begin(index, generation) else {
         // Its slot was given up meanwhile (the executor that launched it saw it stop).
         // SAFETY: a clean exit of a worker that is never restarted.
-        unsafe { pg_sys::proc_exit(0) }
+        unsafe { crate::pgversion::proc_exit(0) }
     };
     MINE.set(Some((index, generation)));
     // SAFETY: registers the exit callback that reports a death without an outcome, and the
@@ -776,7 +776,7 @@ pub extern "C-unwind" fn pg_tide_command_main(arg: pg_sys::Datum) {
     };
     report(&outcome);
     // SAFETY: a clean exit of a worker that is never restarted.
-    unsafe { pg_sys::proc_exit(0) }
+    unsafe { crate::pgversion::proc_exit(0) }
 }
 
 /// Marks the slot running by this process and reads the job from it.
@@ -1207,7 +1207,7 @@ unsafe fn run_statement(
         pg_sys::PortalSetResultFormat(portal, 1, &mut format);
         let dest = pg_sys::CreateDestReceiver(pg_sys::CommandDest::DestNone);
         let mut qc: pg_sys::QueryCompletion = std::mem::zeroed();
-        pg_sys::PortalRun(portal, c_long::MAX, true, true, dest, dest, &mut qc);
+        crate::pgversion::portal_run(portal, dest, &mut qc);
         if let Some(destroy) = (*dest).rDestroy {
             destroy(dest);
         }

@@ -28,6 +28,7 @@ mod ledger;
 mod metrics;
 mod monitor;
 mod pgtime;
+mod pgversion;
 mod queue_count;
 mod roles;
 mod run_change;

@@ -71,9 +71,9 @@ fn history_unwritten() -> bool {
 /// `tupdesc` is a valid tuple descriptor.
 unsafe fn numbers(typid: pg_sys::Oid, tupdesc: pg_sys::TupleDesc) -> [i32; 6] {
     let natts = (*tupdesc).natts as usize;
-    let attrs = (*tupdesc).attrs.as_slice(natts);
     let name_at = |n: i32| -> Option<&CStr> {
-        let a = attrs.get(usize::try_from(n).ok()?.checked_sub(1)?)?;
+        let i = usize::try_from(n).ok()?.checked_sub(1)?;
+        let a = (i < natts).then(|| crate::pgversion::tuple_desc_attr(tupdesc, i))?;
         (!a.attisdropped).then(|| CStr::from_ptr(a.attname.data.as_ptr()))
     };
     let (seen, nums) = NUMBERS.get();

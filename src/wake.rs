@@ -97,10 +97,13 @@ pub fn init_shared() {
     pgrx::pg_shmem_init!(READY);
 }
 
-/// This process's PGPROC number, for another to set its latch (`set_latch`).
+/// This process's PGPROC number, for another to set its latch (`set_latch`): its place in
+/// ProcGlobal->allProcs, as PostgreSQL 17's GetNumberFromPGProc computes it (PGPROC lost its
+/// `pgprocno` field there; up to 16 the field held the same number).
 pub fn procno() -> i32 {
-    // SAFETY: MyProc is set for every process attached to shared memory, workers included.
-    unsafe { (*pg_sys::MyProc).pgprocno }
+    // SAFETY: MyProc is set for every process attached to shared memory, workers included,
+    // and points into ProcGlobal->allProcs.
+    unsafe { pg_sys::MyProc.offset_from((*pg_sys::ProcGlobal).allProcs) as i32 }
 }
 
 /// The scheduler (slot 0) or executor `n` notes its PGPROC number.

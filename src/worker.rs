@@ -85,7 +85,7 @@ pub(crate) fn interval() -> Duration {
 /// Exits (the postmaster died) with code 1, as a FATAL error would.
 pub(crate) fn exit_for_restart() -> ! {
     // SAFETY: ends the process the way a FATAL error would, running exit callbacks.
-    unsafe { pg_sys::proc_exit(1) }
+    unsafe { crate::pgversion::proc_exit(1) }
 }
 
 /// Waits for the next round; a pending SIGTERM ends the worker here (FATAL, exit code 1).
@@ -105,8 +105,8 @@ pub(crate) fn start(name: &str) {
     // have: pg_cancel_backend (tide.cancel_run of a running SQL run) interrupts the command
     // being run, and only that.
     unsafe {
-        pg_sys::pqsignal(pg_sys::SIGTERM as c_int, Some(die));
-        pg_sys::pqsignal(pg_sys::SIGINT as c_int, Some(StatementCancelHandler));
+        crate::pgversion::pqsignal(pg_sys::SIGTERM, Some(die));
+        crate::pgversion::pqsignal(pg_sys::SIGINT, Some(StatementCancelHandler));
     }
     BackgroundWorker::connect_worker_to_spi(Some(&settings::database()), None);
     // A worker's session lives as long as the server: a generic plan it kept from when the

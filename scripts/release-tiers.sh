@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The tiers `make test` runs for PostgreSQL 17 and 18, inside their release's chroot
+# (scripts/chroot.sh trixie|forky bash scripts/release-tiers.sh): the SQL API inside PostgreSQL,
+# then pg_tide installed into the release's server and the cluster, upgrade, engine, security
+# and fuzz tiers against it. PG_MAJOR, PG_CONFIG and PG_TIDE_PG_BIN come from chroot.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+: "${PG_MAJOR:?run through scripts/chroot.sh}" "${PG_CONFIG:?}" "${PG_TIDE_PG_BIN:?}"
+say() { printf '\n==> PostgreSQL %s: %s\n' "$PG_MAJOR" "$*"; }
+
+# cargo-pgrx learns the release's pg_config once (its config lives in the chroot's ~/.pgrx).
+if ! grep -qs "^pg$PG_MAJOR = \"$PG_CONFIG\"" "$HOME/.pgrx/config.toml"; then
+    say "pointing pgrx at $PG_CONFIG"
+    cargo pgrx init --pg"$PG_MAJOR" "$PG_CONFIG"
+fi
+
+say "the SQL API inside PostgreSQL (cargo pgrx test pg$PG_MAJOR)"
+cargo pgrx test "pg$PG_MAJOR" sql_tests --runas postgres --pgdata "/tmp/pg_tide-pgdata-$PG_MAJOR"
+say "installing pg_tide into PostgreSQL $PG_MAJOR"
+bash scripts/install.sh
+for tier in ${PG_TIDE_RELEASE_TIERS:-cluster upgrade engine security fuzz}; do
+    say "the $tier tier"
+    cargo test -p pg_tide_pg_test --test "$tier"
+done
