@@ -172,8 +172,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT p_channel_owner = p_alert_owner
         OR EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = p_channel_owner
-                      AND (r.rolsuper OR pg_has_role(r.oid, 'tide_admin', 'MEMBER')
-                           OR EXISTS (SELECT 1 FROM pg_roles o WHERE o.rolname = p_alert_owner AND pg_has_role(r.oid, o.oid, 'MEMBER'))))
+                      AND (r.rolsuper OR tide._can_set_role(p_channel_owner, 'tide_admin')
+                           OR tide._can_set_role(p_channel_owner, p_alert_owner)))
 $$;
 COMMENT ON FUNCTION tide._routed(name, name) IS
     'Internal: whether a role''s channels and routes receive another role''s alerts (its own, a role it is a member of, or all for a superuser or tide_admin).';

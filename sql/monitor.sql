@@ -749,7 +749,7 @@ DECLARE
     ready record;
     dl record;
 BEGIN
-    IF NOT (tide._caller_is_superuser() OR pg_has_role('tide_admin', 'MEMBER')) THEN
+    IF NOT (tide._caller_is_superuser() OR tide._can_set_role(CURRENT_USER, 'tide_admin')) THEN
         RETURN;
     END IF;
     w := tide._watch();

@@ -43,10 +43,10 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_auth_members m WHERE m.member = to_regrole(quote_ident(tide._caller()))) THEN
         RETURN ARRAY[tide._caller()]::name[];
     END IF;
-    IF pg_has_role(tide._caller(), 'tide_admin', 'MEMBER') THEN
+    IF tide._can_set_role(tide._caller(), 'tide_admin') THEN
         RETURN NULL;
     END IF;
-    RETURN ARRAY(SELECT r.rolname FROM pg_roles r WHERE pg_has_role(tide._caller(), r.oid, 'MEMBER'));
+    RETURN ARRAY(SELECT r.rolname FROM pg_roles r WHERE tide._can_set_role(tide._caller(), r.rolname));
 END
 $$;
 COMMENT ON FUNCTION tide._acts_for() IS
@@ -62,7 +62,7 @@ BEGIN
     RETURN QUERY
     SELECT g.owner, g.object FROM tide.grant g
      WHERE g.privilege = p_privilege
-       AND EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = g.grantee AND pg_has_role(tide._caller(), r.oid, 'MEMBER'));
+       AND tide._can_set_role(tide._caller(), g.grantee);
 END
 $$;
 COMMENT ON FUNCTION tide._granted(text) IS 'Internal: the (owner, object) pairs a privilege was granted to the caller for.';

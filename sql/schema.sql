@@ -261,11 +261,20 @@ CREATE TRIGGER task_snapshot_version AFTER UPDATE ON tide.task
 CREATE TRIGGER task_version_immutable BEFORE UPDATE ON tide.task_version
     FOR EACH ROW EXECUTE FUNCTION tide._task_version_immutable();
 
+-- Whether role p_member may act as role p_role: SET ROLE to it (src/caller.rs). On PostgreSQL 15
+-- any membership; from 16 not one granted WITH SET FALSE (pg_has_role's 'MEMBER' would say yes).
+-- False when either is NULL or no role.
+CREATE FUNCTION tide._can_set_role(p_member text, p_role text) RETURNS boolean
+LANGUAGE c STABLE PARALLEL SAFE
+AS 'MODULE_PATHNAME', 'can_set_role_sql_wrapper';
+COMMENT ON FUNCTION tide._can_set_role(text, text) IS
+    'Internal: whether a role may act as another (SET ROLE to it): every membership test of pg_tide.';
+
 -- Each role reads only its own tasks and versions; superusers (and the extension owner) read
 -- all. Nobody but the extension's owner writes them: roles change tasks through tide.schedule,
 -- tide.alter and the other public functions.
 -- Who sees a row a role owns: that role, its members (a team role owns tasks, its members see
--- them), and members of tide_admin; superusers and the extension's owner bypass row-level
+-- them; from PostgreSQL 16, the members who may SET ROLE to it), and members of tide_admin; superusers and the extension's owner bypass row-level
 -- security. Used by every policy, per row: plain SQL without a SET clause so that it is inlined
 -- (every name is qualified, so it is safe under any search_path; scripts/pgspot.sh lists it),
 -- and the common case (one's own row) is decided by the first test.
@@ -273,9 +282,8 @@ CREATE FUNCTION tide._visible(p_owner name) RETURNS boolean
 LANGUAGE sql STABLE
 AS $$
     SELECT p_owner OPERATOR(pg_catalog.=) CURRENT_USER
-        OR pg_catalog.pg_has_role('tide_admin', 'MEMBER')
-        OR EXISTS (SELECT 1 FROM pg_catalog.pg_roles r
-                    WHERE r.rolname OPERATOR(pg_catalog.=) p_owner AND pg_catalog.pg_has_role(r.oid, 'MEMBER'))
+        OR tide._can_set_role(CURRENT_USER, 'tide_admin')
+        OR tide._can_set_role(CURRENT_USER, p_owner)
 $$;
 COMMENT ON FUNCTION tide._visible(name) IS
     'Internal: whether the current role sees what a role owns: its own, a role it is a member of (a team), or everything for tide_admin.';

@@ -308,14 +308,39 @@ pub fn may_act(owner: Option<&str>) -> bool {
     // SAFETY: catalog lookups; missing_ok returns InvalidOid for a dropped role.
     unsafe {
         let admin = pg_sys::get_role_oid(c"tide_admin".as_ptr(), true);
-        if admin != pg_sys::InvalidOid && pg_sys::is_member_of_role(me, admin) {
+        if admin != pg_sys::InvalidOid && crate::pgversion::can_set_role(me, admin) {
             return true;
         }
         let role = pg_sys::get_role_oid(name.as_ptr(), true);
         if role == pg_sys::InvalidOid {
             return pg_sys::superuser_arg(me);
         }
-        pg_sys::is_member_of_role(me, role)
+        crate::pgversion::can_set_role(me, role)
+    }
+}
+
+/// Whether role `member` may act as role `role` (`SET ROLE` to it; see
+/// `pgversion::can_set_role`): every membership test of pg_tide's SQL asks this, never
+/// `pg_has_role(..., 'MEMBER')`, whose answer on PostgreSQL 16 and later includes memberships
+/// granted `WITH SET FALSE`. False when either role does not exist or is NULL. Declared in
+/// sql/schema.sql (the row-level security policies' `tide._visible` calls it, and is created
+/// before pgrx's own functions).
+#[pg_extern(sql = false)]
+pub fn can_set_role_sql(member: Option<&str>, role: Option<&str>) -> bool {
+    let (Some(member), Some(role)) = (member, role) else {
+        return false;
+    };
+    let (Ok(member), Ok(role)) = (std::ffi::CString::new(member), std::ffi::CString::new(role))
+    else {
+        return false;
+    };
+    // SAFETY: catalog lookups; missing_ok returns InvalidOid for a role that does not exist.
+    unsafe {
+        let member = pg_sys::get_role_oid(member.as_ptr(), true);
+        let role = pg_sys::get_role_oid(role.as_ptr(), true);
+        member != pg_sys::InvalidOid
+            && role != pg_sys::InvalidOid
+            && crate::pgversion::can_set_role(member, role)
     }
 }
 

@@ -185,8 +185,7 @@ fn rows<T>(
 fn monitor_role() -> bool {
     Spi::get_one::<bool>(
         "SELECT NOT tide._caller_is_superuser()
-                AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = 'tide_monitor')
-                AND pg_catalog.pg_has_role('tide_monitor', 'MEMBER')",
+                AND tide._can_set_role(CURRENT_USER, 'tide_monitor')",
     )
     .or_raise(F)
     .unwrap_or(false)

@@ -65,3 +65,20 @@ pub unsafe fn portal_run(
     }
 }
 
+/// Whether `member` may act as `role` (a superuser may act as every role). pg_tide lets a role
+/// act for another (see its tasks, change them, receive its alerts) only where PostgreSQL lets
+/// it SET ROLE to it: on 15 every membership allows that; from 16 a membership granted
+/// `WITH SET FALSE` does not (`member_can_set_role`).
+///
+/// # Safety
+/// Catalog lookups: inside a transaction.
+pub unsafe fn can_set_role(member: pg_sys::Oid, role: pg_sys::Oid) -> bool {
+    #[cfg(feature = "pg15")]
+    {
+        pg_sys::is_member_of_role(member, role)
+    }
+    #[cfg(not(feature = "pg15"))]
+    {
+        pg_sys::member_can_set_role(member, role)
+    }
+}

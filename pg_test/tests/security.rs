@@ -1402,6 +1402,99 @@ fn d12_alert_notifications_carry_no_roles_data(cluster: &Cluster) -> Result<(), 
     Ok(())
 }
 
+/// Membership as PostgreSQL 16 and later define it: a role acts for another in pg_tide (sees and
+/// changes its tasks, receives its alerts, holds tide_admin's powers) only if it may SET ROLE to
+/// it. A membership granted `WITH SET FALSE` gives nothing here, even with INHERIT (running a
+/// role's task is acting as that role). On 15 every membership may SET ROLE, and the grant
+/// options do not exist.
+fn memberships_without_set_role_give_nothing(cluster: &Cluster) -> Result<(), Failed> {
+    let mut admin = cluster.workers_db()?;
+    let version: i32 = one(
+        &mut admin,
+        "SELECT current_setting('server_version_num')::int",
+    )?;
+    exec(
+        &mut admin,
+        "DO $$ BEGIN
+             IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'm_team') THEN CREATE ROLE m_team NOLOGIN; END IF;
+             IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'm_setter') THEN CREATE ROLE m_setter LOGIN; END IF;
+             IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'm_inheritor') THEN CREATE ROLE m_inheritor LOGIN; END IF;
+             IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'm_viewer') THEN CREATE ROLE m_viewer LOGIN; END IF;
+         END $$;
+         SET ROLE m_team;
+         SELECT tide.schedule('m_job', NULL, topics => '{m_topic}');
+         RESET ROLE;",
+    )?;
+    if version < 160000 {
+        // 15: no grant options; a member may always SET ROLE, and acts for the role.
+        let (code, message, _) = refused(
+            &mut admin,
+            "GRANT m_team TO m_inheritor WITH INHERIT TRUE, SET FALSE",
+        )?;
+        assert_eq!(code, "42601", "{message}");
+        exec(&mut admin, "GRANT m_team TO m_setter")?;
+        let mut setter = cluster.connect_as(WORKERS_DB, "m_setter")?;
+        let sees: i64 = one(
+            &mut setter,
+            "SELECT count(*) FROM tide.task WHERE name = 'm_job'",
+        )?;
+        assert_eq!(
+            sees, 1,
+            "a member acts for its role on PostgreSQL {version}"
+        );
+        return Ok(());
+    }
+    exec(
+        &mut admin,
+        "GRANT m_team TO m_setter WITH INHERIT FALSE, SET TRUE;
+         GRANT m_team TO m_inheritor WITH INHERIT TRUE, SET FALSE;
+         GRANT tide_admin TO m_viewer WITH INHERIT TRUE, SET FALSE;",
+    )?;
+    let mut setter = cluster.connect_as(WORKERS_DB, "m_setter")?;
+    let mut inheritor = cluster.connect_as(WORKERS_DB, "m_inheritor")?;
+    let mut viewer = cluster.connect_as(WORKERS_DB, "m_viewer")?;
+    // PostgreSQL calls all three members (pg_has_role's MEMBER): pg_tide does not.
+    let members: i64 = one(
+        &mut admin,
+        "SELECT count(*) FROM (VALUES ('m_setter', 'm_team'), ('m_inheritor', 'm_team'), ('m_viewer', 'tide_admin')) v(m, r)
+          WHERE pg_has_role(m, r, 'MEMBER')",
+    )?;
+    assert_eq!(members, 3);
+    let sql = "SELECT count(*) FROM tide.task WHERE name = 'm_job'";
+    let seen = (
+        one::<i64>(&mut setter, sql)?,
+        one::<i64>(&mut inheritor, sql)?,
+        one::<i64>(&mut viewer, sql)?,
+    );
+    assert_eq!(
+        seen,
+        (1, 0, 0),
+        "who sees m_team's task (setter, inheritor, viewer)"
+    );
+    // The one who may SET ROLE changes the task; the others find no such task.
+    let v: i32 = one(&mut setter, "SELECT tide.alter('m_job', priority => 3)")?;
+    assert_eq!(v, 2);
+    for c in [&mut inheritor, &mut viewer] {
+        assert_eq!(
+            code_of(c, "SELECT tide.alter('m_job', priority => 4)")?,
+            "42704"
+        );
+        assert_eq!(code_of(c, "SELECT tide.pause('m_job')")?, "42704");
+    }
+    // Alerts reach the channels of the roles that act for the owner only.
+    let routed: String = one(
+        &mut admin,
+        "SELECT string_agg(m || '=' || tide._routed(m, 'm_team'), ',' ORDER BY m)
+           FROM unnest(ARRAY['m_inheritor', 'm_setter', 'm_viewer']) m",
+    )?;
+    assert_eq!(routed, "m_inheritor=false,m_setter=true,m_viewer=false");
+    exec(
+        &mut admin,
+        "SET ROLE m_team; SELECT tide.unschedule('m_job'); RESET ROLE;",
+    )?;
+    Ok(())
+}
+
 fn main() {
     let tests: &[(&str, TestFn)] = &[
         (
@@ -1448,6 +1541,10 @@ fn main() {
         (
             "predefined_roles_teams_and_grants",
             predefined_roles_teams_and_grants,
+        ),
+        (
+            "memberships_without_set_role_give_nothing",
+            memberships_without_set_role_give_nothing,
         ),
         (
             "no_role_runs_its_code_as_another",
