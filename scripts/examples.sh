@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The examples tier: prepares the four external workers of examples/ and runs them against a
-# test cluster (pg_test/tests/examples.rs). Installs what each needs, from the package
-# registries, where it is missing:
+# scripts/examples.sh [examples|pgbouncer]: the examples tier prepares the four external workers
+# of examples/ and runs them against a test cluster (pg_test/tests/examples.rs); the pgbouncer
+# tier runs the Python and Node ones through pgbouncer (pg_test/tests/pgbouncer.rs). Installs
+# what each needs, from the package registries, where it is missing:
 #   Python: psycopg 3 (binary) from PyPI, into a venv;
 #   Node:   pg from npm (examples/node/package-lock.json), with Debian's nodejs and npm;
 #   Go:     Debian's golang-go and golang-github-lib-pq-dev (scripts/setup.sh), built without
@@ -38,4 +39,8 @@ export PG_TIDE_EXAMPLE_PYTHON="$venv/bin/python"
 export PG_TIDE_EXAMPLE_NODE="$(command -v node)"
 export PG_TIDE_EXAMPLE_GO="$PWD/$out/go-worker"
 export PG_TIDE_EXAMPLE_RUST="$PWD/target/debug/pg_tide_example_worker"
-exec cargo test -p pg_tide_pg_test --test examples "$@"
+# The tier: examples (the workers connected to the server), or pgbouncer (the same workers
+# through pgbouncer in transaction pooling mode, pg_test/tests/pgbouncer.rs).
+tier=${1:-examples}
+shift || true
+exec cargo test -p pg_tide_pg_test --test "$tier" "$@"

@@ -47,16 +47,30 @@ async function runOne(db, run) {
   }
 }
 
+// Where to LISTEN for wake-ups: DATABASE_URL by default. Through a transaction pooler
+// (pgbouncer's pool_mode = transaction), LISTEN does not work: give the server's own address in
+// LISTEN_URL, or "none" to poll every 2 seconds. (pg sends unnamed statements unless a query is
+// given a name: none is here, so nothing is prepared on a connection the pooler may swap.)
+const DATABASE_URL = process.env.DATABASE_URL;
+const LISTEN_URL = process.env.LISTEN_URL || DATABASE_URL;
+
 async function main() {
-  const db = new Client({ connectionString: process.env.DATABASE_URL });
+  const db = new Client({ connectionString: DATABASE_URL });
   await db.connect();
+  let listener = null;
+  if (LISTEN_URL !== "none") {
+    listener = LISTEN_URL === DATABASE_URL ? db : new Client({ connectionString: LISTEN_URL });
+    if (listener !== db) await listener.connect();
+  }
   let stopping = false;
   let wake = null; // resolves the idle wait early
   const stop = () => { stopping = true; if (wake) wake(); };
   process.on("SIGTERM", stop);
   process.on("SIGINT", stop);
-  db.on("notification", () => { if (wake) wake(); });
-  await db.query("LISTEN pg_tide_ready");
+  if (listener) {
+    listener.on("notification", () => { if (wake) wake(); });
+    await listener.query("LISTEN pg_tide_ready");
+  }
   console.log(`${WORKER}: claiming from queue ${QUEUE}`);
   while (!stopping) {
     const { rows } = await db.query(
@@ -72,6 +86,7 @@ async function main() {
       wake = null;
     }
   }
+  if (listener && listener !== db) await listener.end();
   await db.end();
   console.log(`${WORKER}: stopped`);
 }

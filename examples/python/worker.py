@@ -9,6 +9,10 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "postgres:///postgres")
+# Where to LISTEN for wake-ups: DATABASE_URL by default. Through a transaction pooler
+# (pgbouncer's pool_mode = transaction), LISTEN does not work: give the server's own address
+# here, or "none" to poll every 2 seconds.
+LISTEN_URL = os.environ.get("LISTEN_URL", DATABASE_URL)
 QUEUE = os.environ.get("QUEUE", "default")
 WORKER = f"python-{socket.gethostname()}-{os.getpid()}"
 
@@ -70,8 +74,14 @@ def run_one(conn, run):
 def main():
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
-        conn.execute("LISTEN pg_tide_ready")
+    # prepare_threshold=None: no named prepared statements, which a transaction pooler
+    # (pgbouncer before 1.21) may send to another server connection than the one that prepared
+    # them.
+    with psycopg.connect(DATABASE_URL, autocommit=True, prepare_threshold=None) as conn:
+        listener = None
+        if LISTEN_URL != "none":
+            listener = conn if LISTEN_URL == DATABASE_URL else psycopg.connect(LISTEN_URL, autocommit=True)
+            listener.execute("LISTEN pg_tide_ready")
         print(f"{WORKER}: claiming from queue {QUEUE}", flush=True)
         while not stopping:
             runs = conn.execute(
@@ -85,8 +95,13 @@ def main():
                     break
             if not runs:
                 # Wake on a notification, or after 2 seconds (one can be missed).
-                for _ in conn.notifies(timeout=2, stop_after=1):
-                    pass
+                if listener is None:
+                    time.sleep(2)
+                else:
+                    for _ in listener.notifies(timeout=2, stop_after=1):
+                        pass
+        if listener is not None and listener is not conn:
+            listener.close()
     print(f"{WORKER}: stopped", flush=True)
 
 

@@ -518,4 +518,5 @@ impl Drop for Cluster {
         let _ = std::fs::remove_dir_all(&self.data_dir);
     }
 }
+pub mod example_workers;
 pub mod sinks;
