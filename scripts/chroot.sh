@@ -95,5 +95,10 @@ inner=(/usr/bin/env -i HOME="$home" USER=root LANG=C.UTF-8 TERM="${TERM:-dumb}" 
        PATH="$home/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
        CARGO_TARGET_DIR=/var/cache/pg_tide-target PG_MAJOR="$major" PG_CONFIG="$pg_bin/pg_config"
        PG_TIDE_PG_BIN="$pg_bin" PG_TIDE_CHROOT="$release")
+# cargo-pgrx learns the release's pg_config once (its config lives in the chroot's ~/.pgrx).
+if ! grep -qs "^pg$major = \"$pg_bin/pg_config\"" "$root$home/.pgrx/config.toml"; then
+    say "pointing cargo-pgrx in the $release chroot at PostgreSQL $major"
+    enter "${inner[@]}" cargo pgrx init --pg"$major" "$pg_bin/pg_config" >/dev/null
+fi
 [ $# -gt 0 ] || set -- bash
 enter "${inner[@]}" "$@"

@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
-# The package tier: builds the .debs (`make package`), installs them with apt as a user would,
-# checks that the installed files are the packages', and runs the smoke tests against them: the
-# cluster tier (a fresh cluster with pg_tide preloaded, CREATE EXTENSION, runs through the real
-# workers) and the upgrade tier (the frozen 0.2.0 brought up to date); the console's unit is
-# checked with systemd-analyze verify and its binary started the way the unit starts it. Runs
-# last in `make test`: the release build stays installed, owned by the package.
+# The package tier: builds the .debs (`make package`), installs each with apt as a user would, in
+# its own release (PostgreSQL 15 here, 17 and 18 in the chroots of scripts/chroot.sh), checks
+# that the installed files are the package's, and runs the smoke tests against it: the cluster
+# tier (a fresh cluster with pg_tide preloaded, CREATE EXTENSION, runs through the real workers)
+# and the upgrade tier (every frozen version brought up to date); the console's unit is checked
+# with systemd-analyze verify and its binary started the way the unit starts it. Runs last in
+# `make test`: the release build stays installed, owned by the package.
+# `scripts/package-test.sh extension` checks only the extension's package of $PG_CONFIG's
+# PostgreSQL, already built (what runs in a chroot).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
-PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
-bash scripts/package.sh
+what=${1:-all}
+PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
+major=$("$PG_CONFIG" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
+[ "$what" = extension ] || bash scripts/package.sh
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
-name=postgresql-15-pg-tide
+name=postgresql-$major-pg-tide
 deb="$PWD/target/${name}_${version}-1_$(dpkg --print-architecture).deb"
 
 echo "==> apt-get install $deb"
@@ -31,6 +36,14 @@ done
 echo "==> the smoke tests against the installed package"
 cargo test -p pg_tide_pg_test --test cluster
 cargo test -p pg_tide_pg_test --test upgrade
+if [ "$what" = extension ]; then
+    exit 0
+fi
+for release in trixie forky; do
+    bash scripts/chroot.sh "$release" bash scripts/package-test.sh extension
+done
+# pg_upgrade from 15 to 17 with pg_tide and its data (in the trixie chroot, where both are).
+bash scripts/chroot.sh trixie bash scripts/pg-upgrade-test.sh
 
 # The console's package: installed, its files as shipped, its unit valid, its options file a
 # conffile only root reads.

@@ -1,18 +1,29 @@
 #!/usr/bin/env bash
-# `make package`: Debian packages built from this tree:
-#   target/postgresql-15-pg-tide_<version>-1_<arch>.deb   pg_tide for PostgreSQL 15
-#   target/pg-tide-console_<version>-1_<arch>.deb         the web console, as a systemd service
-# It holds the library, the current install script, the upgrade scripts and the frozen install
-# scripts of earlier versions (so `ALTER EXTENSION pg_tide UPDATE` works from any of them), the
-# license and the README. It depends on Debian's postgresql-15 and the libraries the .so links.
+# `make package` (scripts/package.sh [all|extension|console]): Debian packages built from this
+# tree, into target/:
+#   postgresql-15-pg-tide_<version>-1_<arch>.deb   pg_tide for PostgreSQL 15 (Debian 12)
+#   postgresql-17-pg-tide_<version>-1_<arch>.deb   pg_tide for PostgreSQL 17 (Debian 13, trixie)
+#   postgresql-18-pg-tide_<version>-1_<arch>.deb   pg_tide for PostgreSQL 18 (Debian forky)
+#   pg-tide-console_<version>-1_<arch>.deb         the web console, as a systemd service (Debian 12)
+# Each extension package is built in its own release (17 and 18 in the chroots of
+# scripts/chroot.sh), against that release's PostgreSQL and libraries. It holds the library, the
+# current install script, the upgrade scripts and the frozen install scripts of earlier versions
+# (so `ALTER EXTENSION pg_tide UPDATE` works from any of them), the license and the README, and
+# depends on the release's postgresql-N and the libraries the .so links.
+# `extension` builds the one for the PostgreSQL of $PG_CONFIG (15 by default) here; `console`
+# the console; `all` (the default) the console and all three.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
+what=${1:-all}
+case "$what" in all|extension|console) ;; *) echo "package.sh: all, extension or console, not '$what'" >&2; exit 2 ;; esac
 PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
+major=$("$PG_CONFIG" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 arch=$(dpkg --print-architecture)
-name=postgresql-15-pg-tide
+name=postgresql-$major-pg-tide
 deb="target/${name}_${version}-1_${arch}.deb"
+target_dir=${CARGO_TARGET_DIR:-target}
 
 # The shared libraries a binary of package $1 needs, as Debian names their packages
 # (dpkg-shlibdeps reads a debian/control of its own: it gets a minimal one in a scratch
@@ -37,9 +48,10 @@ build_deb() {
     dpkg-deb --info "$2" | sed -n 's/^ \(Package\|Version\|Depends\):/  \1:/p'
 }
 
-echo "==> building pg_tide $version (release) with cargo pgrx package"
+build_extension() {
+echo "==> building pg_tide $version for PostgreSQL $major (release) with cargo pgrx package"
 cargo pgrx package --pg-config "$PG_CONFIG" >/dev/null
-built=target/release/pg_tide-pg15
+built=$target_dir/release/pg_tide-pg$major
 libdir=$("$PG_CONFIG" --pkglibdir)
 extdir=$("$PG_CONFIG" --sharedir)/extension
 
@@ -60,11 +72,11 @@ Package: $name
 Version: $version-1
 Architecture: $arch
 Maintainer: The pg_tide contributors <pg_tide@localhost>
-Depends: postgresql-15${libs:+, $libs}
+Depends: postgresql-$major${libs:+, $libs}
 Section: database
 Priority: optional
 Installed-Size: $size
-Description: reliable scheduled work inside PostgreSQL 15
+Description: reliable scheduled work inside PostgreSQL $major
  pg_tide owns the whole life of a scheduled run inside PostgreSQL: business windows in the
  task's own time zone and across DST, readiness checks, an idempotency key per window, leases
  with fencing tokens, retries with backoff, dead letters and replay, backfills,
@@ -74,10 +86,12 @@ Description: reliable scheduled work inside PostgreSQL 15
  CREATE EXTENSION pg_tide as a superuser.
 CONTROL
 build_deb "$stage" "$deb"
+}
 
 # The console: its binary, a systemd unit that runs it as a user of its own (DynamicUser) with
 # its options from /etc/pg-tide-console/console.env (a conffile, readable by root alone: systemd
 # reads it before it starts the console), and its documentation.
+build_console() {
 cname=pg-tide-console
 cdeb="target/${cname}_${version}-1_${arch}.deb"
 echo "==> building pg_tide-console $version (release)"
@@ -140,3 +154,16 @@ Description: web console of pg_tide, reliable scheduled work inside PostgreSQL
  systemctl enable --now pg-tide-console.
 CONTROL
 build_deb "$cstage" "$cdeb"
+}
+
+case "$what" in
+    extension) build_extension ;;
+    console) build_console ;;
+    all)
+        build_extension
+        build_console
+        for release in trixie forky; do
+            bash scripts/chroot.sh "$release" bash scripts/package.sh extension
+        done
+        ;;
+esac

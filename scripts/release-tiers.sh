@@ -8,12 +8,6 @@ cd "$(dirname "$0")/.."
 : "${PG_MAJOR:?run through scripts/chroot.sh}" "${PG_CONFIG:?}" "${PG_TIDE_PG_BIN:?}"
 say() { printf '\n==> PostgreSQL %s: %s\n' "$PG_MAJOR" "$*"; }
 
-# cargo-pgrx learns the release's pg_config once (its config lives in the chroot's ~/.pgrx).
-if ! grep -qs "^pg$PG_MAJOR = \"$PG_CONFIG\"" "$HOME/.pgrx/config.toml"; then
-    say "pointing pgrx at $PG_CONFIG"
-    cargo pgrx init --pg"$PG_MAJOR" "$PG_CONFIG"
-fi
-
 say "the SQL API inside PostgreSQL (cargo pgrx test pg$PG_MAJOR)"
 cargo pgrx test "pg$PG_MAJOR" sql_tests --runas postgres --pgdata "/tmp/pg_tide-pgdata-$PG_MAJOR"
 say "installing pg_tide into PostgreSQL $PG_MAJOR"

@@ -15,13 +15,16 @@ PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
 # openssl: the console tier makes a CA and a server certificate for its cluster's ssl = on.
 # prometheus (for promtool), python3-yaml: the console tier checks and tests monitoring/'s alert
 # rules and Grafana panels against a recorded scrape of /metrics.
+# debootstrap: the chroots of PostgreSQL 17 (Debian trixie) and 18 (forky) (scripts/chroot.sh).
+# patroni, etcd-server: the high-availability tier; pgbouncer: the pooler tier.
 APT_PACKAGES=(postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo make python3-prometheus-client
               postgresql-15-cron
               python3-venv
               chromium chromium-driver
               golang-go golang-github-lib-pq-dev
               dpkg-dev systemd openssl
-              prometheus python3-yaml)
+              prometheus python3-yaml
+              debootstrap patroni etcd-server pgbouncer)
 PGSPOT_VERSION=0.9.4
 PGSPOT_VENV=${PG_TIDE_PGSPOT_VENV:-$HOME/.cache/pg_tide/pgspot-venv}
 

@@ -60,6 +60,11 @@ run_tier console cargo test -p pg_tide_console
 # The external workers of examples/ in Python (psycopg 3), Node (pg), Go (lib/pq) and Rust
 # (tokio-postgres), each run against a cluster: every kind of run, then SIGTERM mid-run.
 run_tier examples bash scripts/examples.sh
+# The Python and Node workers through pgbouncer in transaction pooling mode; fencing through it.
+run_tier pgbouncer bash scripts/examples.sh pgbouncer
+# High availability: two nodes under Patroni with etcd; kill -9 of the leader, rejoin,
+# switchover, under load; asynchronous and synchronous_mode.
+run_tier patroni cargo test -p pg_tide_pg_test --test patroni
 # tide.import_pg_cron against the real pg_cron, preloaded beside pg_tide.
 run_tier pg_cron cargo test -p pg_tide_pg_test --test pg_cron
 # Three hostile roles and the superuser on one cluster; generated hostile calls of every function.
@@ -70,8 +75,14 @@ run_tier fuzz cargo test -p pg_tide_pg_test --test fuzz
 run_tier fairness cargo test -p pg_tide_pg_test --test fairness
 # Every SQL example of README.md, docs/ and examples/ (pg_test/tests/docs.rs).
 run_tier docs cargo test -p pg_tide_pg_test --test docs
-# The Debian package (make package) installed with apt, then the cluster and upgrade tiers
-# against it. Last: it leaves the packaged release build installed.
+# PostgreSQL 17 and 18, each in a Debian chroot (scripts/chroot.sh: trixie, forky; made with
+# debootstrap when missing, cached in /var/cache/pg_tide/chroots): the in-database tier, then the
+# cluster, upgrade, engine, security and fuzz tiers against pg_tide installed there.
+run_tier pg17 bash scripts/chroot.sh trixie bash scripts/release-tiers.sh
+run_tier pg18 bash scripts/chroot.sh forky bash scripts/release-tiers.sh
+# The Debian packages (make package) for 15, 17 and 18, each installed with apt in its own
+# release, then the cluster and upgrade tiers against it; the console's package; pg_upgrade of a
+# 15 cluster with pg_tide and data to 17. Last: it leaves the packaged release build installed.
 run_tier package bash scripts/package-test.sh
 
 # Runners that ran nothing (empty doc-test binaries) are left out of the summary.
