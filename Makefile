@@ -19,7 +19,9 @@ demo-stop:
 bench:
 	bash bench/bench.sh
 
-# Debian packages: target/postgresql-15-pg-tide_<version>-1_<arch>.deb (pg_tide for PostgreSQL 15)
-# and target/pg-tide-console_<version>-1_<arch>.deb (the console, a systemd service).
+# Debian packages: target/postgresql-{15,17,18}-pg-tide_<version>-1_<arch>.deb (pg_tide for
+# PostgreSQL 15 on Debian 12, 17 on Debian 13 and 18 on Debian forky, the last two built in
+# chroots of their release) and target/pg-tide-console_<version>-1_<arch>.deb (the console, a
+# systemd service).
 package: setup
 	bash scripts/package.sh
