@@ -90,6 +90,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     echo "$want" > "$stamp"
 fi
 
+# The host's name resolves inside as outside (sudo looks it up).
+cp /etc/hosts "$root/etc/hosts" 2>/dev/null || true
 pg_bin=/usr/lib/postgresql/$major/bin
 inner=(/usr/bin/env -i HOME="$home" USER=root LANG=C.UTF-8 TERM="${TERM:-dumb}" ${CI:+CI=$CI}
        PATH="$home/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

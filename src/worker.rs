@@ -40,6 +40,17 @@ extern "C-unwind" {
 
 /// Registers the workers; called from `_PG_init` while shared_preload_libraries loads.
 pub fn register() {
+    // pg_upgrade starts the old and the new server in binary-upgrade mode (`postgres -b`) while
+    // it reads their control data, dumps the schema and moves the files: a worker that wrote
+    // then (a tick, a claim's row locks) would change the old cluster behind pg_upgrade's back
+    // (seen: row locks whose MultiXactIds the new cluster then does not know). No pg_tide
+    // worker starts in that mode; the upgraded server starts them as usual.
+    // SAFETY: the postmaster sets the flag from its command line before it loads
+    // shared_preload_libraries.
+    if unsafe { pg_sys::IsBinaryUpgrade } {
+        pgrx::log!("pg_tide: binary-upgrade mode (pg_upgrade): no pg_tide worker starts");
+        return;
+    }
     load(
         "pg_tide scheduler",
         "pg_tide scheduler",
