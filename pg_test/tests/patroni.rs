@@ -144,7 +144,7 @@ impl Ha {
         c.batch_execute("CREATE EXTENSION pg_tide")
             .map_err(|e| describe(&e))?;
         ha.start_patroni(1)?;
-        ha.wait_role(1, "replica", Duration::from_secs(90))?;
+        ha.wait_standby(1, synchronous)?;
         Ok(ha)
     }
 
@@ -176,6 +176,14 @@ impl Ha {
             || Ok((http_status(port, &format!("/{role}")) == Some(200)).then_some(())),
         )
         .map_err(|e| format!("{e}\n{}", self.logs()))
+    }
+
+    /// Waits until node `i` is a replica that can take over: streaming, and with
+    /// `synchronous_mode` the synchronous standby (Patroni promotes no other, and switches over
+    /// to no other).
+    fn wait_standby(&self, i: usize, synchronous: bool) -> Result<(), String> {
+        let role = if synchronous { "sync" } else { "replica" };
+        self.wait_role(i, role, Duration::from_secs(90))
     }
 
     fn leader(&self) -> Option<usize> {
@@ -652,13 +660,13 @@ fn ha_scenario(synchronous: bool) -> Result<(), Failed> {
     let resumed = workers_resume(&load.seen, Instant::now(), "after the failover")?;
     // 2. The old leader comes back and rejoins as a replica (pg_rewind).
     ha.start_patroni(0)?;
-    ha.wait_role(0, "replica", Duration::from_secs(90))?;
+    ha.wait_standby(0, synchronous)?;
     std::thread::sleep(Duration::from_secs(4));
     // 3. A switchover back to the first node.
     let switch_at = Instant::now();
     ha.switchover(1, 0)?;
     wait_leader(&ha, 0)?;
-    ha.wait_role(1, "replica", Duration::from_secs(90))?;
+    ha.wait_standby(1, synchronous)?;
     let switched = switch_at.elapsed();
     let resumed_switch = workers_resume(&load.seen, Instant::now(), "after the switchover")?;
     std::thread::sleep(Duration::from_secs(3));
