@@ -20,7 +20,7 @@ use pg_tide_pg_test::{describe, run_tests_with, Cluster, Failed, TestFn};
 
 /// Every page with its test. One list: a page added to docs/ and not here fails
 /// `every_page_with_sql_is_tested`.
-const PAGES: [(&str, TestFn); 14] = [
+const PAGES: [(&str, TestFn); 15] = [
     ("README.md", |c| page(c, "README.md")),
     ("docs/guide.md", |c| page(c, "docs/guide.md")),
     ("docs/time.md", |c| page(c, "docs/time.md")),
@@ -33,6 +33,7 @@ const PAGES: [(&str, TestFn); 14] = [
     ("docs/settings.md", |c| page(c, "docs/settings.md")),
     ("docs/operations.md", |c| page(c, "docs/operations.md")),
     ("docs/security.md", |c| page(c, "docs/security.md")),
+    ("docs/patroni.md", |c| page(c, "docs/patroni.md")),
     ("docs/pg_cron.md", |c| page(c, "docs/pg_cron.md")),
     ("docs/console.md", |c| page(c, "docs/console.md")),
     ("docs/internals.md", |c| page(c, "docs/internals.md")),
