@@ -5,7 +5,8 @@
 -- MEMBER). On PostgreSQL 15 nothing changes: every membership may SET ROLE there.
 -- Run by ALTER EXTENSION pg_tide UPDATE; the upgrade tier (pg_test/tests/upgrade.rs) checks that
 -- the schema it leaves is the one a fresh CREATE EXTENSION makes. Functions whose body changed are
--- dropped and created again rather than replaced (pgspot's PS002).
+-- dropped and created again (pgspot's PS002), but the two that views and row-level security
+-- policies depend on, which are replaced in place so that the update locks no table.
 \echo Use "ALTER EXTENSION pg_tide UPDATE TO '0.2.5'" to load this file. \quit
 SET LOCAL search_path = pg_catalog, pg_temp;
 
@@ -15,10 +16,13 @@ AS 'MODULE_PATHNAME', 'can_set_role_sql_wrapper';
 COMMENT ON FUNCTION tide._can_set_role(text, text) IS
     'Internal: whether a role may act as another (SET ROLE to it): every membership test of pg_tide.';
 
--- The row-level security policies' test: the old one is renamed, the new one made, every
--- policy pointed at it (ALTER POLICY), then the old one dropped (nothing may still use it).
-ALTER FUNCTION tide._visible(name) RENAME TO _visible_0_2_4;
-CREATE FUNCTION tide._visible(p_owner name) RETURNS boolean
+-- The row-level security policies' test, replaced in place: 28 policies use it, and dropping
+-- it means ALTER POLICY on 28 tables, an ACCESS EXCLUSIVE lock on each, taken one by one while
+-- pg_tide's workers run (the upgrade tier saw that deadlock with a worker). Replacing a
+-- function locks no table. (CREATE OR REPLACE in an extension script cannot take over a
+-- function that is not the extension's: PostgreSQL refuses it. scripts/pgspot.sh allows
+-- PS002 for this script alone.)
+CREATE OR REPLACE FUNCTION tide._visible(p_owner name) RETURNS boolean
 LANGUAGE sql STABLE
 AS $$
     SELECT p_owner OPERATOR(pg_catalog.=) CURRENT_USER
@@ -27,45 +31,11 @@ AS $$
 $$;
 COMMENT ON FUNCTION tide._visible(name) IS
     'Internal: whether the current role sees what a role owns: its own, a role it is a member of (a team), or everything for tide_admin.';
-ALTER POLICY task_owner ON tide.task USING (tide._visible(owner));
-ALTER POLICY task_version_owner ON tide.task_version USING (tide._visible(owner));
-ALTER POLICY run_owner ON tide.run USING (tide._visible(owner));
-ALTER POLICY run_event_owner ON tide.run_event USING (tide._visible(owner));
-ALTER POLICY pending_owner ON tide.pending USING (tide._visible(owner));
-ALTER POLICY ready_marker_owner ON tide.ready_marker USING (tide._visible(owner));
-ALTER POLICY lock_owner ON tide.lock USING (tide._visible(owner));
-ALTER POLICY queue_owner ON tide.queue USING (tide._visible(owner));
-ALTER POLICY backfill_owner ON tide.backfill USING (tide._visible(owner));
-ALTER POLICY backfill_window_owner ON tide.backfill_window USING (tide._visible(owner));
-ALTER POLICY backfill_event_owner ON tide.backfill_event USING (tide._visible(owner));
-ALTER POLICY succeeded_window_owner ON tide.succeeded_window USING (tide._visible(owner));
-ALTER POLICY recon_result_owner ON tide.recon_result USING (tide._visible(owner));
-ALTER POLICY recon_diff_owner ON tide.recon_diff USING (tide._visible(owner));
-ALTER POLICY step_owner ON tide.step USING (tide._visible(owner));
-ALTER POLICY effect_owner ON tide.effect USING (tide._visible(owner));
-ALTER POLICY delivery_count_owner ON tide.delivery_count USING (tide._visible(owner));
-ALTER POLICY grant_owner ON tide.grant USING (tide._visible(owner) OR tide._visible(grantee));
-ALTER POLICY alert_route_owner ON tide.alert_route USING (tide._visible(owner));
-ALTER POLICY check_owner ON tide.check USING (tide._visible(owner));
-ALTER POLICY alert_owner ON tide.alert USING (tide._visible(owner));
-ALTER POLICY run_count_owner ON tide.run_count USING (tide._visible(owner));
-ALTER POLICY count_delta_owner ON tide.count_delta USING (tide._visible(owner));
-ALTER POLICY task_stat_owner ON tide.task_stat USING (tide._visible(owner));
-ALTER POLICY task_touch_owner ON tide.task_touch USING (tide._visible(owner));
-ALTER POLICY run_hourly_owner ON tide.run_hourly USING (tide._visible(owner));
-ALTER POLICY owner_hourly_owner ON tide.owner_hourly USING (tide._visible(owner));
-ALTER POLICY role_limit_read ON tide.role_limit USING (tide._visible(role));
-DROP FUNCTION tide._visible_0_2_4(name);
 
 -- Changed functions.
--- tide._self (pg_tide's own health, for superusers and tide_admin): the views over it, and
--- tide.task_health (which returns tide.health's rows), are made again.
-DROP VIEW tide.dashboard;
-DROP FUNCTION tide.task_health(text, name);
-DROP VIEW tide.health;
-DROP VIEW tide.self_health;
-DROP FUNCTION tide._self(timestamptz);
-CREATE FUNCTION tide._self(p_now timestamptz)
+-- pg_tide's own health (tide._self), replaced in place too: the views tide.self_health,
+-- tide.health and tide.dashboard read it, and stay as they are.
+CREATE OR REPLACE FUNCTION tide._self(p_now timestamptz)
 RETURNS TABLE (status text, last_tick timestamptz, since_last_tick interval, stalled_after interval, tick_errors bigint,
                last_tick_error text, last_tick_error_at timestamptz, scheduler_alive boolean, executors_alive integer,
                executors_expected integer, delivery_alive boolean, notifier_alive boolean, ready_runs integer, oldest_ready interval,
@@ -154,59 +124,6 @@ END
 $$;
 COMMENT ON FUNCTION tide._self(timestamptz) IS
     'Internal: pg_tide''s own health at an instant (tide.self_health), in the database it serves, for superusers and tide_admin.';
-
-CREATE VIEW tide.self_health WITH (security_invoker = true) AS SELECT * FROM tide._self(now());
-COMMENT ON VIEW tide.self_health IS
-    'pg_tide itself: status (ok, late, failing, down, paused), the last successful tick and the time since, tick errors since the server started and the last one, whether the scheduler, executors, delivery worker and notifier run, ready runs and the oldest one''s wait, alert deliveries pending and dead in 24 h, the ping, alerts_untaken: open alerts no channel or route takes (late while there are any), and notify_queue_usage: the share of PostgreSQL''s notification queue in use (late from 0.5: pg_tide then sends no notifications and workers poll; a session that LISTENs in a transaction it keeps open holds the queue). Shown in the database pg_tide serves, to superusers and members of tide_admin.';
-GRANT SELECT ON tide.self_health TO PUBLIC;
-
-CREATE VIEW tide.health WITH (security_invoker = true) AS
-SELECT task, status, severity, last_success, silence, max_silence, last_state, consecutive_failures,
-       consecutive_skips, retries_24h, backlog, oldest_ready, dead, need_check, p50_duration, p95_duration,
-       p95_queue_wait, next_fire_at, owner, open_differences, differences_for_a_person
-  FROM tide._health(now())
-UNION ALL
--- pg_tide itself, as one more row (see tide.self_health).
-SELECT 'pg_tide', x.status, 'critical', x.last_tick, x.since_last_tick, x.stalled_after, NULL, 
-       CASE WHEN x.last_tick_error_at > coalesce(x.last_tick, '-infinity') THEN 1 ELSE 0 END, 0, 0,
-       x.ready_runs, x.oldest_ready, x.deliveries_dead_24h, 0, NULL, NULL, NULL, NULL, x.owner, NULL, NULL
-  FROM tide._self(now()) x;
-COMMENT ON VIEW tide.health IS
-    'One row per task, and one named pg_tide for pg_tide itself (in the database it serves, for superusers and tide_admin: its last tick, tick errors, ready runs and dead alert deliveries; see tide.self_health): status (ok, late, failing, unbalanced, down, paused, never_ran), last success, silence so far against max_silence, last run state, failures and skips in a row, retries in 24 h, backlog (ready + waiting), age of the oldest ready run, dead and need_check runs, p50/p95 duration and p95 queue wait over 24 h, next fire, owner. A role sees its own tasks (a superuser every role''s).';
-GRANT SELECT ON tide.health TO PUBLIC;
-
-CREATE VIEW tide.dashboard WITH (security_invoker = true) AS
-SELECT left(s.task, 16) AS task, s.status, left(s.severity::text, 4) AS sev, tide._short(s.silence) AS quiet,
-       tide._short(s.max_silence) AS max, s.consecutive_failures AS fail, s.backlog AS todo,
-       tide._short(s.oldest_ready) AS wait, tide._short(s.next_fire_at - now()) AS next
-  FROM (SELECT tide._status_rank(h.status) AS rank, h.severity, h.silence, h.task, h.status, h.max_silence,
-               h.consecutive_failures, h.backlog, h.oldest_ready, h.next_fire_at
-          FROM tide.health h
-         ORDER BY 1, 2 DESC, 3 DESC NULLS LAST, 4) s
- ORDER BY s.rank, s.severity DESC, s.silence DESC NULLS LAST, s.task;
-COMMENT ON VIEW tide.dashboard IS
-    'tide.health in 80 columns, worst first: status, severity, silence (quiet) against max_silence, failed attempts in a row, backlog (todo), the oldest ready run''s wait (wait), time to the next fire.';
-GRANT SELECT ON tide.dashboard TO PUBLIC;
-
-CREATE FUNCTION tide.task_health(task text, owner name DEFAULT NULL)
-RETURNS SETOF tide.health
-LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    id bigint := tide._task_of(task_health.task, task_health.owner, 'tide.task_health');
-BEGIN
-    RETURN QUERY
-    SELECT h.task, h.status, h.severity, h.last_success, h.silence, h.max_silence, h.last_state,
-           h.consecutive_failures, h.consecutive_skips, h.retries_24h, h.backlog, h.oldest_ready, h.dead,
-           h.need_check, h.p50_duration, h.p95_duration, h.p95_queue_wait, h.next_fire_at, h.owner,
-           h.open_differences, h.differences_for_a_person
-      FROM tide._health(now(), ARRAY[id], true) h
-     WHERE h.task_id = id;
-END
-$$;
-COMMENT ON FUNCTION tide.task_health(text, name) IS
-    'task_health(task, owner => NULL): tide.health''s row of one task, read for that task alone (its kept figures and its unfinished runs) rather than computed for every task the caller sees. owner names another role''s task of that name (a team''s, or any role''s for tide_admin).';
 
 DROP FUNCTION tide._acts_for();
 CREATE FUNCTION tide._acts_for() RETURNS name[]

@@ -167,7 +167,7 @@ fn through_pgbouncer(cluster: &Cluster, lang: &str, listen_direct: bool) -> Resu
                 if let Ok(c) = c.as_mut() {
                     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                         let _ = c.simple_query("SELECT pg_sleep(0.005)");
-                        std::thread::sleep(std::time::Duration::from_millis(5));
+                        std::thread::sleep(std::time::Duration::from_millis(25));
                     }
                 }
             })
