@@ -302,21 +302,27 @@ pub fn may_act(owner: Option<&str>) -> bool {
         return false;
     };
     let me = caller();
-    let Ok(name) = std::ffi::CString::new(owner) else {
-        return false;
-    };
-    // SAFETY: catalog lookups; missing_ok returns InvalidOid for a dropped role.
-    unsafe {
-        let admin = pg_sys::get_role_oid(c"tide_admin".as_ptr(), true);
-        if admin != pg_sys::InvalidOid && crate::pgversion::can_set_role(me, admin) {
-            return true;
-        }
-        let role = pg_sys::get_role_oid(name.as_ptr(), true);
-        if role == pg_sys::InvalidOid {
-            return pg_sys::superuser_arg(me);
-        }
-        crate::pgversion::can_set_role(me, role)
+    if role_oid("tide_admin").is_some_and(|admin| can_set_role(me, admin)) {
+        return true;
     }
+    match role_oid(owner) {
+        Some(role) => can_set_role(me, role),
+        // SAFETY: a catalog lookup.
+        None => unsafe { pg_sys::superuser_arg(me) },
+    }
+}
+
+/// The role of that name, if there is one.
+fn role_oid(name: &str) -> Option<Oid> {
+    let name = std::ffi::CString::new(name).ok()?;
+    // SAFETY: a catalog lookup; missing_ok returns InvalidOid for a role that does not exist.
+    let oid = unsafe { pg_sys::get_role_oid(name.as_ptr(), true) };
+    (oid != pg_sys::InvalidOid).then_some(oid)
+}
+
+fn can_set_role(member: Oid, role: Oid) -> bool {
+    // SAFETY: catalog lookups, inside the caller's transaction.
+    unsafe { crate::pgversion::can_set_role(member, role) }
 }
 
 /// Whether role `member` may act as role `role` (`SET ROLE` to it; see
@@ -327,20 +333,9 @@ pub fn may_act(owner: Option<&str>) -> bool {
 /// before pgrx's own functions).
 #[pg_extern(sql = false)]
 pub fn can_set_role_sql(member: Option<&str>, role: Option<&str>) -> bool {
-    let (Some(member), Some(role)) = (member, role) else {
-        return false;
-    };
-    let (Ok(member), Ok(role)) = (std::ffi::CString::new(member), std::ffi::CString::new(role))
-    else {
-        return false;
-    };
-    // SAFETY: catalog lookups; missing_ok returns InvalidOid for a role that does not exist.
-    unsafe {
-        let member = pg_sys::get_role_oid(member.as_ptr(), true);
-        let role = pg_sys::get_role_oid(role.as_ptr(), true);
-        member != pg_sys::InvalidOid
-            && role != pg_sys::InvalidOid
-            && crate::pgversion::can_set_role(member, role)
+    match (member.and_then(role_oid), role.and_then(role_oid)) {
+        (Some(member), Some(role)) => can_set_role(member, role),
+        _ => false,
     }
 }
 
