@@ -169,7 +169,24 @@ pub fn describe(e: &postgres::Error) -> String {
     }
 }
 
-fn free_port() -> Result<u16, String> {
+/// The uid and gid of the `postgres` OS user, for a server or tool the tests start as it
+/// (Patroni, pgbouncer).
+pub fn postgres_ids() -> Result<(u32, u32), String> {
+    let id = |flag: &str| -> Result<u32, String> {
+        let out = Command::new("id")
+            .args([flag, "postgres"])
+            .output()
+            .map_err(|e| e.to_string())?;
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .map_err(|e| format!("id {flag} postgres: {e}"))
+    };
+    Ok((id("-u")?, id("-g")?))
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> Result<u16, String> {
     let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     listener
         .local_addr()

@@ -12,7 +12,7 @@
 //! is lost: asserted).
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -21,30 +21,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use pg_tide_pg_test::{describe, pg_bin, wait_for, Failed};
+use pg_tide_pg_test::{describe, free_port, one, pg_bin, postgres_ids, wait_for, Failed};
 use postgres::{Client, NoTls};
 
 const DB: &str = "tide_ha";
-
-fn free_port() -> Result<u16, String> {
-    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
-}
-
-/// The uid and gid of the `postgres` OS user (Patroni runs PostgreSQL as it).
-fn postgres_ids() -> Result<(u32, u32), String> {
-    let id = |flag: &str| -> Result<u32, String> {
-        let out = Command::new("id")
-            .args([flag, "postgres"])
-            .output()
-            .map_err(|e| e.to_string())?;
-        String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .parse()
-            .map_err(|e| format!("id {flag} postgres: {e}"))
-    };
-    Ok((id("-u")?, id("-g")?))
-}
 
 /// The status code of GET `path` on Patroni's REST API (None: not answering).
 fn http_status(port: u16, path: &str) -> Option<u16> {
@@ -495,16 +475,7 @@ impl Load {
                         }
                         for r in runs {
                             let (run, token, n): (i64, i64, i64) = (r.get(0), r.get(1), r.get(2));
-                            let done = (|| -> Result<(), postgres::Error> {
-                                let mut tx = c.transaction()?;
-                                tx.execute(
-                                    "INSERT INTO ha_job_effect (n, worker)
-                                     SELECT $1, $2 WHERE NOT EXISTS (SELECT 1 FROM ha_job_effect WHERE n = $1)",
-                                    &[&n, &name],
-                                )?;
-                                tx.execute("SELECT tide.complete_run($1, $2)", &[&run, &token])?;
-                                tx.commit()
-                            })();
+                            let done = complete_job(&mut c, run, token, n, &name);
                             let mut s = seen.lock().unwrap();
                             match done {
                                 Ok(()) => {
@@ -580,14 +551,14 @@ impl Load {
 
 fn schema(c: &mut Client) -> Result<(), String> {
     c.batch_execute(
-        "CREATE TABLE ha_tick (task text, window_start timestamptz, port int);
+        "CREATE TABLE ha_tick (task text, window_start timestamptz);
          CREATE TABLE ha_event_effect (e bigint);
          CREATE TABLE ha_job_effect (n bigint, worker text);
          SELECT tide.schedule('ha_catch_up', '*/2 * * * * *',
-                              'INSERT INTO ha_tick VALUES (''ha_catch_up'', tide.window_start(), inet_server_port())',
+                              'INSERT INTO ha_tick VALUES (''ha_catch_up'', tide.window_start())',
                               misfire => 'catch_up', misfire_threshold => '3 seconds');
          SELECT tide.schedule('ha_skip', '*/2 * * * * *',
-                              'INSERT INTO ha_tick VALUES (''ha_skip'', tide.window_start(), inet_server_port())',
+                              'INSERT INTO ha_tick VALUES (''ha_skip'', tide.window_start())',
                               misfire => 'skip', misfire_threshold => '3 seconds');
          SELECT tide.schedule('ha_event', NULL,
                               'INSERT INTO ha_event_effect VALUES ((tide.payload()->>''e'')::bigint)',
@@ -650,7 +621,7 @@ fn ha_scenario(synchronous: bool) -> Result<(), Failed> {
     // Load on the first leader until every worker has completed runs.
     let started = Instant::now();
     workers_resume(&load.seen, started, "on the first leader")?;
-    std::thread::sleep(Duration::from_secs(4));
+    windows_run(&ha, 0)?;
 
     // 1. Failover: the leader is lost; Patroni promotes the replica.
     let killed_at = Instant::now();
@@ -661,7 +632,7 @@ fn ha_scenario(synchronous: bool) -> Result<(), Failed> {
     // 2. The old leader comes back and rejoins as a replica (pg_rewind).
     ha.start_patroni(0)?;
     ha.wait_standby(0, synchronous)?;
-    std::thread::sleep(Duration::from_secs(4));
+    windows_run(&ha, 1)?;
     // 3. A switchover back to the first node.
     let switch_at = Instant::now();
     ha.switchover(1, 0)?;
@@ -669,7 +640,7 @@ fn ha_scenario(synchronous: bool) -> Result<(), Failed> {
     ha.wait_standby(1, synchronous)?;
     let switched = switch_at.elapsed();
     let resumed_switch = workers_resume(&load.seen, Instant::now(), "after the switchover")?;
-    std::thread::sleep(Duration::from_secs(3));
+    windows_run(&ha, 0)?;
     let seen = load.finish();
     let seen = seen.lock().unwrap();
 
@@ -703,16 +674,8 @@ fn ha_scenario(synchronous: bool) -> Result<(), Failed> {
             break;
         }
         for r in runs {
-            let (run, token, n): (i64, i64, i64) = (r.get(0), r.get(1), r.get(2));
-            let mut tx = c.transaction().map_err(|e| describe(&e))?;
-            tx.execute(
-                "INSERT INTO ha_job_effect (n, worker) SELECT $1, 'drain' WHERE NOT EXISTS (SELECT 1 FROM ha_job_effect WHERE n = $1)",
-                &[&n],
-            )
-            .map_err(|e| describe(&e))?;
-            tx.execute("SELECT tide.complete_run($1, $2)", &[&run, &token])
+            complete_job(&mut c, r.get(0), r.get(1), r.get(2), "drain")
                 .map_err(|e| describe(&e))?;
-            tx.commit().map_err(|e| describe(&e))?;
         }
     }
 
@@ -784,21 +747,19 @@ fn ha_scenario(synchronous: bool) -> Result<(), Failed> {
     assert_eq!(gaps, 0, "skip: every window has its row, run or skipped");
 
     // What the load had acknowledged, on the final leader.
-    let lost = |c: &mut Client, table: &str, col: &str, ids: &[i64]| -> Result<i64, Failed> {
-        let row = c
-            .query_one(
-                &format!("SELECT count(*) FROM unnest($1::bigint[]) i WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE {col} = i)"),
-                &[&ids],
-            )
-            .map_err(|e| describe(&e))?;
-        Ok(row.get(0))
-    };
-    let lost_jobs = lost(&mut c, "ha_job_effect", "n", &seen.enqueued)?;
-    let lost_events = lost(&mut c, "ha_event_effect", "e", &seen.emitted)?;
-    let lost_completions = one_with(
+    let lost_jobs = missing(
         &mut c,
-        "SELECT count(*) FROM unnest($1::bigint[]) i
-          WHERE NOT EXISTS (SELECT 1 FROM tide.run r WHERE r.run_id = i AND r.state = 'succeeded')",
+        "SELECT 1 FROM ha_job_effect WHERE n = i",
+        &seen.enqueued,
+    )?;
+    let lost_events = missing(
+        &mut c,
+        "SELECT 1 FROM ha_event_effect WHERE e = i",
+        &seen.emitted,
+    )?;
+    let lost_completions = missing(
+        &mut c,
+        "SELECT 1 FROM tide.run r WHERE r.run_id = i AND r.state = 'succeeded'",
         &seen.completed,
     )?;
     println!(
@@ -828,14 +789,57 @@ fn ha_scenario(synchronous: bool) -> Result<(), Failed> {
     Ok(())
 }
 
-fn one<T: for<'a> postgres::types::FromSql<'a>>(c: &mut Client, sql: &str) -> Result<T, Failed> {
-    Ok(c.query_one(sql, &[]).map_err(|e| describe(&e))?.get(0))
+/// A job's effect, guarded by its key, and its completion, in one transaction (what each
+/// external worker does with a run it claimed).
+fn complete_job(
+    c: &mut Client,
+    run: i64,
+    token: i64,
+    n: i64,
+    worker: &str,
+) -> Result<(), postgres::Error> {
+    let mut tx = c.transaction()?;
+    tx.execute(
+        "INSERT INTO ha_job_effect (n, worker)
+         SELECT $1, $2 WHERE NOT EXISTS (SELECT 1 FROM ha_job_effect WHERE n = $1)",
+        &[&n, &worker],
+    )?;
+    tx.execute("SELECT tide.complete_run($1, $2)", &[&run, &token])?;
+    tx.commit()
 }
 
-fn one_with(c: &mut Client, sql: &str, ids: &[i64]) -> Result<i64, String> {
-    c.query_one(sql, &[&ids])
-        .map(|r| r.get(0))
+/// How many of `ids` (as `i`) have no row in `exists`, on the final leader.
+fn missing(c: &mut Client, exists: &str, ids: &[i64]) -> Result<i64, String> {
+    c.query_one(
+        &format!("SELECT count(*) FROM unnest($1::bigint[]) i WHERE NOT EXISTS ({exists})"),
+        &[&ids],
+    )
+    .map(|r| r.get(0))
+    .map_err(|e| describe(&e))
+}
+
+/// Waits until node `i`, the leader, has run two more windows of each scheduled task: the load
+/// has gone on there before the next step.
+fn windows_run(ha: &Ha, i: usize) -> Result<(), String> {
+    let count = |c: &mut Client| -> Result<(i64, i64), String> {
+        c.query_one(
+            "SELECT count(*) FILTER (WHERE task = 'ha_catch_up'), count(*) FILTER (WHERE task = 'ha_skip')
+               FROM ha_tick",
+            &[],
+        )
+        .map(|r| (r.get(0), r.get(1)))
         .map_err(|e| describe(&e))
+    };
+    let mut c = ha.connect(i, DB)?;
+    let (a, b) = count(&mut c)?;
+    wait_for(
+        &format!("two more windows of each task on {}", ha.nodes[i].name),
+        Duration::from_secs(60),
+        || {
+            let (a2, b2) = count(&mut c)?;
+            Ok((a2 >= a + 2 && b2 >= b + 2).then_some(()))
+        },
+    )
 }
 
 fn main() {

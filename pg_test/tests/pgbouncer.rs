@@ -11,7 +11,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use pg_tide_pg_test::example_workers::worker_runs_every_kind;
-use pg_tide_pg_test::{run_tests, wait_for, Client, Cluster, Failed, NoTls, TestFn, WORKERS_DB};
+use pg_tide_pg_test::{
+    free_port, postgres_ids, run_tests, wait_for, Client, Cluster, Failed, NoTls, TestFn,
+    WORKERS_DB,
+};
 use postgres::SimpleQueryMessage;
 
 fn main() {
@@ -37,16 +40,13 @@ struct Bouncer {
 
 impl Bouncer {
     fn start(cluster: &Cluster) -> Result<Bouncer, Failed> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
+        let port = free_port()?;
         let dir = PathBuf::from(format!(
             "/tmp/pg_tide-pgbouncer-{}-{port}",
             std::process::id()
         ));
         std::fs::create_dir_all(&dir)?;
-        let uid = id("-u")?;
-        let gid = id("-g")?;
+        let (uid, gid) = postgres_ids()?;
         std::os::unix::fs::chown(&dir, Some(uid), Some(gid))?;
         std::fs::write(dir.join("users.txt"), "\"postgres\" \"\"\n")?;
         std::fs::write(
@@ -136,11 +136,6 @@ impl Drop for Bouncer {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-fn id(flag: &str) -> Result<u32, Failed> {
-    let out = Command::new("id").args([flag, "postgres"]).output()?;
-    Ok(String::from_utf8_lossy(&out.stdout).trim().parse()?)
 }
 
 /// The examples' scenario for `lang` with DATABASE_URL through pgbouncer; wake-ups LISTENed
