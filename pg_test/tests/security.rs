@@ -1425,6 +1425,14 @@ fn memberships_without_set_role_give_nothing(cluster: &Cluster) -> Result<(), Fa
          SELECT tide.schedule('m_job', NULL, topics => '{m_topic}');
          RESET ROLE;",
     )?;
+    // The test itself: false for a role that does not exist or is NULL, true for a superuser.
+    let edges: String = one(
+        &mut admin,
+        "SELECT concat_ws(',', tide._can_set_role(NULL, 'm_team'), tide._can_set_role('m_team', NULL),
+                               tide._can_set_role('no such role', 'm_team'), tide._can_set_role('m_setter', 'no such role'),
+                               tide._can_set_role('postgres', 'm_team'), tide._can_set_role('m_team', 'm_team'))",
+    )?;
+    assert_eq!(edges, "f,f,f,f,t,t");
     if version < 160000 {
         // 15: no grant options; a member may always SET ROLE, and acts for the role.
         let (code, message, _) = refused(
