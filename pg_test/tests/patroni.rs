@@ -216,29 +216,45 @@ impl Ha {
         Ok(())
     }
 
+    /// `patronictl switchover`, retried until the leader accepts it. patronictl exits 0 even
+    /// when the leader refuses ("Switchover failed, details: 412 ..." or 503 while the candidate
+    /// has just rejoined and does not yet report a WAL position within the allowed lag), so
+    /// its output decides; an operator would retry the same way.
     fn switchover(&self, from: usize, to: usize) -> Result<(), String> {
-        let out = Command::new("patronictl")
-            .arg("-c")
-            .arg(&self.nodes[to].config)
-            .args([
-                "switchover",
-                "--leader",
-                self.nodes[from].name,
-                "--candidate",
-                self.nodes[to].name,
-                "--force",
-            ])
-            .env("HOME", &self.dir)
-            .output()
-            .map_err(|e| e.to_string())?;
-        if !out.status.success() {
-            return Err(format!(
-                "patronictl switchover: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        Ok(())
+        wait_for(
+            "patronictl switchover to be accepted",
+            Duration::from_secs(90),
+            || {
+                if self.leader() == Some(to) {
+                    return Ok(Some(()));
+                }
+                let out = Command::new("patronictl")
+                    .arg("-c")
+                    .arg(&self.nodes[to].config)
+                    .args([
+                        "switchover",
+                        "--leader",
+                        self.nodes[from].name,
+                        "--candidate",
+                        self.nodes[to].name,
+                        "--force",
+                    ])
+                    .env("HOME", &self.dir)
+                    .output()
+                    .map_err(|e| e.to_string())?;
+                let said = format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                if out.status.success() && !said.contains("failed") {
+                    return Ok(Some(()));
+                }
+                std::thread::sleep(Duration::from_secs(1));
+                Err(format!("patronictl switchover said: {said}"))
+            },
+        )
+        .map_err(|e| format!("{e}\n{}", self.logs()))
     }
 
     fn logs(&self) -> String {
@@ -646,38 +662,41 @@ fn ha_scenario(synchronous: bool) -> Result<(), Failed> {
 
     let leader = ha.leader().ok_or("no leader at the end")?;
     let mut c = ha.connect(leader, DB)?;
-    // The rest of the work drains on the final leader.
+    // The rest of the work drains on the final leader: the executors run the events, and a
+    // worker here claims what the load's workers (stopped) left in ha_q, including runs whose
+    // lease ran out with a worker's connection at a failover and that came back after backoff.
     wait_for(
         "the queue and events to drain",
-        Duration::from_secs(60),
+        Duration::from_secs(90),
         || {
-            let open: i64 = c
-            .query_one(
-                "SELECT count(*) FROM tide.run r JOIN tide.task t USING (task_id)
-                  WHERE t.name IN ('ha_event', 'ha_job') AND r.state IN ('ready', 'running', 'retry', 'waiting')",
-                &[],
-            )
-            .map_err(|e| describe(&e))?
-            .get(0);
-            Ok((open == 0).then_some(()))
+            let runs = c
+                .query(
+                    "SELECT run_id, lease_token, (args->>'n')::bigint FROM tide.claim_runs('ha_q', 'drain', n => 100)",
+                    &[],
+                )
+                .map_err(|e| describe(&e))?;
+            for r in runs {
+                complete_job(&mut c, r.get(0), r.get(1), r.get(2), "drain")
+                    .map_err(|e| describe(&e))?;
+            }
+            let open: Option<String> = c
+                .query_one(
+                    "SELECT string_agg(format('%s %s: %s', name, state, n), ', ')
+                       FROM (SELECT t.name, r.state, count(*) AS n
+                               FROM tide.run r JOIN tide.task t USING (task_id)
+                              WHERE t.name IN ('ha_event', 'ha_job')
+                                AND r.state IN ('ready', 'running', 'retry', 'waiting')
+                              GROUP BY 1, 2) o",
+                    &[],
+                )
+                .map_err(|e| describe(&e))?
+                .get(0);
+            match open {
+                None => Ok(Some(())),
+                Some(open) => Err(format!("open runs: {open}")),
+            }
         },
     )?;
-    // A worker to drain ha_q (the load's workers have stopped).
-    loop {
-        let runs = c
-            .query(
-                "SELECT run_id, lease_token, (args->>'n')::bigint FROM tide.claim_runs('ha_q', 'drain', n => 100)",
-                &[],
-            )
-            .map_err(|e| describe(&e))?;
-        if runs.is_empty() {
-            break;
-        }
-        for r in runs {
-            complete_job(&mut c, r.get(0), r.get(1), r.get(2), "drain")
-                .map_err(|e| describe(&e))?;
-        }
-    }
 
     // No pg_tide worker ever ran on a node while it was a replica.
     assert!(
