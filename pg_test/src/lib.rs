@@ -29,6 +29,42 @@ pub fn one<T: for<'a> postgres::types::FromSql<'a>>(
         .map(|row| row.get(0))
 }
 
+/// Runs one or more statements (no result).
+pub fn exec(c: &mut Client, sql: &str) -> Result<(), Failed> {
+    c.batch_execute(sql).map_err(db_err)
+}
+
+/// One scheduler tick as of `at` (SQL: `now()`, or a timestamptz expression).
+pub fn tick(c: &mut Client, at: &str) -> Result<(), Failed> {
+    exec(c, &format!("SELECT tide.tick({at})"))
+}
+
+/// Claims up to `n` runs of `queue` as worker 'w', with any further named arguments in `extra`
+/// (", lease => ..."): (run_id, lease_token), oldest first.
+pub fn claim(c: &mut Client, queue: &str, n: i32, extra: &str) -> Result<Vec<(i64, i64)>, Failed> {
+    Ok(c
+        .query(
+            &format!(
+                "SELECT run_id, lease_token FROM tide.claim_runs(queue => '{}', worker => 'w', n => {n}{extra})
+                  ORDER BY run_id",
+                queue.replace('\'', "''")
+            ),
+            &[],
+        )
+        .map_err(db_err)?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect())
+}
+
+/// Completes each claimed run with its lease token.
+pub fn complete(c: &mut Client, runs: &[(i64, i64)]) -> Result<(), Failed> {
+    for (run, token) in runs {
+        exec(c, &format!("SELECT tide.complete_run({run}, {token})"))?;
+    }
+    Ok(())
+}
+
 /// The SQLSTATE, message and hint of a statement that must fail.
 pub fn refused(c: &mut Client, sql: &str) -> Result<(String, String, String), Failed> {
     match c.batch_execute(sql) {

@@ -13,16 +13,9 @@ use sha2::Sha256;
 
 use pg_tide_pg_test::sinks::{Receiver, Request, SmtpSink};
 use pg_tide_pg_test::{
-    db_err, describe, one, refused, run_tests_with, wait_for, Client, Cluster, Failed, TestFn,
+    db_err, describe, exec, one, refused, run_tests_with, tick, wait_for, Client, Cluster, Failed,
+    TestFn,
 };
-
-fn exec(c: &mut Client, sql: &str) -> Result<(), Failed> {
-    c.batch_execute(sql).map_err(db_err)
-}
-
-fn tick(c: &mut Client, at: &str) -> Result<(), Failed> {
-    exec(c, &format!("SELECT tide.tick({at})"))
-}
 
 fn sign(secret: &str, body: &str) -> String {
     let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("any key size");

@@ -11,33 +11,9 @@
 use std::time::Duration;
 
 use pg_tide_pg_test::{
-    db_err, describe, one, refused, run_tests, wait_for, Client, Cluster, Failed, TestFn,
+    claim, complete, db_err, describe, exec, one, refused, run_tests, tick, wait_for, Client,
+    Cluster, Failed, TestFn,
 };
-
-fn exec(c: &mut Client, sql: &str) -> Result<(), Failed> {
-    c.batch_execute(sql).map_err(db_err)
-}
-
-/// Claims up to `n` runs of a queue: (run_id, lease_token).
-fn claim(c: &mut Client, queue: &str, n: i32) -> Result<Vec<(i64, i64)>, Failed> {
-    Ok(c.query(
-        &format!(
-            "SELECT run_id, lease_token FROM tide.claim_runs('{queue}', 'w', {n}) ORDER BY run_id"
-        ),
-        &[],
-    )
-    .map_err(db_err)?
-    .iter()
-    .map(|r| (r.get(0), r.get(1)))
-    .collect())
-}
-
-fn complete(c: &mut Client, runs: &[(i64, i64)]) -> Result<(), Failed> {
-    for (run, token) in runs {
-        exec(c, &format!("SELECT tide.complete_run({run}, {token})"))?;
-    }
-    Ok(())
-}
 
 /// An external daily task (its runs are claimed by the test) whose windows are the days before
 /// today, UTC; its windows may run side by side (with overlap queue, the default, a task's
@@ -94,10 +70,6 @@ fn planned(c: &mut Client, id: i64) -> Result<Vec<i32>, Failed> {
         .iter()
         .map(|r| r.get(0))
         .collect())
-}
-
-fn tick(c: &mut Client) -> Result<(), Failed> {
-    exec(c, "SELECT tide.tick(now())")
 }
 
 fn modes_choose_the_windows(cluster: &Cluster) -> Result<(), Failed> {
@@ -158,11 +130,11 @@ fn modes_choose_the_windows(cluster: &Cluster) -> Result<(), Failed> {
     )?;
     assert_eq!(line, format!("backfill backfill.{all} -10000"));
     assert!(
-        claim(&mut c, "default", 10)?.is_empty(),
+        claim(&mut c, "default", 10, "")?.is_empty(),
         "online workers see no backfill run"
     );
     // concurrency 1: one at a time from its queue.
-    let first = claim(&mut c, &format!("backfill.{all}"), 10)?;
+    let first = claim(&mut c, &format!("backfill.{all}"), 10, "")?;
     assert_eq!(first.len(), 1, "concurrency 1");
     let story: String = one(
         &mut c,
@@ -177,11 +149,11 @@ fn modes_choose_the_windows(cluster: &Cluster) -> Result<(), Failed> {
     );
     complete(&mut c, &first)?;
     for _ in 0..5 {
-        let next = claim(&mut c, &format!("backfill.{all}"), 10)?;
+        let next = claim(&mut c, &format!("backfill.{all}"), 10, "")?;
         assert_eq!(next.len(), 1);
         complete(&mut c, &next)?;
     }
-    tick(&mut c)?;
+    tick(&mut c, "now()")?;
     let (state, total, done, failed_n) = status(&mut c, all)?;
     assert_eq!((state.as_str(), total, done, failed_n), ("done", 6, 6, 0));
     // Its queue went with it.
@@ -220,14 +192,14 @@ fn pause_resume_cancel(cluster: &Cluster) -> Result<(), Failed> {
         ),
     )?;
     let queue = format!("backfill.{id}");
-    let first = claim(&mut c, &queue, 10)?;
+    let first = claim(&mut c, &queue, 10, "")?;
     assert_eq!(first.len(), 2, "a batch of 2");
     let state: String = one(&mut c, &format!("SELECT tide.pause_backfill({id})"))?;
     assert_eq!(state, "paused");
     complete(&mut c, &first)?;
-    tick(&mut c)?;
+    tick(&mut c, "now()")?;
     assert!(
-        claim(&mut c, &queue, 10)?.is_empty(),
+        claim(&mut c, &queue, 10, "")?.is_empty(),
         "paused: nothing starts"
     );
     let (state, _, done, _) = status(&mut c, id)?;
@@ -243,14 +215,14 @@ fn pause_resume_cancel(cluster: &Cluster) -> Result<(), Failed> {
         &format!("SELECT rate > 0 AND eta > interval '0' FROM tide.backfill_status WHERE backfill_id = {id}"),
     )?;
     assert!(eta, "a backfill going on shows its rate and ETA");
-    let second = claim(&mut c, &queue, 10)?;
+    let second = claim(&mut c, &queue, 10, "")?;
     assert_eq!(second.len(), 2, "the next batch after resume");
     complete(&mut c, &second[..1])?;
     let state: String = one(&mut c, &format!("SELECT tide.cancel_backfill({id})"))?;
     assert_eq!(state, "cancelled");
     // The running window finishes; the rest is cancelled and recorded.
     complete(&mut c, &second[1..])?;
-    tick(&mut c)?;
+    tick(&mut c, "now()")?;
     let counts: String = one(
         &mut c,
         &format!("SELECT windows_done || '/' || windows_cancelled || '/' || windows_total FROM tide.backfill_status WHERE backfill_id = {id}"),
@@ -282,7 +254,7 @@ fn pause_resume_cancel(cluster: &Cluster) -> Result<(), Failed> {
         ),
     )?;
     exec(&mut c, "SELECT tide.unschedule('gone')")?;
-    tick(&mut c)?;
+    tick(&mut c, "now()")?;
     let left: i64 = one(
         &mut c,
         &format!("SELECT (SELECT count(*) FROM tide.backfill WHERE backfill_id = {gone}) + (SELECT count(*) FROM tide.queue WHERE name = 'backfill.{gone}')"),
@@ -340,9 +312,9 @@ fn precheck_guards_the_start(cluster: &Cluster) -> Result<(), Failed> {
 /// called directly (this database has no executors).
 fn drive(c: &mut Client, id: i64) -> Result<String, Failed> {
     for _ in 0..50 {
-        let got = claim(c, &format!("backfill.{id}"), 100)?;
+        let got = claim(c, &format!("backfill.{id}"), 100, "")?;
         complete(c, &got)?;
-        tick(c)?;
+        tick(c, "now()")?;
         exec(c, "SELECT tide._backfill_work()")?;
         let state: String = one(
             c,
@@ -442,7 +414,7 @@ fn max_failures_pauses(cluster: &Cluster) -> Result<(), Failed> {
         &mut c,
         &format!("SELECT tide.backfill('push', {}, {}, canary => 0, batch => 5, concurrency => 5, max_failures => 1)", ago(12), ago(2)),
     )?;
-    let got = claim(&mut c, &format!("backfill.{id}"), 10)?;
+    let got = claim(&mut c, &format!("backfill.{id}"), 10, "")?;
     assert_eq!(got.len(), 5);
     for (run, token) in &got[..2] {
         exec(
@@ -459,7 +431,7 @@ fn max_failures_pauses(cluster: &Cluster) -> Result<(), Failed> {
         "2 failures > max_failures 1"
     );
     assert!(
-        claim(&mut c, &format!("backfill.{id}"), 10)?.is_empty(),
+        claim(&mut c, &format!("backfill.{id}"), 10, "")?.is_empty(),
         "no next batch"
     );
     let alert: i64 = one(&mut c, &format!("SELECT count(*) FROM tide.alert WHERE subject = '{id}' AND kind = 'backfill' AND resolved_at IS NULL"))?;
@@ -467,7 +439,7 @@ fn max_failures_pauses(cluster: &Cluster) -> Result<(), Failed> {
     // Resumed, it counts failures anew.
     let state: String = one(&mut c, &format!("SELECT tide.resume_backfill({id})"))?;
     assert_eq!(state, "running");
-    let next = claim(&mut c, &format!("backfill.{id}"), 10)?;
+    let next = claim(&mut c, &format!("backfill.{id}"), 10, "")?;
     assert_eq!(next.len(), 5);
     Ok(())
 }
@@ -680,7 +652,7 @@ fn a_held_run_waits_for_the_next_round(cluster: &Cluster) -> Result<(), Failed> 
     )?;
     assert_eq!(state, "planned");
     exec(&mut other, "ROLLBACK")?;
-    tick(&mut c)?;
+    tick(&mut c, "now()")?;
     let state: String = one(&mut c, &format!("SELECT w.state || ' ' || r.trigger FROM tide.backfill_window w JOIN tide.run r USING (run_id) WHERE w.backfill_id = {id}"))?;
     assert_eq!(state, "released backfill", "released at the next round");
     Ok(())

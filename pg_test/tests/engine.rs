@@ -6,11 +6,9 @@ use std::time::Duration;
 
 use postgres::fallible_iterator::FallibleIterator;
 
-use pg_tide_pg_test::{db_err, one, refused, run_tests, wait_for, Client, Cluster, Failed, TestFn};
-
-fn exec(c: &mut Client, sql: &str) -> Result<(), Failed> {
-    c.batch_execute(sql).map_err(db_err)
-}
+use pg_tide_pg_test::{
+    db_err, exec, one, refused, run_tests, wait_for, Client, Cluster, Failed, TestFn,
+};
 
 /// The first fire of a task, as SQL text usable in a query.
 fn next_fire(c: &mut Client, task: &str) -> Result<String, Failed> {

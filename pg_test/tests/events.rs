@@ -9,13 +9,9 @@
 use std::time::Duration;
 
 use pg_tide_pg_test::{
-    db_err, one, refused, run_state as state, run_tests, wait_for, Client, Cluster, Failed, TestFn,
-    WORKERS_DB,
+    db_err, exec, one, refused, run_state as state, run_tests, wait_for, Client, Cluster, Failed,
+    TestFn, WORKERS_DB,
 };
-
-fn exec(c: &mut Client, sql: &str) -> Result<(), Failed> {
-    c.batch_execute(sql).map_err(db_err)
-}
 
 fn claim(c: &mut Client, n: i32) -> Result<Vec<(i64, i64, Option<String>)>, Failed> {
     Ok(c

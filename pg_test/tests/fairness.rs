@@ -22,12 +22,8 @@
 use std::time::Duration;
 
 use pg_tide_pg_test::{
-    db_err, one, refused, run_tests_with, wait_for, Client, Cluster, Failed, TestFn,
+    db_err, exec, one, refused, run_tests_with, wait_for, Client, Cluster, Failed, TestFn,
 };
-
-fn exec(c: &mut Client, sql: &str) -> Result<(), Failed> {
-    c.batch_execute(sql).map_err(db_err)
-}
 
 /// The seconds of each scenario's window.
 const WINDOW: i64 = 15;

@@ -9,11 +9,7 @@
 //! The calls are drawn from a fixed seed, so a failure repeats; `PG_TIDE_FUZZ_SEED` changes
 //! the seed and `PG_TIDE_FUZZ_CALLS` the number of calls per function.
 
-use pg_tide_pg_test::{db_err, one, run_tests, Client, Cluster, Failed, TestFn};
-
-fn exec(c: &mut Client, sql: &str) -> Result<(), Failed> {
-    c.batch_execute(sql).map_err(db_err)
-}
+use pg_tide_pg_test::{db_err, exec, one, run_tests, Client, Cluster, Failed, TestFn};
 
 /// splitmix64: a small deterministic generator, enough to pick values.
 struct Rng(u64);

@@ -10,12 +10,8 @@ use std::time::Duration;
 use postgres::fallible_iterator::FallibleIterator;
 
 use pg_tide_pg_test::{
-    db_err, one, refused, run_state, run_tests, wait_for, Client, Cluster, Failed, TestFn,
+    db_err, exec, one, refused, run_state, run_tests, wait_for, Client, Cluster, Failed, TestFn,
 };
-
-fn exec(c: &mut Client, sql: &str) -> Result<(), Failed> {
-    c.batch_execute(sql).map_err(db_err)
-}
 
 fn claim(c: &mut Client, channel: &str) -> Result<Option<(i64, i64, String)>, Failed> {
     Ok(c

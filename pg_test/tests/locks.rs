@@ -9,26 +9,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pg_tide_pg_test::{db_err, one, refused, run_tests, wait_for, Client, Cluster, Failed, TestFn};
-
-fn exec(c: &mut Client, sql: &str) -> Result<(), Failed> {
-    c.batch_execute(sql).map_err(db_err)
-}
-
-/// Claims up to `n` runs: (run_id, token).
-fn claim(c: &mut Client, n: i32, extra: &str) -> Result<Vec<(i64, i64)>, Failed> {
-    Ok(c
-        .query(
-            &format!(
-                "SELECT run_id, lease_token FROM tide.claim_runs(worker => 'w', n => {n}{extra}) ORDER BY run_id"
-            ),
-            &[],
-        )
-        .map_err(db_err)?
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect())
-}
+use pg_tide_pg_test::{
+    claim, db_err, exec, one, refused, run_tests, wait_for, Client, Cluster, Failed, TestFn,
+};
 
 fn ids(claimed: &[(i64, i64)]) -> Vec<i64> {
     claimed.iter().map(|c| c.0).collect()
@@ -52,7 +35,7 @@ fn busy_keys_defer_runs_across_tasks(cluster: &Cluster) -> Result<(), Failed> {
          SELECT tide.emit('payment', '{\"account\": 2}');",
     )?;
     // Four runs, two per account: one of each account goes, the other waits.
-    let first = claim(&mut c, 10, "")?;
+    let first = claim(&mut c, "default", 10, "")?;
     assert_eq!(first.len(), 2, "one run per account: {first:?}");
     let keys: String = one(
         &mut c,
@@ -90,7 +73,10 @@ fn busy_keys_defer_runs_across_tasks(cluster: &Cluster) -> Result<(), Failed> {
         )?;
         assert_eq!(recorded, 1, "the deferral is in the history");
     }
-    assert!(claim(&mut c, 10, "")?.is_empty(), "both keys are busy");
+    assert!(
+        claim(&mut c, "default", 10, "")?.is_empty(),
+        "both keys are busy"
+    );
     let explained: String = one(
         &mut c,
         &format!(
@@ -126,7 +112,7 @@ fn busy_keys_defer_runs_across_tasks(cluster: &Cluster) -> Result<(), Failed> {
         &format!("SELECT count(*) FROM tide.lock WHERE run_id = {run}"),
     )?;
     assert_eq!(held, 0);
-    let next = claim(&mut c, 10, "")?;
+    let next = claim(&mut c, "default", 10, "")?;
     assert_eq!(ids(&next), vec![deferred[0].0], "the waiter of account:1");
     // A failure frees the lock too.
     let (run2, token2) = first[1];
@@ -134,7 +120,7 @@ fn busy_keys_defer_runs_across_tasks(cluster: &Cluster) -> Result<(), Failed> {
         &mut c,
         &format!("SELECT tide.fail_run({run2}, {token2}, 'bank down', 'business')"),
     )?;
-    let next = claim(&mut c, 10, "")?;
+    let next = claim(&mut c, "default", 10, "")?;
     assert_eq!(ids(&next), vec![deferred[1].0], "the waiter of account:2");
 
     // Unstarted runs that adopt new rules take their lock key (and a replayed run its rules').
@@ -182,9 +168,8 @@ fn a_wake_up_never_starts_a_run_enqueued_for_later(cluster: &Cluster) -> Result<
             &mut c,
             &format!("SELECT tide.enqueue('{task}', '{{\"account\": 1}}')"),
         )?;
-        let extra = format!(", queue => '{task}'");
         // The first goes; the third waits for it (parked), the second for its hour.
-        let first = claim(&mut c, 10, &extra)?;
+        let first = claim(&mut c, task, 10, "")?;
         assert_eq!(ids(&first), vec![now_run], "{task}: only the first may go");
         let parked: bool = one(
             &mut c,
@@ -194,7 +179,7 @@ fn a_wake_up_never_starts_a_run_enqueued_for_later(cluster: &Cluster) -> Result<
         let (run, token) = first[0];
         exec(&mut c, &format!("SELECT tide.complete_run({run}, {token})"))?;
         // The wake-up lets the waiter go, and leaves the run enqueued for later waiting.
-        let next = claim(&mut c, 10, &extra)?;
+        let next = claim(&mut c, task, 10, "")?;
         assert_eq!(
             ids(&next),
             vec![waiter],
@@ -220,7 +205,7 @@ fn a_wake_up_never_starts_a_run_enqueued_for_later(cluster: &Cluster) -> Result<
         let (run, token) = next[0];
         exec(&mut c, &format!("SELECT tide.complete_run({run}, {token})"))?;
         assert!(
-            claim(&mut c, 10, &extra)?.is_empty(),
+            claim(&mut c, task, 10, "")?.is_empty(),
             "{task}: nothing else may go before its hour"
         );
     }
@@ -295,7 +280,7 @@ fn an_expired_lock_is_taken_over_and_its_holder_fenced(cluster: &Cluster) -> Res
          SELECT tide.emit('post', '{\"account\": 7}', dedupe_key => 'a');
          SELECT tide.emit('post', '{\"account\": 7}', dedupe_key => 'b');",
     )?;
-    let old = claim(&mut c, 1, ", lease => '1 second'")?;
+    let old = claim(&mut c, "default", 1, ", lease => '1 second'")?;
     let (slow, slow_token) = old[0];
     wait_for("the lock to expire", Duration::from_secs(10), || {
         let expired: bool = c
@@ -306,7 +291,7 @@ fn an_expired_lock_is_taken_over_and_its_holder_fenced(cluster: &Cluster) -> Res
     })?;
     // No tick has taken the slow run back: the claim of the other run takes the lock over and
     // fences the slow holder out.
-    let new = claim(&mut c, 10, "")?;
+    let new = claim(&mut c, "default", 10, "")?;
     assert_eq!(new.len(), 1);
     let (fast, fast_token) = new[0];
     assert_ne!(fast, slow);
@@ -368,7 +353,7 @@ fn overlap_queue_skip_and_allow(cluster: &Cluster) -> Result<(), Failed> {
         }
         windows.insert(task, runs);
     }
-    let claimed = ids(&claim(&mut c, 20, "")?);
+    let claimed = ids(&claim(&mut c, "default", 20, "")?);
     let (q, s, a) = (&windows["q"], &windows["s"], &windows["a"]);
     // queue: the oldest window only; skip: the oldest, the others recorded skipped; allow: 2.
     assert_eq!(claimed, vec![q[0], s[0], a[0], a[1]]);
@@ -377,7 +362,10 @@ fn overlap_queue_skip_and_allow(cluster: &Cluster) -> Result<(), Failed> {
         "SELECT run_id FROM tide.run WHERE state = 'skipped' AND skip_reason = 'overlap' ORDER BY run_id",
     )?;
     assert_eq!(skipped, vec![s[1], s[2]]);
-    assert!(claim(&mut c, 20, "")?.is_empty(), "the rest wait");
+    assert!(
+        claim(&mut c, "default", 20, "")?.is_empty(),
+        "the rest wait"
+    );
     // Ending a run lets the next of its task go.
     for run in [q[0], a[0]] {
         let token: i64 = one(
@@ -386,7 +374,7 @@ fn overlap_queue_skip_and_allow(cluster: &Cluster) -> Result<(), Failed> {
         )?;
         exec(&mut c, &format!("SELECT tide.complete_run({run}, {token})"))?;
     }
-    assert_eq!(ids(&claim(&mut c, 20, "")?), vec![q[1], a[2]]);
+    assert_eq!(ids(&claim(&mut c, "default", 20, "")?), vec![q[1], a[2]]);
     // A queue window that fails and retries still holds its place: the next waits for it.
     let token: i64 = one(
         &mut c,
@@ -396,13 +384,20 @@ fn overlap_queue_skip_and_allow(cluster: &Cluster) -> Result<(), Failed> {
         &mut c,
         &format!("SELECT tide.fail_run({}, {token}, 'flaky')", q[1]),
     )?;
-    assert!(claim(&mut c, 20, "")?.is_empty(), "q[2] waits for q[1]");
+    assert!(
+        claim(&mut c, "default", 20, "")?.is_empty(),
+        "q[2] waits for q[1]"
+    );
     // (The other tasks are paused so the tick's new windows of theirs stay out of the claim.)
     exec(
         &mut c,
         "SELECT tide.pause('s'), tide.pause('a'); SELECT tide.tick(now() + interval '2 hours')",
     )?;
-    assert_eq!(ids(&claim(&mut c, 20, "")?), vec![q[1]], "the retry first");
+    assert_eq!(
+        ids(&claim(&mut c, "default", 20, "")?),
+        vec![q[1]],
+        "the retry first"
+    );
 
     // Bad input.
     for (sql, code, needle) in [

@@ -9,17 +9,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use pg_tide_pg_test::{
-    blocks_read, db_err, describe, notifications_until_sentinel, one, refused, run_tests, Client,
-    Cluster, Failed, TestFn,
+    blocks_read, db_err, describe, exec, notifications_until_sentinel, one, refused, run_tests,
+    tick, Client, Cluster, Failed, TestFn,
 };
-
-fn exec(c: &mut Client, sql: &str) -> Result<(), Failed> {
-    c.batch_execute(sql).map_err(db_err)
-}
-
-fn tick(c: &mut Client, at: &str) -> Result<(), Failed> {
-    exec(c, &format!("SELECT tide.tick({at})"))
-}
 
 // Tasks of these tests fire once a year ('0 0 1 1 *', 1 January), so that no tick of a test
 // creates a run by itself: every run is made by `past_run`.

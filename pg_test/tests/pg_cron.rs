@@ -17,17 +17,13 @@
 use std::time::Duration;
 
 use pg_tide_pg_test::{
-    db_err, one, refused, run_tests_with, wait_for, Client, Cluster, Failed, TestFn,
+    db_err, exec, one, refused, run_tests_with, wait_for, Client, Cluster, Failed, TestFn,
 };
 
 /// Where pg_cron lives (cron.database_name) and pg_tide serves (pg_tide.database).
 const CRON_DB: &str = "tide_cron";
 /// An application database the jobs are sent to.
 const APP_DB: &str = "tide_cron_app";
-
-fn exec(c: &mut Client, sql: &str) -> Result<(), Failed> {
-    c.batch_execute(sql).map_err(db_err)
-}
 
 fn rows(c: &mut Client, sql: &str) -> Result<Vec<String>, Failed> {
     Ok(c.query(sql, &[])

@@ -8,33 +8,9 @@
 use std::time::{Duration, Instant};
 
 use pg_tide_pg_test::{
-    blocks_read, db_err, one, refused, run_tests, wait_for, Client, Cluster, Failed, TestFn,
+    blocks_read, claim, complete, exec, one, refused, run_tests, wait_for, Client, Cluster, Failed,
+    TestFn,
 };
-
-fn exec(c: &mut Client, sql: &str) -> Result<(), Failed> {
-    c.batch_execute(sql).map_err(db_err)
-}
-
-/// Claims up to `n` runs of a queue: (run_id, lease_token).
-fn claim(c: &mut Client, queue: &str, n: i32) -> Result<Vec<(i64, i64)>, Failed> {
-    Ok(c.query(
-        &format!(
-            "SELECT run_id, lease_token FROM tide.claim_runs('{queue}', 'w', {n}) ORDER BY run_id"
-        ),
-        &[],
-    )
-    .map_err(db_err)?
-    .iter()
-    .map(|r| (r.get(0), r.get(1)))
-    .collect())
-}
-
-fn complete(c: &mut Client, runs: &[(i64, i64)]) -> Result<(), Failed> {
-    for (run, token) in runs {
-        exec(c, &format!("SELECT tide.complete_run({run}, {token})"))?;
-    }
-    Ok(())
-}
 
 fn running(c: &mut Client, queue: &str) -> Result<i64, Failed> {
     one(
@@ -56,13 +32,13 @@ fn max_concurrency_holds_for_external_workers(cluster: &Cluster) -> Result<(), F
     )?;
     assert_eq!(name, "api");
     // Two workers asking for many get two runs between them.
-    let first = claim(&mut c, "api", 10)?;
+    let first = claim(&mut c, "api", 10, "")?;
     let mut other = cluster.connect("q_conc")?;
-    let second = claim(&mut other, "api", 10)?;
+    let second = claim(&mut other, "api", 10, "")?;
     assert_eq!((first.len(), second.len()), (2, 0), "at most 2 running");
     // A run that ends frees its slot at once (its end wakes the next).
     complete(&mut c, &first[..1])?;
-    let third = claim(&mut other, "api", 10)?;
+    let third = claim(&mut other, "api", 10, "")?;
     assert_eq!(third.len(), 1, "one slot freed, one run");
     assert_eq!(running(&mut c, "api")?, 2);
     // Work everything off, two at a time at most.
@@ -72,7 +48,7 @@ fn max_concurrency_holds_for_external_workers(cluster: &Cluster) -> Result<(), F
         complete(&mut c, &held[..1])?;
         held.remove(0);
         done += 1;
-        held.extend(claim(&mut other, "api", 10)?);
+        held.extend(claim(&mut other, "api", 10, "")?);
         assert!(running(&mut c, "api")? <= 2);
     }
     assert!(held.is_empty());
@@ -85,9 +61,9 @@ fn max_concurrency_holds_for_external_workers(cluster: &Cluster) -> Result<(), F
     )?;
     exec(&mut c, "BEGIN")?;
     // (n => 2: a claim locks the candidates it looks at; the second claim must find others.)
-    let first_claim = claim(&mut c, "api", 2)?;
+    let first_claim = claim(&mut c, "api", 2, "")?;
     assert_eq!(first_claim.len(), 2);
-    let raced = claim(&mut other, "api", 10)?;
+    let raced = claim(&mut other, "api", 10, "")?;
     assert_eq!(
         raced.len(),
         0,
@@ -96,12 +72,12 @@ fn max_concurrency_holds_for_external_workers(cluster: &Cluster) -> Result<(), F
     exec(&mut c, "COMMIT")?;
     assert_eq!(running(&mut c, "api")?, 2);
     complete(&mut c, &first_claim)?;
-    let rest = claim(&mut other, "api", 10)?;
+    let rest = claim(&mut other, "api", 10, "")?;
     assert_eq!(rest.len(), 2, "the slots freed, the parked runs go");
     complete(&mut c, &rest)?;
     // Work off the rest (each end wakes the next).
     loop {
-        let got = claim(&mut other, "api", 10)?;
+        let got = claim(&mut other, "api", 10, "")?;
         if got.is_empty() {
             break;
         }
@@ -119,16 +95,16 @@ fn max_concurrency_holds_for_external_workers(cluster: &Cluster) -> Result<(), F
         &mut c,
         "SELECT count(*) FROM tide.enqueue('call_api', (SELECT jsonb_agg(jsonb_build_object('i', g)) FROM generate_series(1, 10) g));",
     )?;
-    assert_eq!(claim(&mut c, "api", 10)?.len(), 2);
+    assert_eq!(claim(&mut c, "api", 10, "")?.len(), 2);
     exec(
         &mut c,
         "SELECT tide.create_queue('api', max_concurrency => 5)",
     )?;
-    assert_eq!(claim(&mut c, "api", 10)?.len(), 3);
+    assert_eq!(claim(&mut c, "api", 10, "")?.len(), 3);
     let dropped: bool = one(&mut c, "SELECT tide.drop_queue('api')")?;
     let again: bool = one(&mut c, "SELECT tide.drop_queue('api')")?;
     assert!(dropped && !again);
-    assert_eq!(claim(&mut c, "api", 10)?.len(), 5, "no limit any more");
+    assert_eq!(claim(&mut c, "api", 10, "")?.len(), 5, "no limit any more");
 
     // Pause and resume a whole queue (declaring it if it had no limits).
     exec(
@@ -139,13 +115,17 @@ fn max_concurrency_holds_for_external_workers(cluster: &Cluster) -> Result<(), F
     let paused_again: bool = one(&mut c, "SELECT tide.pause_queue('api')")?;
     assert!(paused && !paused_again);
     assert_eq!(
-        claim(&mut c, "api", 10)?.len(),
+        claim(&mut c, "api", 10, "")?.len(),
         0,
         "a paused queue starts nothing"
     );
     let resumed: bool = one(&mut c, "SELECT tide.resume_queue('api')")?;
     assert!(resumed);
-    assert_eq!(claim(&mut c, "api", 10)?.len(), 3, "resumed: all three go");
+    assert_eq!(
+        claim(&mut c, "api", 10, "")?.len(),
+        3,
+        "resumed: all three go"
+    );
 
     // Limits belong to their role: bob's runs in a queue named 'api' are not held by the
     // superuser's queue of that name, and bob's queue holds only bob's.
@@ -161,7 +141,7 @@ fn max_concurrency_holds_for_external_workers(cluster: &Cluster) -> Result<(), F
          SELECT count(*) FROM tide.enqueue('bobs', '[{}, {}, {}]');",
     )?;
     assert_eq!(
-        claim(&mut bob, "api", 10)?.len(),
+        claim(&mut bob, "api", 10, "")?.len(),
         3,
         "another role's queue does not hold bob"
     );
@@ -171,7 +151,7 @@ fn max_concurrency_holds_for_external_workers(cluster: &Cluster) -> Result<(), F
          SELECT count(*) FROM tide.enqueue('bobs', '[{}, {}, {}]');",
     )?;
     assert_eq!(
-        claim(&mut bob, "api", 10)?.len(),
+        claim(&mut bob, "api", 10, "")?.len(),
         0,
         "bob's own queue is at its limit already"
     );
@@ -192,9 +172,9 @@ fn max_concurrency_holds_for_external_workers(cluster: &Cluster) -> Result<(), F
          SELECT tide.emit('keyed.ev', event_key => 'x');
          SELECT tide.emit('keyed.ev', event_key => 'y');",
     )?;
-    let holder = claim(&mut c, "keyed", 1)?;
+    let holder = claim(&mut c, "keyed", 1, "")?;
     assert_eq!(holder.len(), 1);
-    let next = claim(&mut c, "keyed", 1)?;
+    let next = claim(&mut c, "keyed", 1, "")?;
     assert_eq!(
         next.len(),
         1,
@@ -288,7 +268,7 @@ fn rate_paces_starts_and_replays(cluster: &Cluster) -> Result<(), Failed> {
             Instant::now() < deadline,
             "12 replays did not start within 30 s"
         );
-        let got = claim(&mut c, "partner", 100)?;
+        let got = claim(&mut c, "partner", 100, "")?;
         started += got.len();
         complete(&mut c, &got)?;
         exec(&mut c, "SELECT tide.tick()")?;
@@ -497,16 +477,16 @@ fn limited_queue(
 /// a run without a lease token), and the run that ends lets the next one go.
 fn a_full_queue_claims_nothing(cluster: &Cluster) -> Result<(), Failed> {
     let mut c = limited_queue(cluster, "q_full", "single", 1, 60)?;
-    let held = claim(&mut c, "single", 1)?;
+    let held = claim(&mut c, "single", 1, "")?;
     assert_eq!(held.len(), 1);
     let mut other = cluster.connect("q_full")?;
     for n in [1, 1, 3, 1, 2] {
-        let got = claim(&mut other, "single", n)?;
+        let got = claim(&mut other, "single", n, "")?;
         assert!(got.is_empty(), "the queue is full, claimed {got:?}");
     }
     assert_eq!(running(&mut c, "single")?, 1);
     complete(&mut c, &held)?;
-    let next = claim(&mut other, "single", 5)?;
+    let next = claim(&mut other, "single", 5, "")?;
     assert_eq!(next.len(), 1, "the run that ended lets one more go");
     assert_eq!(running(&mut c, "single")?, 1);
     Ok(())
@@ -521,11 +501,11 @@ fn park_behind_an_ended_run(
     db: &str,
     queue: &str,
 ) -> Result<(), Failed> {
-    let held = claim(c, queue, 1)?;
+    let held = claim(c, queue, 1, "")?;
     assert_eq!(held.len(), 1);
     let mut parker = cluster.connect(db)?;
     exec(&mut parker, "BEGIN")?;
-    assert!(claim(&mut parker, queue, 1)?.is_empty());
+    assert!(claim(&mut parker, queue, 1, "")?.is_empty());
     let parked: bool = one(
         &mut parker,
         &format!(
@@ -560,7 +540,7 @@ fn a_run_parked_while_another_ended_goes_with_the_next_claim(
     let mut c = limited_queue(cluster, "q_race", "race", 1, 2)?;
     park_behind_an_ended_run(cluster, &mut c, "q_race", "race")?;
     // The next claim takes it at once.
-    let next = claim(&mut c, "race", 1)?;
+    let next = claim(&mut c, "race", 1, "")?;
     assert_eq!(next.len(), 1, "the parked run goes with the next claim");
     assert_eq!(running(&mut c, "race")?, 1);
     complete(&mut c, &next)?;
@@ -579,7 +559,7 @@ fn a_claim_wakes_parked_runs_only_in_its_own_queues(cluster: &Cluster) -> Result
     )?;
     park_behind_an_ended_run(cluster, &mut c, "q_race_grant", "race_b")?;
     let mut granted = cluster.connect_as("q_race_grant", "q_granted")?;
-    assert!(claim(&mut granted, "race_b", 1)?.is_empty());
+    assert!(claim(&mut granted, "race_b", 1, "")?.is_empty());
     let still: bool = one(
         &mut c,
         "SELECT bool_and(parked) FROM tide.pending WHERE queue = 'race_b' AND state = 'ready'",
@@ -589,7 +569,7 @@ fn a_claim_wakes_parked_runs_only_in_its_own_queues(cluster: &Cluster) -> Result
         "a queue not granted to the claimer: its parked run is left alone"
     );
     // Its owner's claim takes it.
-    assert_eq!(claim(&mut c, "race_b", 1)?.len(), 1);
+    assert_eq!(claim(&mut c, "race_b", 1, "")?.len(), 1);
     Ok(())
 }
 
@@ -602,21 +582,29 @@ fn running_count_survives_rollback_and_crash(cluster: &Cluster) -> Result<(), Fa
     let mut c = limited_queue(cluster, "q_count", "cq", 2, 12)?;
     // A claim rolled back gives its room back, and so does one rolled back to a savepoint.
     exec(&mut c, "BEGIN")?;
-    assert_eq!(claim(&mut c, "cq", 5)?.len(), 2);
+    assert_eq!(claim(&mut c, "cq", 5, "")?.len(), 2);
     exec(&mut c, "ROLLBACK")?;
     exec(&mut c, "BEGIN; SAVEPOINT s")?;
-    assert_eq!(claim(&mut c, "cq", 5)?.len(), 2);
+    assert_eq!(claim(&mut c, "cq", 5, "")?.len(), 2);
     exec(&mut c, "ROLLBACK TO SAVEPOINT s")?;
-    let held = claim(&mut c, "cq", 5)?;
+    let held = claim(&mut c, "cq", 5, "")?;
     assert_eq!(held.len(), 2, "the room of the rolled-back claim is back");
     exec(&mut c, "COMMIT")?;
     let mut other = cluster.connect("q_count")?;
-    assert_eq!(claim(&mut other, "cq", 5)?.len(), 0, "two running: full");
+    assert_eq!(
+        claim(&mut other, "cq", 5, "")?.len(),
+        0,
+        "two running: full"
+    );
     // A completion rolled back gives nothing back.
     exec(&mut c, "BEGIN")?;
     complete(&mut c, &held[..1])?;
     exec(&mut c, "ROLLBACK")?;
-    assert_eq!(claim(&mut other, "cq", 5)?.len(), 0, "still two running");
+    assert_eq!(
+        claim(&mut other, "cq", 5, "")?.len(),
+        0,
+        "still two running"
+    );
 
     // A crash clears shared memory: the count is counted again from the runs.
     drop((c, other));
@@ -629,12 +617,12 @@ fn running_count_survives_rollback_and_crash(cluster: &Cluster) -> Result<(), Fa
         "SELECT count(*) FROM tide.enqueue('in_cq', '[{}, {}, {}]')",
     )?;
     assert_eq!(
-        claim(&mut other, "cq", 5)?.len(),
+        claim(&mut other, "cq", 5, "")?.len(),
         0,
         "after the crash: still full"
     );
     complete(&mut c, &held[..1])?;
-    let next = claim(&mut other, "cq", 5)?;
+    let next = claim(&mut other, "cq", 5, "")?;
     assert_eq!(next.len(), 1, "one ended, one more goes");
     let counted: i64 = one(&mut c, "SELECT tide._queue_running(current_user, 'cq')")?;
     assert_eq!(counted, 2);
@@ -649,7 +637,7 @@ fn running_count_survives_rollback_and_crash(cluster: &Cluster) -> Result<(), Fa
         "SELECT tide.create_queue('cq', max_concurrency => 3)",
     )?;
     assert_eq!(
-        claim(&mut other, "cq", 5)?.len(),
+        claim(&mut other, "cq", 5, "")?.len(),
         0,
         "cannot count again now"
     );
@@ -661,7 +649,7 @@ fn running_count_survives_rollback_and_crash(cluster: &Cluster) -> Result<(), Fa
         Duration::from_secs(30),
         || {
             exec(&mut other, "SELECT tide.tick()").map_err(|e| format!("{e:?}"))?;
-            claim(&mut other, "cq", 5).map_err(|e| format!("{e:?}"))?;
+            claim(&mut other, "cq", 5, "").map_err(|e| format!("{e:?}"))?;
             let now = running(&mut c, "cq").map_err(|e| format!("{e:?}"))?;
             assert!(now <= 3, "{now} running with a limit of 3");
             Ok((now == 3).then_some(()))

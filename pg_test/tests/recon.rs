@@ -11,12 +11,8 @@
 use std::time::Duration;
 
 use pg_tide_pg_test::{
-    db_err, one, refused, run_state, run_tests, wait_for, Client, Cluster, Failed, TestFn,
+    db_err, exec, one, refused, run_state, run_tests, wait_for, Client, Cluster, Failed, TestFn,
 };
-
-fn exec(c: &mut Client, sql: &str) -> Result<(), Failed> {
-    c.batch_execute(sql).map_err(db_err)
-}
 
 /// Runs the reconciliation's window of the day before yesterday (again, with force) and waits
 /// until the executors finished it; returns the run id.

@@ -7,13 +7,9 @@
 use std::time::Duration;
 
 use pg_tide_pg_test::{
-    db_err, notifications_until_sentinel, one, refused, run_tests, wait_for, Client, Cluster,
+    db_err, exec, notifications_until_sentinel, one, refused, run_tests, wait_for, Client, Cluster,
     Failed, TestFn, WORKERS_DB,
 };
-
-fn exec(c: &mut Client, sql: &str) -> Result<(), Failed> {
-    c.batch_execute(sql).map_err(db_err)
-}
 
 /// The three hostile-but-fair roles, created once per cluster, with the right to create tables
 /// in `public` and schemas in `db`.

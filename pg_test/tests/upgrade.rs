@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use pg_tide_pg_test::{
-    db_err, one, pg_bin, run_tests, wait_for, Client, Cluster, Failed, TestFn, WORKERS_DB,
+    db_err, exec, one, pg_bin, run_tests, wait_for, Client, Cluster, Failed, TestFn, WORKERS_DB,
 };
 
 fn main() {
@@ -27,10 +27,6 @@ fn main() {
         every_frozen_version_updates,
     )];
     run_tests("upgrade", tests)
-}
-
-fn exec(c: &mut Client, sql: &str) -> Result<(), Failed> {
-    c.batch_execute(sql).map_err(db_err)
 }
 
 fn sql_dir() -> PathBuf {
