@@ -52,8 +52,6 @@ thread_local! {
     static KNOWN: RefCell<HashMap<Oid, bool>> = RefCell::new(HashMap::new());
     /// Schema `tide` and its owner, looked up once until pg_namespace changes.
     static SCHEMA: Cell<Option<(Oid, Oid)>> = const { Cell::new(None) };
-    /// Raised by `sealed::run` while user code runs as another role.
-    static LEVEL: Cell<u32> = const { Cell::new(0) };
 }
 
 static mut PREV_NEEDS: pg_sys::needs_fmgr_hook_type = None;
@@ -100,7 +98,6 @@ unsafe extern "C-unwind" fn at_transaction_end(
         pg_sys::XactEvent::XACT_EVENT_ABORT | pg_sys::XactEvent::XACT_EVENT_PARALLEL_ABORT
     ) {
         FRAMES.with(|f| f.borrow_mut().clear());
-        LEVEL.with(|l| l.set(0));
         crate::sealed::forget_after_abort();
     }
 }
@@ -203,7 +200,7 @@ unsafe extern "C-unwind" fn hook(
             let mut context: c_int = 0;
             // SAFETY: reads and switches the current user as fmgr_security_definer does.
             unsafe { pg_sys::GetUserIdAndSecContext(&mut user, &mut context) };
-            let level = LEVEL.with(Cell::get);
+            let level = crate::sealed::user_code_level();
             let caller = FRAMES.with(|f| {
                 f.borrow()
                     .last()
@@ -271,20 +268,6 @@ fn role_name(role: Oid) -> String {
             CStr::from_ptr(name).to_string_lossy().into_owned()
         }
     }
-}
-
-/// Marks the start of user code run as another role (`sealed::run`): public functions called
-/// from it belong to that role. Returns the level to give back to `leave_user_code`.
-pub fn enter_user_code() -> u32 {
-    LEVEL.with(|l| {
-        let previous = l.get();
-        l.set(previous + 1);
-        previous
-    })
-}
-
-pub fn leave_user_code(previous: u32) {
-    LEVEL.with(|l| l.set(previous));
 }
 
 /// The role pg_tide acts for (see `caller`), as an SQL name.

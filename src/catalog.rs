@@ -14,7 +14,7 @@ use pgrx::spi::SpiHeapTupleData;
 use crate::caller::caller_name;
 use crate::error::TideError;
 use crate::jsonarg::JsonbText;
-use crate::ledger::span_of;
+use crate::pgtime::span_of;
 use crate::pgtime::{now, to_pg};
 use crate::rules::{check_name, ExecOptions, RuleChanges, RuleText, Span, TaskRules};
 use crate::sqlerr::{raise, required, OrRaise};

@@ -70,7 +70,7 @@ extern "C" {
 }
 
 /// The most command workers at once, whatever `pg_tide.command_workers` says (its maximum).
-pub const MAX_SLOTS: usize = 64;
+const MAX_SLOTS: usize = crate::settings::MAX_COMMAND_WORKERS;
 /// A database or role name: at most 63 bytes (NAMEDATALEN).
 const NAME: usize = 64;
 /// The error message a worker reports is cut to this many bytes.
@@ -323,7 +323,7 @@ thread_local! {
 /// Starts the command of a claimed run in a worker of its own (see the module comment); called
 /// by an executor, outside any transaction. Whatever goes wrong is recorded on the run.
 pub fn launch(run_id: i64, token: i64) {
-    let start = match crate::worker::in_transaction("command start", || start_of(run_id, token)) {
+    let start = match crate::bgw::in_transaction("command start", || start_of(run_id, token)) {
         Ok(Some(start)) => start,
         // Fenced, or failed already (its database cannot be reached): nothing to run.
         Ok(None) => return,
@@ -333,7 +333,7 @@ pub fn launch(run_id: i64, token: i64) {
         Ok(taken) => taken,
         Err(why) => return wait(run_id, token, &why),
     };
-    let handed = crate::worker::in_transaction("command text", || hand_over(&start.command));
+    let handed = crate::bgw::in_transaction("command text", || hand_over(&start.command));
     let Ok(segment) = handed else {
         free(index, generation);
         return abandon(
@@ -495,18 +495,18 @@ fn wait(run_id: i64, token: i64, why: &str) {
     } else {
         "SELECT tide._abandon($1, $2, $3)"
     };
-    let _ = crate::worker::in_transaction("command wait", || {
+    let _ = crate::bgw::in_transaction("command wait", || {
         Spi::run_with_args(sql, &[run_id.into(), token.into(), why.into()]).or_raise(F)
     });
 }
 
 fn current_sql_outside() -> bool {
-    crate::worker::in_transaction("command check", current_sql).unwrap_or(false)
+    crate::bgw::in_transaction("command check", current_sql).unwrap_or(false)
 }
 
 /// The attempt ends as lost (retried if it has attempts left): its worker could not be started.
 fn abandon(run_id: i64, token: i64, why: &str) {
-    let _ = crate::worker::in_transaction("abandon", || {
+    let _ = crate::bgw::in_transaction("abandon", || {
         Spi::run_with_args(
             "SELECT tide._abandon($1, $2, $3)",
             &[run_id.into(), token.into(), why.into()],
@@ -530,7 +530,7 @@ pub fn collect() {
     while let Some((index, generation, run_id, token, outcome)) = take_done(&seen) {
         seen.push(index);
         let recorded =
-            crate::worker::in_transaction("command outcome", || record(run_id, token, &outcome));
+            crate::bgw::in_transaction("command outcome", || record(run_id, token, &outcome));
         let segment = {
             let mut slots = SLOTS.exclusive();
             let slot = &mut slots.slot[index];
@@ -935,7 +935,7 @@ fn execute(job: &Job, database: &str, command: &str) -> Outcome {
         outcome.error = Some(("22021".into(), "the command contains a NUL byte".into()));
         return outcome;
     };
-    let checked = crate::worker::in_transaction("command owner", || check_owner(job, database));
+    let checked = crate::bgw::in_transaction("command owner", || check_owner(job, database));
     let (owner_oid, timeout_ms) = match settled(checked) {
         Ok(found) => found,
         Err(error) => {
@@ -956,7 +956,7 @@ fn execute(job: &Job, database: &str, command: &str) -> Outcome {
             pg_sys::ALLOCSET_DEFAULT_MAXSIZE as usize,
         )
     };
-    let parsed = crate::worker::in_transaction("command parse", || {
+    let parsed = crate::bgw::in_transaction("command parse", || {
         PgTryBuilder::new(AssertUnwindSafe(|| {
             // SAFETY: parses into our own context, as exec_simple_query parses into its own.
             let list = unsafe {

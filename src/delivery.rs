@@ -23,10 +23,10 @@ use pgrx::prelude::*;
 use pgrx::{pg_sys, JsonB, PGRXSharedMemory};
 use serde_json::{json, Value};
 
+use crate::bgw;
 use crate::notify::{self, Outcome};
 use crate::settings;
 use crate::sqlerr::OrRaise;
-use crate::worker;
 
 const F: &str = "pg_tide delivery";
 /// The longest one send may take: a receiver that hangs is given up on (and retried) after it.
@@ -356,7 +356,7 @@ fn serve_tests() {
     let Some((index, id, owner, name)) = asked else {
         return;
     };
-    let channel = worker::in_transaction("channel test", || {
+    let channel = bgw::in_transaction("channel test", || {
         Spi::connect(|client| {
             client
                 .select(
@@ -591,14 +591,14 @@ fn send(job: &Job) -> Outcome {
 /// Claims a batch (committed), sends it with no transaction open, records the outcomes.
 /// Returns how many were claimed.
 fn deliver_batch() -> usize {
-    let jobs = worker::in_transaction("delivery claim", claim).unwrap_or_default();
+    let jobs = bgw::in_transaction("delivery claim", claim).unwrap_or_default();
     let mut outcomes = Vec::with_capacity(jobs.len());
     for job in &jobs {
         // A pending SIGTERM ends the worker here: what it holds is taken back at its restart.
         pgrx::check_for_interrupts!();
         outcomes.push(send(job));
     }
-    worker::in_transaction("delivery outcome", || {
+    bgw::in_transaction("delivery outcome", || {
         for (job, outcome) in jobs.iter().zip(&outcomes) {
             let (error, permanent) = match outcome {
                 Outcome::Delivered => (None, false),
@@ -664,23 +664,23 @@ fn maybe_ping(last: &mut Option<Instant>) {
 #[pg_guard]
 #[no_mangle]
 pub extern "C-unwind" fn pg_tide_delivery_main(_arg: pg_sys::Datum) {
-    worker::start(F);
+    bgw::start(F);
     // Woken by tide.test_channel.
     crate::wake::register(crate::wake::DELIVERY);
     let mut recovered = false;
     let mut last_ping: Option<Instant> = None;
     let mut last_watch: Option<Instant> = None;
-    while worker::wait(worker::interval()) {
+    while bgw::wait(bgw::interval()) {
         WATCH.exclusive().delivery_round = now_ms();
         // The ping needs no database: it goes on whatever the state of the scheduler.
         maybe_ping(&mut last_ping);
-        if !worker::may_work() {
+        if !bgw::may_work() {
             continue;
         }
         if !recovered {
             // What an earlier life of this worker held when it died is sent again now (at
             // least once), rather than when its lease expires.
-            recovered = worker::in_transaction("delivery recovery", || {
+            recovered = bgw::in_transaction("delivery recovery", || {
                 Spi::run("SELECT tide._delivery_recover()").or_raise(F)
             })
             .is_ok();
@@ -692,12 +692,12 @@ pub extern "C-unwind" fn pg_tide_delivery_main(_arg: pg_sys::Datum) {
         );
         if last_watch.is_none_or(|t| t.elapsed() >= every) {
             last_watch = Some(Instant::now());
-            worker::in_transaction("watchdog", || {
+            bgw::in_transaction("watchdog", || {
                 Spi::run("SELECT tide._evaluate_alerts(pg_catalog.clock_timestamp(), true)")
                     .or_raise(F)
             })
             .ok();
         }
     }
-    worker::exit_for_restart();
+    bgw::exit_for_restart();
 }

@@ -254,7 +254,7 @@ fn import_task(
         let mut user = pg_sys::Oid::INVALID;
         let mut context: c_int = 0;
         pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
-        let level = crate::caller::enter_user_code();
+        let level = crate::sealed::enter_user_code();
         pg_sys::SetUserIdAndSecContext(
             oid,
             context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as c_int,
@@ -286,6 +286,6 @@ fn import_task(
     }
     // SAFETY: back to the caller's identity.
     unsafe { pg_sys::SetUserIdAndSecContext(saved_user, saved_context) };
-    crate::caller::leave_user_code(level);
+    crate::sealed::leave_user_code(level);
     id
 }

@@ -11,12 +11,7 @@ use std::collections::HashMap;
 
 use serde_json::value::RawValue;
 
-use crate::error::TideError;
-
-/// The deepest nesting accepted in a task's args.
-pub const MAX_DEPTH: usize = 32;
-/// The longest args accepted, in bytes of JSON text.
-pub const MAX_BYTES: usize = 1_048_576;
+use crate::error::{shorten, TideError, MAX_JSON_BYTES as MAX_BYTES, MAX_JSON_DEPTH as MAX_DEPTH};
 
 /// The nesting depth of JSON text (objects and arrays; 0 for a scalar), counted without parsing,
 /// so it is safe on any input. Brackets inside strings do not count.
@@ -70,16 +65,6 @@ pub fn check_object(text: &str, param: &'static str) -> Result<(), TideError> {
     serde_json::from_str::<serde_json::Value>(text)
         .map(|_| ())
         .map_err(|e| bad(e.to_string()))
-}
-
-/// At most 100 characters of a value, for an error message.
-pub fn shorten(text: &str) -> String {
-    if text.chars().count() <= 100 {
-        text.to_string()
-    } else {
-        let head: String = text.chars().take(100).collect();
-        format!("{head}...")
-    }
 }
 
 /// The top-level fields of a JSON object as text: a string field unquoted, any other value as

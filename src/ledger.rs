@@ -9,23 +9,9 @@ use pgrx::prelude::*;
 use crate::calendar::{fire_iter, previous_fire, to_local, window_for, BizWindow, WindowKind};
 use crate::catalog::{load_task, RULE_COLUMNS};
 use crate::error::TideError;
-use crate::pgtime::{from_pg, now, to_pg};
+use crate::pgtime::{from_pg, micros_of, now, span_of, to_pg};
 use crate::retry::{classify, delay_us, ErrorKind, Jitter};
-use crate::rules::Span;
 use crate::sqlerr::{raise, required, OrRaise};
-
-pub fn span_of(i: &Interval) -> Span {
-    Span {
-        months: i.months(),
-        days: i.days(),
-        micros: i.micros(),
-    }
-}
-
-/// An interval's length in microseconds (a month as 30 days), saturating.
-pub fn micros_of(i: &Interval) -> i64 {
-    i64::try_from(span_of(i).approx_micros()).unwrap_or(i64::MAX)
-}
 
 /// The delay before the next try after `tries` failed ones: `min(cap, base * factor^(tries-1))`
 /// spread by `jitter` using `unit` (a random number in [0, 1), pass `random()`).

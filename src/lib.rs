@@ -38,6 +38,7 @@ mod tick;
 mod timeline;
 
 // Settings and background workers.
+mod bgw;
 mod command;
 mod delivery;
 mod import;

@@ -95,3 +95,17 @@ pub fn now() -> DateTime<Utc> {
     let micros = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
     Utc.from_utc_datetime(&(pg_epoch() + Duration::microseconds(micros)))
 }
+
+/// An `interval` as the calendar's span (months, days, microseconds).
+pub fn span_of(i: &pgrx::datum::Interval) -> crate::rules::Span {
+    crate::rules::Span {
+        months: i.months(),
+        days: i.days(),
+        micros: i.micros(),
+    }
+}
+
+/// An interval's length in microseconds (a month as 30 days), saturating.
+pub fn micros_of(i: &pgrx::datum::Interval) -> i64 {
+    i64::try_from(span_of(i).approx_micros()).unwrap_or(i64::MAX)
+}

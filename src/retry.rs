@@ -159,7 +159,7 @@ pub fn parse_error_kinds(text: &str) -> Result<String, TideError> {
     let serde_json::Value::Object(map) = value else {
         return Err(bad(format!(
             "it must be a JSON object, got {}",
-            crate::jsontext::shorten(text)
+            crate::error::shorten(text)
         )));
     };
     if map.len() > MAX_ERROR_KINDS {
@@ -176,7 +176,7 @@ pub fn parse_error_kinds(text: &str) -> Result<String, TideError> {
         if !well_formed {
             return Err(bad(format!(
                 "\"{}\" is not an SQLSTATE (5 letters or digits) or an SQLSTATE class (2)",
-                crate::jsontext::shorten(code)
+                crate::error::shorten(code)
             )));
         }
         if [NOT_READY_SQLSTATE, BUSINESS_SQLSTATE, TRANSIENT_SQLSTATE].contains(&key.as_str()) {
@@ -187,13 +187,13 @@ pub fn parse_error_kinds(text: &str) -> Result<String, TideError> {
         let Some(kind) = kind.as_str() else {
             return Err(bad(format!(
                 "the kind of \"{key}\" must be a string, got {}",
-                crate::jsontext::shorten(&kind.to_string())
+                crate::error::shorten(&kind.to_string())
             )));
         };
         let kind = ErrorKind::parse(kind).map_err(|_| {
             bad(format!(
                 "unknown error kind \"{}\" for \"{key}\"",
-                crate::jsontext::shorten(kind)
+                crate::error::shorten(kind)
             ))
         })?;
         if out.insert(key.clone(), kind.as_str().into()).is_some() {

@@ -55,6 +55,27 @@ thread_local! {
     static IN_EXECUTOR: Cell<bool> = const { Cell::new(false) };
     /// The sealed runs in progress (one at a time in practice).
     static SEALS: RefCell<Vec<Seal>> = const { RefCell::new(Vec::new()) };
+    /// How many sealed runs are nested here: public pg_tide functions called from user code
+    /// belong to the role it runs as (src/caller.rs tells the levels apart).
+    static LEVEL: Cell<u32> = const { Cell::new(0) };
+}
+
+/// The nesting level of user code run as another role (0 outside any).
+pub fn user_code_level() -> u32 {
+    LEVEL.with(Cell::get)
+}
+
+/// Marks the start of user code run as another role; returns the level to go back to.
+pub fn enter_user_code() -> u32 {
+    LEVEL.with(|l| {
+        let previous = l.get();
+        l.set(previous + 1);
+        previous
+    })
+}
+
+pub fn leave_user_code(previous: u32) {
+    LEVEL.with(|l| l.set(previous));
 }
 
 /// A sealed run in progress: what `_seal_end` undoes.
@@ -74,6 +95,7 @@ pub fn mark_executor() {
 
 /// Forgets the seals a failed transaction left (called at every transaction abort).
 pub fn forget_after_abort() {
+    LEVEL.with(|l| l.set(0));
     if SEALS.with(|s| !s.borrow().is_empty()) {
         SEALS.with(|s| s.borrow_mut().clear());
         CURRENT_RUN.with(|r| r.set(None));
@@ -159,7 +181,7 @@ fn seal_begin(run_id: i64, owner: &str, timeout_ms: i32) -> i64 {
         }
         nest
     };
-    let level = crate::caller::enter_user_code();
+    let level = enter_user_code();
     let outer_run = CURRENT_RUN.with(|r| r.replace(Some(run_id)));
     REPORTED.with(|r| r.set(None));
     SEALS.with(|s| {
@@ -247,7 +269,7 @@ fn seal_end(
         pg_sys::AtEOXact_GUC(false, seal.nest);
         pg_sys::SetUserIdAndSecContext(seal.saved_user, seal.saved_context);
     }
-    crate::caller::leave_user_code(seal.level);
+    leave_user_code(seal.level);
     CURRENT_RUN.with(|r| r.set(seal.outer_run));
     clean_session();
     let (expected, actual) = REPORTED.with(|r| r.take()).unwrap_or((None, None));
@@ -264,7 +286,7 @@ fn seal_abort(key: Option<i64>) {
     };
     // SAFETY: disarming a timer that may still be armed.
     unsafe { disable_timeout(STATEMENT_TIMEOUT, false) };
-    crate::caller::leave_user_code(seal.level);
+    leave_user_code(seal.level);
     CURRENT_RUN.with(|r| r.set(seal.outer_run));
     REPORTED.with(|r| r.set(None));
     clean_session();

@@ -4,6 +4,10 @@ use std::ffi::CString;
 
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting, PostgresGucEnum};
 
+/// The most command workers at once (src/command.rs has a slot for each), whatever
+/// `pg_tide.command_workers` says: its maximum.
+pub const MAX_COMMAND_WORKERS: usize = 64;
+
 /// The database the scheduler and executors work in.
 pub static DATABASE: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"postgres"));
@@ -100,7 +104,7 @@ pub fn define() {
         c"Each is a background worker: raise max_worker_processes by as many. A run that finds none free waits in line. At most 64.",
         &COMMAND_WORKERS,
         1,
-        crate::command::MAX_SLOTS as i32,
+        MAX_COMMAND_WORKERS as i32,
         GucContext::Sighup,
         GucFlags::default(),
     );
@@ -110,7 +114,7 @@ pub fn define() {
         c"So that one database's slow commands never take every command worker. A run that finds no room waits in line.",
         &COMMAND_WORKERS_PER_DATABASE,
         1,
-        crate::command::MAX_SLOTS as i32,
+        MAX_COMMAND_WORKERS as i32,
         GucContext::Sighup,
         GucFlags::default(),
     );

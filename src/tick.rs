@@ -9,14 +9,14 @@ use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use serde_json::{json, Map, Value};
 
+use crate::bgw::isolated;
 use crate::calendar::{fire_iter, previous_fire, window_for, BizWindow, Schedule, WindowKind};
 use crate::catalog::{rule_text, RULE_COLUMNS};
-use crate::ledger::{micros_of, span_of};
 use crate::misfire::{plan, Decision, Due, Misfire, Planned, Policy, SkipReason};
 use crate::pgtime::{date_to_pg, from_pg, to_pg};
+use crate::pgtime::{micros_of, span_of};
 use crate::rules::{check_interval, RuleText, TaskRules};
 use crate::sqlerr::{required, OrRaise};
-use crate::worker::isolated;
 
 const F: &str = "tide.tick";
 /// Tasks handled per tick; more due tasks wait for the next tick (a second later).

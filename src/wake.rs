@@ -263,18 +263,18 @@ fn ready_at_commit(queues: Vec<Option<String>>) {
 #[pg_guard]
 #[no_mangle]
 pub extern "C-unwind" fn pg_tide_notifier_main(_arg: pg_sys::Datum) {
-    crate::worker::start("pg_tide notifier");
+    crate::bgw::start("pg_tide notifier");
     register(NOTIFIER);
     loop {
         let ready = std::mem::take(&mut READY.exclusive().ready);
         if ready {
             // A failed round is logged (workers find their runs at their next poll).
-            let _ = crate::worker::in_transaction("ready notifications", notify_round);
-        } else if !crate::worker::wait(Duration::from_secs(60)) {
+            let _ = crate::bgw::in_transaction("ready notifications", notify_round);
+        } else if !crate::bgw::wait(Duration::from_secs(60)) {
             break;
         }
     }
-    crate::worker::exit_for_restart();
+    crate::bgw::exit_for_restart();
 }
 
 /// One round: one notification, if pg_tide is installed here and this is not a standby.

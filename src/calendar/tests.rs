@@ -961,8 +961,16 @@ fn zones_parse_case_insensitively_and_typos_are_refused() {
     assert_eq!(parse_zone("utc").unwrap().name(), "UTC");
     assert_eq!(
         parse_zone("Asia/Shangai").unwrap_err(),
-        TideError::UnknownZone("Asia/Shangai".into())
+        TideError::UnknownZone {
+            name: "Asia/Shangai".into(),
+            suggestion: Some("Asia/Shanghai")
+        }
     );
+    // The hint names the real zone; with none close enough, where to look.
+    let hint = parse_zone("Asia/Shangai").unwrap_err().hint();
+    assert!(hint.contains("did you mean 'Asia/Shanghai'?"), "{hint}");
+    let hint = parse_zone("Mars/Olympus_Mons").unwrap_err().hint();
+    assert!(hint.contains("pg_timezone_names"), "{hint}");
     assert_eq!(
         super::zone::parse_zone_suggestion("Asia/Shangai"),
         Some("Asia/Shanghai")

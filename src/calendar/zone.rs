@@ -17,7 +17,10 @@ pub fn parse_zone(name: &str) -> Result<Tz, TideError> {
     trimmed
         .parse::<Tz>()
         .or_else(|_| Tz::from_str_insensitive(trimmed))
-        .map_err(|_| TideError::UnknownZone(name.to_string()))
+        .map_err(|_| TideError::UnknownZone {
+            name: name.to_string(),
+            suggestion: parse_zone_suggestion(name),
+        })
 }
 
 /// The closest real zone name to a misspelt one, if one is close enough to be a typo.
