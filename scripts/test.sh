@@ -28,6 +28,8 @@ run_tier() {
 # 0. Format and lints: what CI refuses before any test runs.
 run_tier fmt cargo fmt --all -- --check
 run_tier clippy cargo clippy --workspace --all-targets -- -D warnings
+# No import circle in src/, between modules or between concept folders.
+run_tier modules python3 scripts/modules.py
 # 1. Pure logic: the calendar, rules, errors. No PostgreSQL.
 run_tier unit cargo test --lib -- --skip sql_tests
 # 2. The SQL API inside PostgreSQL, one rolled-back transaction per test.

@@ -1,8 +1,8 @@
 //! What every background worker of pg_tide does, whatever its loop: attach to the database
 //! with PostgreSQL's signal handlers, run a short transaction or a subtransaction that catches
 //! errors, wait on the latch, and exit so that the postmaster starts it again. The loops are in
-//! `worker.rs` (scheduler, executors), `delivery.rs` and `wake.rs` (notifier); the command
-//! workers in `command.rs`.
+//! src/workers/mod.rs (scheduler, executors), src/alerts/delivery.rs and src/scheduler/wake.rs
+//! (notifier); the command workers in src/workers/command.rs.
 
 use std::ffi::c_int;
 use std::panic::AssertUnwindSafe;
@@ -12,8 +12,8 @@ use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
+use crate::base::sqlerr::OrRaise;
 use crate::settings;
-use crate::sqlerr::OrRaise;
 
 extern "C-unwind" {
     /// PostgreSQL's SIGTERM handler (tcop/postgres.c): sets ProcDiePending and the latch.
@@ -29,7 +29,7 @@ pub(crate) fn interval() -> Duration {
 /// Exits (the postmaster died) with code 1, as a FATAL error would.
 pub(crate) fn exit_for_restart() -> ! {
     // SAFETY: ends the process the way a FATAL error would, running exit callbacks.
-    unsafe { crate::pgversion::proc_exit(1) }
+    unsafe { crate::base::pgversion::proc_exit(1) }
 }
 
 /// Waits for the next round; a pending SIGTERM ends the worker here (FATAL, exit code 1).
@@ -49,8 +49,8 @@ pub(crate) fn start(name: &str) {
     // have: pg_cancel_backend (tide.cancel_run of a running SQL run) interrupts the command
     // being run, and only that.
     unsafe {
-        crate::pgversion::pqsignal(pg_sys::SIGTERM, Some(die));
-        crate::pgversion::pqsignal(pg_sys::SIGINT, Some(StatementCancelHandler));
+        crate::base::pgversion::pqsignal(pg_sys::SIGTERM, Some(die));
+        crate::base::pgversion::pqsignal(pg_sys::SIGINT, Some(StatementCancelHandler));
     }
     BackgroundWorker::connect_worker_to_spi(Some(&settings::database()), None);
     // A worker's session lives as long as the server: a generic plan it kept from when the

@@ -4,7 +4,7 @@ use std::ffi::CString;
 
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting, PostgresGucEnum};
 
-/// The most command workers at once (src/command.rs has a slot for each), whatever
+/// The most command workers at once (src/workers/command.rs has a slot for each), whatever
 /// `pg_tide.command_workers` says: its maximum.
 pub const MAX_COMMAND_WORKERS: usize = 64;
 
@@ -61,7 +61,7 @@ pub static PING_URL: GucSetting<Option<CString>> = GucSetting::<Option<CString>>
 pub static PING_FAIL_URL: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 /// Seconds between two pings.
 pub static PING_INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(60);
-/// A role's limits when its tide.role_limit row leaves them NULL (sql/share.sql).
+/// A role's limits when its tide.role_limit row leaves them NULL (src/security/share.sql).
 pub static ROLE_MAX_TASKS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 /// Seconds: the shortest time between two fires of a role's tasks.
 pub static ROLE_FASTEST_SCHEDULE: GucSetting<i32> = GucSetting::<i32>::new(1);

@@ -8,7 +8,7 @@ use chrono::{DateTime, NaiveDate, NaiveDateTime, TimeZone, Utc};
 use croner::parser::{CronParser, Seconds, Year};
 use croner::Cron;
 
-use crate::error::TideError;
+use crate::base::error::TideError;
 
 /// A parsed cron expression, or pg_cron's `'N seconds'` interval.
 #[derive(Debug, Clone)]
@@ -46,7 +46,7 @@ impl Schedule {
     /// field is the last day of the month, and `'N seconds'` (1 to 59) runs every N seconds,
     /// as in pg_cron.
     pub fn parse(expr: &str) -> Result<Schedule, TideError> {
-        crate::error::check_len("schedule", expr, MAX_CRON_LEN)?;
+        crate::base::error::check_len("schedule", expr, MAX_CRON_LEN)?;
         let bad = |reason: &str| TideError::BadCron {
             expr: expr.to_string(),
             reason: reason.to_string(),

@@ -1,8 +1,9 @@
 //! The calendar: cron expressions, time zones, DST policy and business windows.
 //!
-//! Everything here is pure Rust (no pgrx), so the whole time engine is exercised by plain
-//! `cargo test` in seconds. The SQL functions in `timeline.rs` and `catalog.rs` are thin
-//! wrappers around it.
+//! Everything here but `timeline.rs` is pure Rust (no pgrx), so the whole time engine is
+//! exercised by plain `cargo test` in seconds. The SQL functions in `timeline.rs` and
+//! src/tasks/catalog.rs are thin wrappers around it. `misfire.rs` decides what the scheduler does
+//! with each due window.
 //!
 //! The model: a cron expression matches *wall-clock* times in the task's zone. Each matching
 //! wall-clock time is resolved to zero, one or two instants (a spring-forward gap has none, a
@@ -11,6 +12,8 @@
 
 mod cron;
 mod fires;
+pub mod misfire;
+pub(crate) mod pgtime;
 mod window;
 mod zone;
 
@@ -21,13 +24,53 @@ pub use zone::{parse_zone, parse_zone_suggestion, to_local, zone_instant};
 
 use chrono::{Datelike, NaiveDateTime};
 
-use crate::error::TideError;
+use crate::base::error::TideError;
 
 /// The years pg_tide computes calendars for. PostgreSQL's timestamps reach year 294276 and
 /// chrono's 262143, but croner and the window arithmetic need room on both sides: every instant
 /// a user passes in is checked against this range first (22008 outside it).
 pub const FIRST_YEAR: i32 = 1;
 pub const LAST_YEAR: i32 = 9999;
+
+/// An SQL interval as PostgreSQL stores it: months, days and microseconds are kept apart
+/// (a month is not a fixed number of days), so what the user wrote is stored unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    pub months: i32,
+    pub days: i32,
+    pub micros: i64,
+}
+
+impl Span {
+    pub fn seconds(s: i64) -> Span {
+        Span {
+            months: 0,
+            days: 0,
+            micros: s * 1_000_000,
+        }
+    }
+
+    /// Length in microseconds, counting a month as 30 days and a day as 24 hours, as
+    /// PostgreSQL compares intervals.
+    pub fn approx_micros(self) -> i128 {
+        const DAY: i128 = 86_400_000_000;
+        i128::from(self.months) * 30 * DAY + i128::from(self.days) * DAY + i128::from(self.micros)
+    }
+
+    pub fn describe(self) -> String {
+        let mut parts = Vec::new();
+        if self.months != 0 {
+            parts.push(format!("{} mons", self.months));
+        }
+        if self.days != 0 {
+            parts.push(format!("{} days", self.days));
+        }
+        if self.micros != 0 || parts.is_empty() {
+            parts.push(format!("{} seconds", self.micros as f64 / 1e6));
+        }
+        parts.join(" ")
+    }
+}
 
 /// Whether a wall-clock or UTC time lies in the calendar's range.
 pub fn in_range(t: NaiveDateTime) -> bool {

@@ -15,7 +15,7 @@
 use chrono::{DateTime, NaiveDate, Utc};
 
 use super::*;
-use crate::error::TideError;
+use crate::base::error::TideError;
 
 const SHIFT_ONCE: DstPolicy = DstPolicy {
     gap: DstGap::Shift,
@@ -838,7 +838,10 @@ fn bad_cron_is_refused_with_the_expression_named() {
         match Schedule::parse(expr) {
             Err(e @ TideError::BadCron { .. }) => {
                 assert!(e.to_string().contains(&format!("\"{expr}\"")), "{e}");
-                assert_eq!(e.sqlstate(), crate::error::SqlState::InvalidParameterValue);
+                assert_eq!(
+                    e.sqlstate(),
+                    crate::base::error::SqlState::InvalidParameterValue
+                );
             }
             other => panic!("{expr:?} should be a bad cron, got {other:?}"),
         }
@@ -937,7 +940,10 @@ fn reboot_is_refused_with_a_hint() {
         assert_eq!(e, TideError::Reboot(expr.to_string()));
         assert!(e.to_string().contains("server start"), "{e}");
         assert!(e.hint().contains("tide.emit"), "{}", e.hint());
-        assert_eq!(e.sqlstate(), crate::error::SqlState::InvalidParameterValue);
+        assert_eq!(
+            e.sqlstate(),
+            crate::base::error::SqlState::InvalidParameterValue
+        );
     }
 }
 

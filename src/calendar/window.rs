@@ -11,7 +11,7 @@ use chrono_tz::Tz;
 use super::fires::previous_fire;
 use super::zone::{gap_end, resolve, to_local};
 use super::{DstPolicy, Schedule};
-use crate::error::TideError;
+use crate::base::error::TideError;
 
 /// Which span of business time each fire covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

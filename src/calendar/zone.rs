@@ -3,7 +3,7 @@
 use chrono::{DateTime, Duration, LocalResult, NaiveDateTime, TimeZone, Utc};
 use chrono_tz::Tz;
 
-use crate::error::TideError;
+use crate::base::error::TideError;
 
 /// The longest zone name accepted: the longest IANA name is 32 characters.
 pub const MAX_ZONE_LEN: usize = 64;
@@ -12,7 +12,7 @@ pub const MAX_ZONE_LEN: usize = 64;
 /// spelling is returned through `Tz::name()`. A name longer than any zone's is refused before
 /// anything else looks at it (the typo hint compares a name with every zone).
 pub fn parse_zone(name: &str) -> Result<Tz, TideError> {
-    crate::error::check_len("tz", name, MAX_ZONE_LEN)?;
+    crate::base::error::check_len("tz", name, MAX_ZONE_LEN)?;
     let trimmed = name.trim();
     trimmed
         .parse::<Tz>()

@@ -1,0 +1,9 @@
+//! Alerts leaving the database: channels and routes (`delivery.sql`), the delivery worker that
+//! sends each alert event once, with retries (`delivery`), and what a webhook or an e-mail looks
+//! like and how it is sent (`notify`, no pgrx).
+
+pub(crate) mod delivery;
+pub mod notify;
+
+// Alert delivery by pg_tide's own worker: tide.create_channel (webhook, email), tide.ack.
+::pgrx::extension_sql_file!("delivery.sql", name = "delivery", requires = ["effects"]);
