@@ -178,11 +178,11 @@ $$;
 COMMENT ON FUNCTION tide._routed(name, name) IS
     'Internal: whether a role''s channels and routes receive another role''s alerts (its own, a role it is a member of, or all for a superuser or tide_admin).';
 
--- Who takes an alert: the routes (src/monitor/monitor.sql's tide.create_alert_route, taken by your own
+-- Who takes an alert: the routes (src/alerts/alerts.sql's tide.create_alert_route, taken by your own
 -- workers) and the channels (sent by pg_tide) that receive its owner's alerts of its severity
 -- (and kind), of its resolution when p_resolved. The one rule of tide._alert_deliver and of
 -- pg_tide's undelivered alert (no one takes an open alert). The alert's type is defined later
--- (src/monitor/monitor.sql): its fields come as text.
+-- (src/alerts/alerts.sql): its fields come as text.
 CREATE FUNCTION tide._alert_takers(p_owner name, p_severity text, p_kind text, p_subject_type text, p_subject text,
                                    p_resolved boolean)
 RETURNS TABLE (channel text, owner name)

@@ -1,4 +1,4 @@
-//! Helpers of the monitoring SQL (`src/monitor/monitor.sql`): how long a task's silence may normally
+//! Helpers of the monitoring SQL (this folder's files): how long a task's silence may normally
 //! grow (the longest gap between its fires), when a heartbeat check with a cron schedule next
 //! expects a beat, and when external workers last claimed from each queue (a late start's
 //! cause: "no worker claimed from queue Q in the last minute").
@@ -6,10 +6,13 @@
 pub(crate) mod metrics;
 pub mod prometheus;
 
-// Monitoring: health, heartbeat checks, alerts, metrics, run log lines, explain, retention.
+// Monitoring, after every concept it watches: how quiet a task may be (silence.sql), task health
+// (health.sql), heartbeat checks (checks.sql), then alerts (src/alerts/alerts.sql), run log lines
+// and explain (explain.sql), the counters (counts.sql) and retention (retention.sql), in this
+// order.
 ::pgrx::extension_sql_file!(
-    "monitor.sql",
-    name = "monitor",
+    "silence.sql",
+    name = "silence",
     requires = [
         "effects",
         "delivery",
@@ -20,9 +23,28 @@ pub mod prometheus;
         "long",
         "jobs",
         "queues",
-        "backfill",
-        "recon",
+        "backfill_progress",
+        "recon_compare",
         runs::change::history_unwritten
+    ]
+);
+::pgrx::extension_sql_file!("health.sql", name = "health", requires = ["silence"]);
+::pgrx::extension_sql_file!("checks.sql", name = "checks", requires = ["health"]);
+::pgrx::extension_sql_file!("explain.sql", name = "explain", requires = ["alerts"]);
+::pgrx::extension_sql_file!("counts.sql", name = "counts", requires = ["explain"]);
+::pgrx::extension_sql_file!("retention.sql", name = "retention", requires = ["counts"]);
+// Monitoring as a whole; what builds on it requires this.
+::pgrx::extension_sql!(
+    "-- (monitoring: src/monitor/, src/alerts/alerts.sql)\n",
+    name = "monitor",
+    requires = [
+        "silence",
+        "health",
+        "checks",
+        "alerts",
+        "explain",
+        "counts",
+        "retention"
     ]
 );
 // Hourly counters for charts (tide.run_hours) and one task's health (tide.task_health).

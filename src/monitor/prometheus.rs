@@ -10,7 +10,7 @@
 use std::fmt::Write;
 
 /// The histogram buckets of run durations and queue waits: each `le` label as SQL writes it
-/// (`tide._le` in src/monitor/monitor.sql, the same list) and its bound in seconds.
+/// (`tide._le` in src/monitor/counts.sql, the same list) and its bound in seconds.
 pub const BUCKETS: [(&str, f64); 13] = [
     ("0.01", 0.01),
     ("0.05", 0.05),

@@ -1,4 +1,4 @@
-//! The WHEN clauses of `tide.run`'s update triggers (src/runs/ledger.sql, src/monitor/monitor.sql), as C
+//! The WHEN clauses of `tide.run`'s update triggers (src/runs/ledger.sql, src/monitor/health.sql), as C
 //! functions.
 //!
 //! PostgreSQL keeps a trigger's compiled WHEN clause for one statement only: every UPDATE of

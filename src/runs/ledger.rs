@@ -1,5 +1,5 @@
 //! The Rust pieces of the run ledger's SQL surface: retry delays and error classes for the
-//! PL/pgSQL ledger (`src/runs/execution.sql`), and `tide.rerun`, which needs the calendar to find a
+//! PL/pgSQL ledger (src/runs/*.sql), and `tide.rerun`, which needs the calendar to find a
 //! business date's window.
 
 use chrono::{Duration, NaiveDate, NaiveTime};

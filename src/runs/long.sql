@@ -1,7 +1,7 @@
 -- pg_tide long runs: the checkpoint in a command, and pause_run / resume_run / cancel_run, taken
 -- up between the batches of a long task or at an external worker's heartbeat, and at once by a
 -- running SQL command, which is interrupted (tide._ask_to_stop). (The batches themselves are run
--- by tide._execute, src/runs/execution.sql, and the executor loop, src/workers/mod.rs.)
+-- by tide._execute, src/workers/execute.sql, and the executor loop, src/workers/mod.rs.)
 
 CREATE FUNCTION tide.checkpoint() RETURNS jsonb
 LANGUAGE sql STABLE

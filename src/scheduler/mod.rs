@@ -3,3 +3,6 @@
 
 pub(crate) mod tick;
 pub(crate) mod wake;
+
+// The tick's work on existing runs: one list of steps (after replay, src/runs/replay.sql).
+::pgrx::extension_sql_file!("tick.sql", name = "tick_steps", requires = ["replay"]);

@@ -85,7 +85,7 @@ fn fire(now: TimestampWithTimeZone, max_tasks: i32) -> JsonB {
 }
 
 /// The steps of `tide.tick` after firing: retries, leases, lost runs, readiness
-/// (src/runs/execution.sql); health, alerts and retention (src/monitor/monitor.sql).
+/// (src/scheduler/tick.sql, over src/runs/); health, alerts and retention (src/monitor/).
 #[pg_extern(volatile, schema = "tide", name = "_tick_steps")]
 #[search_path(pg_catalog, pg_temp)]
 fn tick_steps(now: TimestampWithTimeZone) -> JsonB {

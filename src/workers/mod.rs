@@ -18,6 +18,12 @@
 
 pub(crate) mod command;
 
+// The executor's run of a task's command, and the command workers' side (after the end of an
+// attempt, src/runs/complete.sql).
+::pgrx::extension_sql_file!("execute.sql", name = "execute", requires = ["complete"]);
+// How long a worker may sleep (after the tick's steps, src/scheduler/tick.sql).
+::pgrx::extension_sql_file!("wake.sql", name = "worker_sleep", requires = ["tick_steps"]);
+
 use std::time::Duration;
 
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime};
