@@ -20,7 +20,7 @@ use pg_tide_pg_test::{describe, run_tests_with, Cluster, Failed, TestFn};
 
 /// Every page with its test. One list: a page added to docs/ and not here fails
 /// `every_page_with_sql_is_tested`.
-const PAGES: [(&str, TestFn); 15] = [
+const PAGES: [(&str, TestFn); 16] = [
     ("README.md", |c| page(c, "README.md")),
     ("docs/guide.md", |c| page(c, "docs/guide.md")),
     ("docs/time.md", |c| page(c, "docs/time.md")),
@@ -39,6 +39,7 @@ const PAGES: [(&str, TestFn); 15] = [
     ("docs/internals.md", |c| page(c, "docs/internals.md")),
     ("docs/performance.md", |c| page(c, "docs/performance.md")),
     ("docs/development.md", |c| page(c, "docs/development.md")),
+    ("docs/architecture.md", |c| page(c, "docs/architecture.md")),
     ("examples/README.md", |c| page(c, "examples/README.md")),
 ];
 
