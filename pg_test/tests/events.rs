@@ -9,8 +9,8 @@
 use std::time::Duration;
 
 use pg_tide_pg_test::{
-    db_err, exec, one, refused, run_state as state, run_tests, wait_for, Client, Cluster, Failed,
-    TestFn, WORKERS_DB,
+    complete, db_err, exec, one, refused, run_state as state, run_tests, wait_for, Client, Cluster,
+    Failed, TestFn, WORKERS_DB,
 };
 
 fn claim(c: &mut Client, n: i32) -> Result<Vec<(i64, i64, Option<String>)>, Failed> {
@@ -23,10 +23,6 @@ fn claim(c: &mut Client, n: i32) -> Result<Vec<(i64, i64, Option<String>)>, Fail
         .iter()
         .map(|r| (r.get(0), r.get(1), r.get(2)))
         .collect())
-}
-
-fn complete(c: &mut Client, run: i64, token: i64) -> Result<(), Failed> {
-    exec(c, &format!("SELECT tide.complete_run({run}, {token})"))
 }
 
 fn emit_creates_runs_in_the_callers_transaction(cluster: &Cluster) -> Result<(), Failed> {
@@ -201,7 +197,7 @@ fn runs_of_one_key_go_in_emit_order(cluster: &Cluster) -> Result<(), Failed> {
     );
     for (run, token, _) in &first {
         order.push(*run);
-        complete(&mut c, *run, *token)?;
+        complete(&mut c, &[(*run, *token)])?;
     }
     // A failed run keeps its key's place: the next waits for its retry.
     let second = claim(&mut c, 10)?;
@@ -215,10 +211,10 @@ fn runs_of_one_key_go_in_emit_order(cluster: &Cluster) -> Result<(), Failed> {
     exec(&mut c, "SELECT tide.tick(now() + interval '1 hour')")?;
     let retried = claim(&mut c, 10)?;
     assert_eq!(retried[0].0, run);
-    complete(&mut c, run, retried[0].1)?;
+    complete(&mut c, &[(run, retried[0].1)])?;
     order.push(run);
     let last = claim(&mut c, 10)?;
-    complete(&mut c, last[0].0, last[0].1)?;
+    complete(&mut c, &[(last[0].0, last[0].1)])?;
     order.push(last[0].0);
     let ns: String = one(
         &mut c,
