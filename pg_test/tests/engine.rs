@@ -220,11 +220,15 @@ fn claim(c: &mut Client, extra: &str) -> Result<Option<(i64, i64)>, Failed> {
 }
 
 /// A past window of an hourly task, made claimable with tide.rerun.
+/// The hours are counted from the hour this connection first asked in (kept in a session
+/// setting): a test that crosses an hour boundary still names the windows it meant.
 fn rerun_hours_ago(c: &mut Client, task: &str, hours: i32) -> Result<i64, Failed> {
     one(
         c,
         &format!(
-            "SELECT tide.rerun('{task}', window_start => date_trunc('hour', now()) - interval '{hours} hours')"
+            "SELECT tide.rerun('{task}', window_start => coalesce(nullif(current_setting('pg_tide_test.hour', true), ''),
+                                                            set_config('pg_tide_test.hour', date_trunc('hour', now())::text, false)
+                                                   )::timestamptz - interval '{hours} hours')"
         ),
     )
 }
