@@ -123,7 +123,7 @@ GRANT EXECUTE ON FUNCTION tide._command_workers() TO tide_admin;
 COMMENT ON FUNCTION tide._shortest_gap(text, text, text, text) IS
     'Internal: the shortest gap between two consecutive fires of a schedule (a role''s limit fastest_schedule is checked against it).';
 COMMENT ON FUNCTION tide._share_lock(boolean) IS
-    'Internal: the executors'' choice lock, until the end of the transaction (without wait, only if free at once): whose run an executor takes next is chosen and claimed under it (src/security/share.sql). No SQL advisory lock function can take it.';
+    'Internal: the executors'' choice lock, until the end of the transaction (without wait, only if free at once): whose run an executor takes next is chosen and claimed under it (sql/share.sql). No SQL advisory lock function can take it.';
 COMMENT ON FUNCTION tide._notify(text, text) IS
     'Internal: pg_notify(channel, payload) unless PostgreSQL''s notification queue is half full or more (then nothing: a notification of pg_tide''s is a hint, never a dependency); true if it notified.';
 COMMENT ON FUNCTION tide._fire_gap(text, text, text, text) IS

@@ -92,7 +92,7 @@ BEGIN
     IF id IS NOT NULL THEN
         -- A hint for waiting delivery workers, with no name in it (any role may LISTEN): one per
         -- transaction (PostgreSQL folds identical ones), none while the notification queue is
-        -- half full (src/scheduler/wake.rs).
+        -- half full (src/wake.rs).
         PERFORM tide._notify('pg_tide_effect', '');
         RETURN id;
     END IF;

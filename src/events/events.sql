@@ -189,9 +189,9 @@ BEGIN
         END IF;
         RETURN 0;
     END IF;
-    PERFORM tide._ready(queues);  -- waiting workers are notified after the commit (src/scheduler/wake.rs)
+    PERFORM tide._ready(queues);  -- waiting workers are notified after the commit (src/wake.rs)
     IF sql_ready THEN
-        PERFORM tide._wake(false);  -- an idle executor claims at this commit (src/scheduler/wake.rs)
+        PERFORM tide._wake(false);  -- an idle executor claims at this commit (src/wake.rs)
     END IF;
     RETURN made;
 END

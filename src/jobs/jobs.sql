@@ -159,10 +159,10 @@ BEGIN
     SELECT array_agg(DISTINCT c.queue) FILTER (WHERE c.state = 'ready' AND c.run_after IS NULL),
            bool_or(c.state = 'ready' AND c.executor = 'sql'), array_agg(c.run_id ORDER BY c.run_id)
       INTO queues, sql_ready, ids FROM created c;
-    PERFORM tide._ready(queues);  -- waiting workers are notified after the commit (src/scheduler/wake.rs)
+    PERFORM tide._ready(queues);  -- waiting workers are notified after the commit (src/wake.rs)
     IF sql_ready THEN
         -- An idle executor claims at this commit, or (run_at ahead) sleeps until the run is due
-        -- rather than until its next poll (src/scheduler/wake.rs, tide._executor_wake).
+        -- rather than until its next poll (src/wake.rs, tide._executor_wake).
         PERFORM tide._wake(false);
     END IF;
     -- The run of each element: with keys of pg_tide's own, all of them new, in the order of the

@@ -234,7 +234,7 @@ BEGIN
     -- Each statement below reads with a snapshot taken after the lock: it sees what an earlier
     -- fold wrote.
     -- The hourly counters (metric 'hour', label 'hour since the epoch|state|duration bucket')
-    -- go to tide.run_hourly and tide.owner_hourly (src/monitor/charts.sql), the rest to tide.run_count.
+    -- go to tide.run_hourly and tide.owner_hourly (sql/charts.sql), the rest to tide.run_count.
     WITH d AS (DELETE FROM tide.count_delta RETURNING task_id, metric, label, value, owner
     ), counters AS (
         INSERT INTO tide.run_count AS c (task_id, metric, label, value, owner)
@@ -501,7 +501,7 @@ BEGIN
     err_at := to_timestamp((w->>'tick_error_at')::float8 / 1000);
     idle_at := to_timestamp((w->>'idle')::float8 / 1000);
     -- Alive: a tick succeeded, or the scheduler chose to idle, or the server started, lately
-    -- (src/alerts/delivery.rs decides it, for the ping too).
+    -- (src/delivery.rs decides it, for the ping too).
     alive_at := to_timestamp((w->>'alive_at')::float8 / 1000);
     executors_expected := tide._setting('executors', '2')::integer;
     SELECT count(*) FILTER (WHERE a.backend_type = 'pg_tide scheduler') AS scheduler,
@@ -523,7 +523,7 @@ BEGIN
       FROM tide.effect e JOIN tide.alert_channel c ON c.owner = e.owner AND c.name = e.channel
      WHERE e.state IN ('pending', 'sending', 'dead');
     alerts_untaken := tide._alerts_untaken();
-    -- Half full or more, pg_tide sends no notifications (src/scheduler/wake.rs): workers poll.
+    -- Half full or more, pg_tide sends no notifications (src/wake.rs): workers poll.
     notify_queue_usage := pg_notification_queue_usage();
     stalled_after := tide._setting('alert_stalled_after', '60s')::interval;
     status := CASE WHEN idle_at > coalesce(ok_at, '-infinity') AND idle_at > p_now - stalled_after THEN 'paused'

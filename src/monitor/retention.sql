@@ -136,7 +136,7 @@ BEGIN
        AND NOT EXISTS (SELECT 1 FROM tide.task_touch u WHERE u.task_id = t.task_id);
     -- Runs left of deleted tasks (see tide.task_gone).
     PERFORM tide._sweep_gone();
-    -- Tasks whose owner was dropped (from another database: src/security/roles.sql), event tasks among
+    -- Tasks whose owner was dropped (from another database: sql/roles.sql), event tasks among
     -- them, stop; the alert owner_gone says why.
     PERFORM tide._pause_orphans(p_now);
     RETURN tide._evaluate_alerts(p_now) || tide._prune(p_now, 5000);

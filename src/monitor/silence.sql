@@ -205,7 +205,7 @@ BEGIN
         IF running >= executors THEN
             RETURN format('no executor free: all %s run other runs (raise pg_tide.executors)', executors);
         END IF;
-        -- Its role at its share of the executors (src/security/share.sql).
+        -- Its role at its share of the executors (sql/share.sql).
         SELECT coalesce(sum(b.n), 0) INTO mine FROM tide._executors_held() b WHERE b.owner = r.owner;
         IF mine >= 1 AND mine >= tide._executor_cap(r.owner, running > mine) THEN
             RETURN format('role %s occupies %s executors, its share (its limit executors, or all but one while another role has work)',

@@ -152,7 +152,7 @@ BEGIN
         -- Fresh statistics for kept plans after a bulk enqueue (tide._pending_stats).
         n := tide._pending_stats()::integer;
     WHEN 'backfills' THEN
-        -- Backfills move on: how their runs ended, the canary, the next batch (src/backfill/backfill.sql).
+        -- Backfills move on: how their runs ended, the canary, the next batch (sql/backfill.sql).
         n := tide._tick_backfills(p_now);
     END CASE;
     RETURN n;

@@ -277,7 +277,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide._executor_turn(name[], name[]) IS
-    'Internal: the roles whose ready runs a free executor looks at, in turn: fewest occupied executors first, ties at random, none at its limit executors (src/security/share.sql).';
+    'Internal: the roles whose ready runs a free executor looks at, in turn: fewest occupied executors first, ties at random, none at its limit executors (sql/share.sql).';
 
 -- ---------------------------------------------------------------------------------------------
 -- Roles come and go. pg_tide's objects (tasks with their runs and history, queues, channels,
@@ -399,7 +399,7 @@ BEGIN
             USING ERRCODE = 'unique_violation',
                   HINT = 'both roles have a row with the same key (a lock, a ready marker, a side effect''s dedupe key): remove one, then reassign again';
     END;
-    -- The queues' running counts are kept by owner and name (src/queues/count.rs): counted
+    -- The queues' running counts are kept by owner and name (src/queue_count.rs): counted
     -- again at their next claim.
     FOR kept IN SELECT x.name FROM tide.queue x WHERE x.owner = p_new LOOP
         PERFORM tide._queue_recount(p_new, kept.name);

@@ -378,14 +378,14 @@ BEGIN
         PERFORM tide._recon_check_task(t);
     ELSIF t.command IS NOT NULL THEN
         -- It parses, and (unless top-level) holds no statement that refuses a transaction
-        -- block: either could only fail at every run (src/import/mod.rs).
+        -- block: either could only fail at every run (src/import.rs).
         PERFORM tide._check_command(t.name, t.command, t.top_level);
     END IF;
     IF t.batch_rate IS NOT NULL AND t.batch_pause IS NOT NULL THEN
         RAISE EXCEPTION 'task "%": pass batch_rate or batch_pause, not both (got batch_rate %, batch_pause %)', t.name, t.batch_rate, t.batch_pause
             USING ERRCODE = 'invalid_parameter_value', HINT = 'batch_rate => 2 means at most 2 batches a second; batch_pause => ''1 second'' waits between batches';
     END IF;
-    -- Its owner's limits: how many tasks, how often they fire (src/security/share.sql).
+    -- Its owner's limits: how many tasks, how often they fire (sql/share.sql).
     PERFORM tide._check_role_limits(t);
 END
 $$;

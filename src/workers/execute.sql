@@ -57,11 +57,11 @@ BEGIN
     long := coalesce((rules->>'long')::boolean, false);
     -- A window run of an event task with a fallback is its scan for events never emitted.
     scan := rules->>'fallback' IS NOT NULL AND r.window_start IS NOT NULL;
-    -- A reconciliation's run compares its two sides (src/recon/recon.sql) instead of running a command.
+    -- A reconciliation's run compares its two sides (sql/recon.sql) instead of running a command.
     recon := CASE WHEN jsonb_typeof(rules->'reconcile') = 'object' THEN rules->'reconcile' END;
     IF coalesce((rules->>'top_level')::boolean, false) OR rules->>'database' IS NOT NULL THEN
         -- Run by a worker of its own: outside any transaction block, or in another database
-        -- (src/workers/command.rs).
+        -- (src/command.rs).
         RETURN 'top_level';
     END IF;
     BEGIN
