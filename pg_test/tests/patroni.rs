@@ -166,6 +166,41 @@ impl Ha {
         self.wait_role(i, role, Duration::from_secs(90))
     }
 
+    /// Waits until node `to` has replayed the WAL node `from` had written when asked: the
+    /// replica streams and is caught up (Patroni promotes a replica up to
+    /// `maximum_lag_on_failover` behind, however long it has not streamed).
+    fn wait_replayed(&self, from: usize, to: usize) -> Result<(), String> {
+        let lsn: String = self
+            .connect(from, DB)?
+            .query_one("SELECT pg_current_wal_lsn()::text", &[])
+            .map_err(|e| describe(&e))?
+            .get(0);
+        let mut replica = self.connect(to, DB)?;
+        wait_for(
+            &format!(
+                "{} to replay the WAL of {} up to {lsn}",
+                self.nodes[to].name, self.nodes[from].name
+            ),
+            Duration::from_secs(60),
+            || {
+                let (done, at): (bool, Option<String>) = replica
+                    .query_one(
+                        "SELECT coalesce(pg_last_wal_replay_lsn() >= $1::text::pg_lsn, false),
+                                pg_last_wal_replay_lsn()::text",
+                        &[&lsn],
+                    )
+                    .map(|r| (r.get(0), r.get(1)))
+                    .map_err(|e| describe(&e))?;
+                if done {
+                    Ok(Some(()))
+                } else {
+                    Err(format!("replayed up to {at:?}"))
+                }
+            },
+        )
+        .map_err(|e| format!("{e}\n{}", self.logs()))
+    }
+
     fn leader(&self) -> Option<usize> {
         (0..self.nodes.len()).find(|&i| http_status(self.nodes[i].api_port, "/leader") == Some(200))
     }
@@ -639,23 +674,29 @@ fn ha_scenario(synchronous: bool) -> Result<(), Failed> {
     workers_resume(&load.seen, started, "on the first leader")?;
     windows_run(&ha, 0)?;
 
-    // 1. Failover: the leader is lost; Patroni promotes the replica.
+    // 1. Failover: the leader is lost; Patroni promotes the replica. It streamed until then
+    // (with asynchronous replication, what the leader committed in its last moments may be
+    // lost, not what it committed long before).
+    ha.wait_replayed(0, 1)?;
     let killed_at = Instant::now();
     ha.kill_node(0)?;
     wait_leader(&ha, 1)?;
     let promoted = killed_at.elapsed();
-    let resumed = workers_resume(&load.seen, Instant::now(), "after the failover")?;
+    let resumed = workers_resume(&load.seen, Instant::now(), "after the failover")
+        .map_err(|e| format!("{e}\n{}", ha.logs()))?;
     // 2. The old leader comes back and rejoins as a replica (pg_rewind).
     ha.start_patroni(0)?;
     ha.wait_standby(0, synchronous)?;
     windows_run(&ha, 1)?;
-    // 3. A switchover back to the first node.
+    // 3. A switchover back to the first node, once it has caught up.
+    ha.wait_replayed(1, 0)?;
     let switch_at = Instant::now();
     ha.switchover(1, 0)?;
     wait_leader(&ha, 0)?;
     ha.wait_standby(1, synchronous)?;
     let switched = switch_at.elapsed();
-    let resumed_switch = workers_resume(&load.seen, Instant::now(), "after the switchover")?;
+    let resumed_switch = workers_resume(&load.seen, Instant::now(), "after the switchover")
+        .map_err(|e| format!("{e}\n{}", ha.logs()))?;
     windows_run(&ha, 0)?;
     let seen = load.finish();
     let seen = seen.lock().unwrap();
