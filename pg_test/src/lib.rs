@@ -201,7 +201,16 @@ pub fn describe(e: &postgres::Error) -> String {
             db.message(),
             db.hint()
         ),
-        None => e.to_string(),
+        None => {
+            // A connection error says why only in its source (refused, timed out, ...).
+            let mut text = e.to_string();
+            let mut source = std::error::Error::source(e);
+            while let Some(cause) = source {
+                text += &format!(": {cause}");
+                source = cause.source();
+            }
+            text
+        }
     }
 }
 
@@ -221,13 +230,42 @@ pub fn postgres_ids() -> Result<(u32, u32), String> {
     Ok((id("-u")?, id("-g")?))
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago.
+/// A TCP port on 127.0.0.1 that was free a moment ago, below the kernel's ephemeral range: a port
+/// from that range can be given to an outgoing connection (a client, a replication stream)
+/// between this check and the server binding it. Never the same port twice in one process.
 pub fn free_port() -> Result<u16, String> {
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|e| e.to_string())
+    use std::sync::Mutex;
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    let (low, high) = (10_000u32, ephemeral_low.clamp(10_001, 65_535));
+    let mut given = GIVEN.lock().map_err(|e| e.to_string())?;
+    // A small generator seeded by the clock and the process: tests in several processes start
+    // at different ports.
+    let mut x = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(1)
+        ^ (u64::from(std::process::id()) << 32)
+        ^ (given.len() as u64);
+    for _ in 0..10_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let port = (low + (x % u64::from(high - low)) as u32) as u16;
+        if given.contains(&port) {
+            continue;
+        }
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.push(port);
+            return Ok(port);
+        }
+    }
+    Err(format!(
+        "no free port between {low} and {high} on 127.0.0.1"
+    ))
 }
 
 /// The database pg_tide's background workers run in, in test clusters. Tests that need the

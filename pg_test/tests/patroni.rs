@@ -170,12 +170,17 @@ impl Ha {
     /// replica streams and is caught up (Patroni promotes a replica up to
     /// `maximum_lag_on_failover` behind, however long it has not streamed).
     fn wait_replayed(&self, from: usize, to: usize) -> Result<(), String> {
-        let lsn: String = self
-            .connect(from, DB)?
-            .query_one("SELECT pg_current_wal_lsn()::text", &[])
-            .map_err(|e| describe(&e))?
-            .get(0);
-        let mut replica = self.connect(to, DB)?;
+        let lsn: String = wait_for(
+            &format!("the WAL position of {}", self.nodes[from].name),
+            Duration::from_secs(30),
+            || {
+                self.connect(from, DB)?
+                    .query_one("SELECT pg_current_wal_lsn()::text", &[])
+                    .map(|r| Some(r.get(0)))
+                    .map_err(|e| describe(&e))
+            },
+        )
+        .map_err(|e| format!("{e}\n{}", self.logs()))?;
         wait_for(
             &format!(
                 "{} to replay the WAL of {} up to {lsn}",
@@ -183,7 +188,8 @@ impl Ha {
             ),
             Duration::from_secs(60),
             || {
-                let (done, at): (bool, Option<String>) = replica
+                let (done, at): (bool, Option<String>) = self
+                    .connect(to, DB)?
                     .query_one(
                         "SELECT coalesce(pg_last_wal_replay_lsn() >= $1::text::pg_lsn, false),
                                 pg_last_wal_replay_lsn()::text",
@@ -296,7 +302,7 @@ impl Ha {
         let mut s = String::new();
         for f in ["n1.log", "n2.log"] {
             let text = std::fs::read_to_string(self.dir.join(f)).unwrap_or_default();
-            let tail: Vec<&str> = text.lines().rev().take(15).collect();
+            let tail: Vec<&str> = text.lines().rev().take(40).collect();
             s += &format!("--- {f}\n");
             for l in tail.iter().rev() {
                 s += l;
