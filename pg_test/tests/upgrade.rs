@@ -200,8 +200,15 @@ fn write_everything(c: &mut Client) -> Result<(), Failed> {
          SELECT tide.fail_run(run_id, lease_token, 'bad row', 'business') FROM tide.claim_runs('up_ext', n => 1);
          -- An SQL event run left waiting in a paused queue across the update.
          SELECT tide.create_queue('up_held', max_concurrency => 1);
-         SELECT tide.pause_queue('up_held');
-         SELECT tide.schedule('up_cmd', NULL, topics => '{up_cmd}', queue => 'up_held',
+         SELECT tide.pause_queue('up_held');",
+    )?;
+    // The paused queue is committed before its run is made. (In one transaction, an executor's
+    // claim begun before that commit can read the queue's limits before it and the run after
+    // it, and run it: seen once on PostgreSQL 18. A bug of the claim, left for the next
+    // version's script: tide._claim must read the limits with the candidates.)
+    exec(
+        c,
+        "SELECT tide.schedule('up_cmd', NULL, topics => '{up_cmd}', queue => 'up_held',
                               command => $$INSERT INTO app.up_log VALUES (NULL, 'held')$$);
          SELECT tide.emit('up_cmd');
          -- A reconciliation, backfilled over three days (one unbalanced), and a backfill of the
