@@ -1,8 +1,8 @@
 //! The calendar: cron expressions, time zones, DST policy and business windows.
 //!
-//! Everything here but `timeline.rs` is pure Rust (no pgrx), so the whole time engine is
-//! exercised by plain `cargo test` in seconds. The SQL functions in `timeline.rs` and
-//! src/tasks/catalog.rs are thin wrappers around it. `misfire.rs` decides what the scheduler does
+//! Everything here but `pgtime.rs` (PostgreSQL's time types) is pure Rust (no pgrx), so the whole
+//! time engine is exercised by plain `cargo test` in seconds. The SQL functions in
+//! src/tasks/timeline.rs and src/tasks/catalog.rs are thin wrappers around it. `misfire.rs` decides what the scheduler does
 //! with each due window.
 //!
 //! The model: a cron expression matches *wall-clock* times in the task's zone. Each matching

@@ -51,6 +51,7 @@ use pgrx::prelude::*;
 use pgrx::{pg_sys, PGRXSharedMemory};
 
 use crate::base::sqlerr::OrRaise;
+use crate::settings::MAX_COMMAND_WORKERS;
 
 const F: &str = "pg_tide command worker";
 
@@ -69,8 +70,6 @@ extern "C" {
     fn kill(pid: c_int, sig: c_int) -> c_int;
 }
 
-/// The most command workers at once, whatever `pg_tide.command_workers` says (its maximum).
-const MAX_SLOTS: usize = crate::settings::MAX_COMMAND_WORKERS;
 /// A database or role name: at most 63 bytes (NAMEDATALEN).
 const NAME: usize = 64;
 /// The error message a worker reports is cut to this many bytes.
@@ -202,13 +201,13 @@ impl Slot {
 #[derive(Copy, Clone)]
 #[repr(C)]
 pub struct Slots {
-    slot: [Slot; MAX_SLOTS],
+    slot: [Slot; MAX_COMMAND_WORKERS],
 }
 
 impl Default for Slots {
     fn default() -> Self {
         Slots {
-            slot: [Slot::EMPTY; MAX_SLOTS],
+            slot: [Slot::EMPTY; MAX_COMMAND_WORKERS],
         }
     }
 }
@@ -365,7 +364,7 @@ pub fn launch(run_id: i64, token: i64) {
 fn reserve(run_id: i64, token: i64, start: &Start) -> Result<(usize, u64), String> {
     let total = usize::try_from(crate::settings::COMMAND_WORKERS.get())
         .unwrap_or(1)
-        .min(MAX_SLOTS);
+        .min(MAX_COMMAND_WORKERS);
     let per_database =
         usize::try_from(crate::settings::COMMAND_WORKERS_PER_DATABASE.get()).unwrap_or(1);
     let database = start.database.clone().unwrap_or_default();

@@ -7,7 +7,7 @@
 //! bootstrap superuser; user code runs only inside `tide._execute` and `tide._check_ready`,
 //! sealed as its owner (`sealed.rs`).
 //!
-//! What every worker does (attach, transactions, waits, exits) is in `bgw.rs`.
+//! What every worker does (attach, transactions, waits, exits) is in src/bgw.rs.
 //!
 //! Restart policy: registered with a restart time. SIGTERM (`pg_terminate_backend`, or a
 //! shutdown) is handled by PostgreSQL's own `die`: at the next interrupt check — also inside a
