@@ -48,12 +48,14 @@ for f in "${inlined[@]}"; do args+=(--proc-without-search-path "$f"); done
 # runs them as the superuser too.
 scripts=("$script")
 for f in sql/pg_tide--*--*.sql; do [ -f "$f" ] && scripts+=("$f"); done
-# The one justified exception to PS002 (CREATE OR REPLACE): 0.2.4 to 0.2.5 replaces in place
-# the two functions that row-level security policies and views depend on (tide._visible,
+# The justified exceptions to PS002 (CREATE OR REPLACE): 0.2.4 to 0.2.5 replaces in place the
+# two functions that row-level security policies and views depend on (tide._visible,
 # tide._self). Dropping them would mean ALTER POLICY on 28 tables, an ACCESS EXCLUSIVE lock on
-# each, taken while the workers run, and the upgrade tier saw that deadlock. In an extension
-# script PostgreSQL itself refuses to replace a function that is not the extension's.
-replaces_in_place=(sql/pg_tide--0.2.4--0.2.5.sql)
+# each, taken while the workers run, and the upgrade tier saw that deadlock. 0.2.5 to 0.2.6
+# replaces the trigger function tide._run_changed in place for the same reason (dropping it
+# means dropping and creating the trigger on tide.run). In an extension script PostgreSQL itself
+# refuses to replace a function that is not the extension's.
+replaces_in_place=(sql/pg_tide--0.2.4--0.2.5.sql sql/pg_tide--0.2.5--0.2.6.sql)
 failed=0
 for s in "${scripts[@]}"; do
     extra=()

@@ -45,8 +45,6 @@ DECLARE
     bad record;
     what text;
     made integer;
-    queues text[];
-    sql_ready boolean;
     -- A role's emit reaches the tasks of the roles it acts for (its own, its teams') and those
     -- whose owners granted it the topic (tide.grant('emit', ...)); a superuser's or
     -- tide_admin's, every role's.
@@ -84,38 +82,40 @@ BEGIN
     IF n = 0 THEN
         RETURN 0;
     END IF;
-    -- The first bad element, if any, in one pass.
-    SELECT e.i, e.p, e.ek, e.dk INTO bad
-      FROM unnest(p_payloads, p_event_keys, p_dedupe_keys) WITH ORDINALITY AS e(p, ek, dk, i)
-     WHERE length(e.ek) > 1000 OR length(e.dk) > 1000 OR e.ek = '' OR e.dk = '' OR e.dk LIKE '#%'
-        OR pg_column_size(e.p) > 1048576
-     ORDER BY e.i LIMIT 1;
-    IF FOUND THEN
-        -- tide.emit_many names the element; tide.emit has one.
-        what := p_function || ': ' || CASE WHEN n > 1 THEN format('element %s: ', bad.i) ELSE '' END;
-        IF length(bad.ek) > 1000 OR length(bad.dk) > 1000 THEN
-            RAISE EXCEPTION '%', format('%s%s is too long (%s characters, at most 1000)', what,
-                CASE WHEN length(bad.ek) > 1000 THEN 'event_key' ELSE 'dedupe_key' END,
-                greatest(length(bad.ek), length(bad.dk)))
-                USING ERRCODE = 'invalid_parameter_value', HINT = 'derive keys from ids, such as ''customer:'' || id';
-        ELSIF pg_column_size(bad.p) > 1048576 THEN
-            RAISE EXCEPTION '%', format('%spayload is too large (%s bytes, at most 1048576)', what, pg_column_size(bad.p))
-                USING ERRCODE = 'invalid_parameter_value', HINT = 'keep large data in your own tables and pass its key';
-        ELSE
-            RAISE EXCEPTION '%', format('%s%s %s is not valid', what,
-                CASE WHEN bad.ek = '' THEN 'event_key' ELSE 'dedupe_key' END,
-                quote_literal(left(CASE WHEN bad.ek = '' THEN bad.ek ELSE bad.dk END, 100)))
-                USING ERRCODE = 'invalid_parameter_value',
-                      HINT = 'pass NULL or a non-empty text; dedupe keys starting with # are pg_tide''s own';
+    -- The first bad element, if any, in one pass (for one event, only when it may be bad: its
+    -- test is a plain expression, the scan a statement of its own, a tenth of one tide.emit).
+    IF n > 1 OR length(p_event_keys[1]) > 1000 OR length(p_dedupe_keys[1]) > 1000 OR p_event_keys[1] = ''
+       OR p_dedupe_keys[1] = '' OR p_dedupe_keys[1] LIKE '#%' OR pg_column_size(p_payloads[1]) > 1048576 THEN
+        SELECT e.i, e.p, e.ek, e.dk INTO bad
+          FROM unnest(p_payloads, p_event_keys, p_dedupe_keys) WITH ORDINALITY AS e(p, ek, dk, i)
+         WHERE length(e.ek) > 1000 OR length(e.dk) > 1000 OR e.ek = '' OR e.dk = '' OR e.dk LIKE '#%'
+            OR pg_column_size(e.p) > 1048576
+         ORDER BY e.i LIMIT 1;
+        IF FOUND THEN
+            -- tide.emit_many names the element; tide.emit has one.
+            what := p_function || ': ' || CASE WHEN n > 1 THEN format('element %s: ', bad.i) ELSE '' END;
+            IF length(bad.ek) > 1000 OR length(bad.dk) > 1000 THEN
+                RAISE EXCEPTION '%', format('%s%s is too long (%s characters, at most 1000)', what,
+                    CASE WHEN length(bad.ek) > 1000 THEN 'event_key' ELSE 'dedupe_key' END,
+                    greatest(length(bad.ek), length(bad.dk)))
+                    USING ERRCODE = 'invalid_parameter_value', HINT = 'derive keys from ids, such as ''customer:'' || id';
+            ELSIF pg_column_size(bad.p) > 1048576 THEN
+                RAISE EXCEPTION '%', format('%spayload is too large (%s bytes, at most 1048576)', what, pg_column_size(bad.p))
+                    USING ERRCODE = 'invalid_parameter_value', HINT = 'keep large data in your own tables and pass its key';
+            ELSE
+                RAISE EXCEPTION '%', format('%s%s %s is not valid', what,
+                    CASE WHEN bad.ek = '' THEN 'event_key' ELSE 'dedupe_key' END,
+                    quote_literal(left(CASE WHEN bad.ek = '' THEN bad.ek ELSE bad.dk END, 100)))
+                    USING ERRCODE = 'invalid_parameter_value',
+                          HINT = 'pass NULL or a non-empty text; dedupe keys starting with # are pg_tide''s own';
+            END IF;
         END IF;
     END IF;
     IF owners_ok IS NOT NULL THEN
         SELECT array_agg(g.owner) INTO g_owners FROM tide._granted('emit') g WHERE g.object = p_topic;
     END IF;
-    -- One statement: the runs (with their gating, so the insert trigger has nothing to look up),
-    -- their first history rows, their tide.pending rows and their tasks' touch rows, as
-    -- tide._record_created would write them (measured: about half the cost of creating and then
-    -- re-reading them). Each event gets its id (its dedupe key when none is given: #id).
+    -- The runs, with their gating (so the insert trigger has nothing to look up), made by the one
+    -- creator (tide._create_runs). Each event gets its id (its dedupe key when none is given: #id).
     WITH events AS (
         SELECT e.i, coalesce(e.p, '{}') AS payload, e.ek AS event_key, e.dk AS dedupe_key,
                nextval('tide.event_seq') AS ev
@@ -133,51 +133,23 @@ BEGIN
         -- The tasks cannot be deleted under their new runs (tide.run has no foreign key): a task
         -- deleted meanwhile is left out, and one being deleted is waited for.
            FOR KEY SHARE OF t
-    ), made AS NOT MATERIALIZED (
-        -- The runs, in the order of the events (run ids follow it), written out once and
-        -- inserted by one of the two statements below (inlined into it, not stored).
-        SELECT t.task_id, 'event'::tide.run_trigger AS trigger, coalesce(e.dedupe_key, '#' || e.ev) AS dedupe_key,
-               t.version, t.state,
+    ), made AS (
+        -- In the order of the events (run ids follow it), with the fields of tide.new_run.
+        SELECT t.task_id, 'event'::tide.run_trigger AS trigger, t.version, t.state,
                format('event %s on %s%s', e.ev, p_topic, coalesce(' (key ' || e.event_key || ')', '')) AS reason,
                tide._executor_of(t.command) AS executor, t.queue, t.priority, t.args, t.owner,
-               p_topic AS topic, e.event_key, e.payload, g.gate, g.lock_key, g.gated
+               NULL::timestamptz AS fire_at, NULL::timestamptz AS window_start, NULL::timestamptz AS window_end,
+               NULL::date AS biz_date, coalesce(e.dedupe_key, '#' || e.ev) AS dedupe_key,
+               NULL::tide.skip_reason AS skip_reason, NULL::timestamptz AS run_after,
+               NULL::timestamptz AS ready_deadline, p_topic AS topic, e.event_key, e.payload, g.gate, g.lock_key, g.gated
           FROM events e
          CROSS JOIN tasks t
          CROSS JOIN LATERAL tide._gating_by(t.lock_rule, t.overlap, t.long, t.max_concurrency, t.task_id, t.name,
                                             t.args, e.payload, e.event_key, NULL, NULL) g
          ORDER BY e.i, t.task_id
-    ), own AS (
-        -- Without dedupe keys, every run's key is pg_tide's own (#id, new): inserted plainly.
-        -- With some, keys seen before are skipped (given). Only one of the two has rows; ON
-        -- CONFLICT costs a probe of the key's index and a speculative insertion per row
-        -- (measured: 13% of a bulk enqueue).
-        INSERT INTO tide.run (task_id, trigger, dedupe_key, version, state, reason, executor, queue, priority,
-                              args, owner, topic, event_key, payload, gate, lock_key, gated)
-        SELECT * FROM made WHERE NOT keyed
-        RETURNING run_id, task_id, state, reason, owner, executor, queue, priority, gate, lock_key, gated
-    ), given AS (
-        INSERT INTO tide.run (task_id, trigger, dedupe_key, version, state, reason, executor, queue, priority,
-                              args, owner, topic, event_key, payload, gate, lock_key, gated)
-        SELECT * FROM made WHERE keyed
-        ON CONFLICT (task_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
-        RETURNING run_id, task_id, state, reason, owner, executor, queue, priority, gate, lock_key, gated
-    ), created AS (
-        SELECT * FROM own UNION ALL SELECT * FROM given
-    ), history AS (
-        INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
-        SELECT c.run_id, NULL, c.state, c.reason, c.owner FROM created c ORDER BY c.run_id
-    ), line AS (
-        INSERT INTO tide.pending (run_id, task_id, state, executor, queue, priority, owner, gate, lock_key, gated)
-        SELECT c.run_id, c.task_id, c.state, c.executor, c.queue, c.priority, c.owner, c.gate, c.lock_key, c.gated
-          FROM created c
-    ), touched AS (
-        -- Task health recomputes the subscribed tasks (one row each, whether or not a key seen
-        -- before left one without a new run).
-        INSERT INTO tide.task_touch (task_id, owner) SELECT t.task_id, t.owner FROM tasks t
     )
-    SELECT count(*), array_agg(DISTINCT c.queue) FILTER (WHERE c.state = 'ready'),
-           bool_or(c.state = 'ready' AND c.executor = 'sql')
-      INTO made, queues, sql_ready FROM created c;
+    -- Without dedupe keys, every run's key is pg_tide's own (#id, new): fresh.
+    SELECT cardinality(tide._create_runs(array_agg(m::tide.new_run), NOT keyed)) INTO made FROM made m;
     IF made = 0 THEN
         -- Never a silent 0: say so when no task this role may reach subscribes to the topic (a
         -- dedupe key seen before is a quiet 0).
@@ -188,10 +160,6 @@ BEGIN
                 USING HINT = 'subscribe a task with tide.schedule(..., topics => ARRAY[...]), or have the owner of the task run tide.grant(''emit'', topic, your role)';
         END IF;
         RETURN 0;
-    END IF;
-    PERFORM tide._ready(queues);  -- waiting workers are notified after the commit (src/wake.rs)
-    IF sql_ready THEN
-        PERFORM tide._wake(false);  -- an idle executor claims at this commit (src/wake.rs)
     END IF;
     RETURN made;
 END

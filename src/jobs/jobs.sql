@@ -30,8 +30,6 @@ DECLARE
     ids bigint[];
     prio integer;
     due timestamptz;
-    queues text[];
-    sql_ready boolean;
     rule record;
 BEGIN
     PERFORM tide._text_arg('task', enqueue.task, 200, 'pass the name of one of your tasks');
@@ -112,59 +110,26 @@ BEGIN
     why := format('enqueued by %s%s', tide._caller(),
                   CASE WHEN due IS NOT NULL
                        THEN ' to run at ' || to_char(due AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS" UTC"') ELSE '' END);
-    -- One statement: the runs with their gating, their first history rows, their tide.pending
-    -- rows and the task's touch row, as tide.emit writes them. Runs with keys of pg_tide's own
-    -- are inserted plainly (own), those with the caller's keys skip the keys seen before (given):
-    -- only one of the two inserts has rows. ON CONFLICT costs a probe of the key's index before
-    -- each row and a speculative insertion (measured: 13% of a bulk enqueue of 20,000 runs).
+    -- The runs, with their gating, made by the one creator (tide._create_runs): runs with keys of
+    -- pg_tide's own are fresh; those with the caller's skip the keys seen before.
     WITH input AS (
         SELECT e.i, t.args || e.v AS args,
                CASE WHEN one_key THEN key_of ELSE key_of || e.i END AS dedupe_key
           FROM jsonb_array_elements(items) WITH ORDINALITY AS e(v, i)
-    ), made AS NOT MATERIALIZED (
-        -- The runs, in the order of the elements (run ids follow it), written out once and
-        -- inserted by one of the two statements below (inlined into it, not stored).
-        SELECT t.task_id, 'enqueued'::tide.run_trigger AS trigger, i.dedupe_key, t.version, open_state AS state,
-               why AS reason, exec_kind AS executor, t.queue, prio AS priority, i.args, due AS run_after,
-               t.owner, g.gate, g.lock_key, g.gated
+    ), made AS (
+        -- In the order of the elements (run ids follow it), with the fields of tide.new_run.
+        SELECT t.task_id, 'enqueued'::tide.run_trigger AS trigger, t.version, open_state AS state, why AS reason,
+               exec_kind AS executor, t.queue, prio AS priority, i.args, t.owner, NULL::timestamptz AS fire_at,
+               NULL::timestamptz AS window_start, NULL::timestamptz AS window_end, NULL::date AS biz_date,
+               i.dedupe_key, NULL::tide.skip_reason AS skip_reason, due AS run_after,
+               NULL::timestamptz AS ready_deadline, NULL::text AS topic, NULL::text AS event_key,
+               NULL::jsonb AS payload, g.gate, g.lock_key, g.gated
           FROM input i
          CROSS JOIN LATERAL tide._gating_by(rule.lock_rule, rule.overlap, rule.long, rule.max_concurrency, t.task_id,
                                             t.name, i.args, NULL, NULL, NULL, NULL) g
          ORDER BY i.i
-    ), own AS (
-        INSERT INTO tide.run (task_id, trigger, dedupe_key, version, state, reason, executor, queue, priority,
-                              args, run_after, owner, gate, lock_key, gated)
-        SELECT * FROM made WHERE enqueue.dedupe_key IS NULL
-        RETURNING run_id, task_id, state, reason, owner, executor, queue, priority, run_after, gate, lock_key, gated
-    ), given AS (
-        INSERT INTO tide.run (task_id, trigger, dedupe_key, version, state, reason, executor, queue, priority,
-                              args, run_after, owner, gate, lock_key, gated)
-        SELECT * FROM made WHERE enqueue.dedupe_key IS NOT NULL
-        ON CONFLICT (task_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
-        RETURNING run_id, task_id, state, reason, owner, executor, queue, priority, run_after, gate, lock_key, gated
-    ), created AS (
-        SELECT * FROM own UNION ALL SELECT * FROM given
-    ), history AS (
-        INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
-        SELECT c.run_id, NULL, c.state, c.reason, c.owner FROM created c ORDER BY c.run_id
-    ), line AS (
-        INSERT INTO tide.pending (run_id, task_id, state, executor, queue, priority, due_at, owner, gate, lock_key, gated)
-        SELECT c.run_id, c.task_id, c.state, c.executor, c.queue, c.priority, c.run_after, c.owner, c.gate, c.lock_key,
-               coalesce(c.gated, false)
-          FROM created c
-    ), touched AS (
-        -- Task health recomputes the task.
-        INSERT INTO tide.task_touch (task_id, owner) VALUES (t.task_id, t.owner)
     )
-    SELECT array_agg(DISTINCT c.queue) FILTER (WHERE c.state = 'ready' AND c.run_after IS NULL),
-           bool_or(c.state = 'ready' AND c.executor = 'sql'), array_agg(c.run_id ORDER BY c.run_id)
-      INTO queues, sql_ready, ids FROM created c;
-    PERFORM tide._ready(queues);  -- waiting workers are notified after the commit (src/wake.rs)
-    IF sql_ready THEN
-        -- An idle executor claims at this commit, or (run_at ahead) sleeps until the run is due
-        -- rather than until its next poll (src/wake.rs, tide._executor_wake).
-        PERFORM tide._wake(false);
-    END IF;
+    SELECT tide._create_runs(array_agg(m::tide.new_run), enqueue.dedupe_key IS NULL) INTO ids FROM made m;
     -- The run of each element: with keys of pg_tide's own, all of them new, in the order of the
     -- elements (run ids are given in insertion order); with the caller's, created now or
     -- earlier with the same key.

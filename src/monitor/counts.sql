@@ -108,10 +108,9 @@ $$;
 COMMENT ON FUNCTION tide._counts_of(tide.run_state, integer, timestamptz, timestamptz, timestamptz, timestamptz, timestamptz) IS
     'Internal: what a history row that brings a run to a state adds to the counters of tide.metrics() and to the hourly counters of tide.run_hours (metric, label, value).';
 
--- There is no trigger on tide.run_event: every path that writes history rows writes what they
--- count itself, in the same transaction (tide.claim_runs, tide.complete_run(s), tide._fail,
--- tide._run_changed, tide._record_created; tide.enqueue and tide._emit create runs that count
--- nothing). A statement trigger's transition table copied every history row, even those the
+-- There is no trigger on tide.run_event: history rows are written by one function,
+-- tide._write_history (src/runs/record.sql), which writes what they count with them, in the same
+-- statement. A statement trigger's transition table copied every history row, even those the
 -- hot paths counted themselves (measured by hand: 17% of one tide.emit per transaction from one
 -- client with asynchronous commit; bulk enqueue within the noise). A restore's COPY into tide.run_event counts nothing again: the
 -- counters are restored with it (tide.run_count and tide.count_delta are dumped).

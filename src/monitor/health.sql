@@ -69,11 +69,11 @@ END
 $$;
 COMMENT ON FUNCTION tide._runs_touched() IS
     'Trigger: notes in tide.task_touch the tasks whose runs a statement changed, so that task health recomputes them.';
--- New runs are noted by their creators (tide.enqueue, tide._emit, tide._record_created), not by
+-- New runs are noted by the one creator (tide._create_runs, src/runs/record.sql), not by
 -- an INSERT trigger: its transition table copied every new run (measured: a 20,000-run
 -- tide.enqueue 741 ms against 847 on average, eight alternating calls).
 -- The hot paths (claims, completions, failures: tide.history = 'written' while they update)
--- note their tasks themselves with the history rows they write right after, and this trigger
+-- note their tasks with the history rows they write right after (tide._write_history), and this trigger
 -- is not called for them (measured: a fifth of claim + complete at batch 1 for two trigger
 -- calls per statement).
 -- (The clause is a C function, src/runs/change.rs: PostgreSQL reads a WHEN clause again from its

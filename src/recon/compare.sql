@@ -255,23 +255,19 @@ BEGIN
                              CASE WHEN length(d.key) > 400 THEN 'md5:' || md5(d.key) ELSE d.key END);
                 SELECT x.run_id INTO action FROM tide.run x WHERE x.task_id = ft.task_id AND x.dedupe_key = dk;
                 IF action IS NULL THEN
-                    WITH created AS (
-                        INSERT INTO tide.run (task_id, trigger, dedupe_key, version, state, reason, executor, queue, priority,
-                                              args, owner, event_key, payload, gate, lock_key, gated)
-                        SELECT ft.task_id, 'reconcile', dk, ft.version, tide._open_state(tide._task_rules(ft)),
+                    -- The compensating run, by the one creator (tide._create_runs); a run of the
+                    -- same key made meanwhile is taken instead.
+                    SELECT (tide._create_runs(ARRAY[ROW(
+                               ft.task_id, 'reconcile', ft.version, tide._open_state(tide._task_rules(ft)),
                                format('compensation of a %s difference (key %s) found by reconciliation %s, run %s', d.kind, d.key, t.name, r.run_id),
-                               tide._executor_of(ft.command), ft.queue, ft.priority, ft.args || p.payload, ft.owner, NULL, p.payload,
-                               g.gate, g.lock_key, g.gated
-                          FROM (SELECT jsonb_build_object('reconciliation', t.name, 'biz_date', r.biz_date, 'key', d.key, 'kind', d.kind,
-                                                          'left', d.l, 'right', d.r, 'columns', to_jsonb(d.cols)) AS payload) p
-                         CROSS JOIN LATERAL tide._gating_of(ft.task_id, ft.version, ft.args || p.payload, p.payload, NULL, NULL, NULL) g
-                        ON CONFLICT (task_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
-                        RETURNING run_id
-                    )
-                    SELECT c.run_id INTO action FROM created c;
-                    IF action IS NOT NULL THEN
-                        PERFORM tide._record_created(ARRAY[action]);
-                    ELSE
+                               tide._executor_of(ft.command), ft.queue, ft.priority, ft.args || p.payload, ft.owner,
+                               NULL, NULL, NULL, NULL, dk, NULL, NULL, NULL, NULL, NULL, p.payload, g.gate, g.lock_key, g.gated
+                           )::tide.new_run], false))[1]
+                      INTO action
+                      FROM (SELECT jsonb_build_object('reconciliation', t.name, 'biz_date', r.biz_date, 'key', d.key, 'kind', d.kind,
+                                                      'left', d.l, 'right', d.r, 'columns', to_jsonb(d.cols)) AS payload) p
+                     CROSS JOIN LATERAL tide._gating_of(ft.task_id, ft.version, ft.args || p.payload, p.payload, NULL, NULL, NULL) g;
+                    IF action IS NULL THEN
                         SELECT x.run_id INTO action FROM tide.run x WHERE x.task_id = ft.task_id AND x.dedupe_key = dk;
                     END IF;
                 ELSIF EXISTS (SELECT 1 FROM tide.run x WHERE x.run_id = action AND x.finished_at IS NOT NULL

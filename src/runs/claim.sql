@@ -200,6 +200,13 @@ BEGIN
             END IF;
             RETURN;
         END IF;
+        IF NOT limited THEN
+            -- Looked at again with the candidates: under READ COMMITTED the test above read an
+            -- older snapshot than the candidates' statement, and a transaction that made (or
+            -- paused) a queue and a run in it may have committed between the two.
+            limited := EXISTS (SELECT 1 FROM tide.queue q
+                                 JOIN unnest(owners, queues) AS c(owner, queue) ON q.owner = c.owner AND q.name = c.queue);
+        END IF;
         IF limited THEN
             -- Queue limits first (paused, max_concurrency, rate): the candidates they hold back
             -- are parked, and the next ones are looked at.
@@ -292,19 +299,11 @@ BEGIN
         END IF;
     END IF;
     -- The history rows, and what they count: the tasks touched, and the wait from fire (or
-    -- creation) of each run's first start.
-    INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
-    SELECT u.id, 'ready', 'running', why, u.who FROM unnest(ids, owners) AS u(id, who) ORDER BY u.id;
-    WITH e AS MATERIALIZED (
-        SELECT r.task_id, r.owner, r.attempts, r.started_at, r.fire_at, r.created_at
-          FROM tide.run r WHERE r.run_id = ANY (ids)
-    ), touched AS (
-        INSERT INTO tide.task_touch (task_id, owner) SELECT DISTINCT e.task_id, e.owner FROM e
-    )
-    INSERT INTO tide.count_delta (task_id, metric, label, value, owner)
-    SELECT e.task_id, m.metric, m.label, sum(m.value), min(e.owner)
-      FROM e CROSS JOIN LATERAL tide._counts_of('running', e.attempts, NULL, NULL, e.started_at, e.fire_at, e.created_at) m
-     GROUP BY 1, 2, 3;
+    -- creation) of each run's first start (the one history writer).
+    PERFORM tide._write_history(array_agg(ROW(r.run_id, r.task_id, r.owner, 'ready', 'running', why, NULL, NULL, NULL,
+                                              NULL, NULL, NULL, NULL, NULL, NULL, r.attempts, NULL, r.started_at,
+                                              r.fire_at, r.created_at)::tide.run_change), true)
+       FROM tide.run r WHERE r.run_id = ANY (ids);
     IF tide._log_on() THEN
         PERFORM tide._log_runs('start', ids);
     END IF;

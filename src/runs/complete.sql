@@ -78,15 +78,12 @@ BEGIN
         PERFORM tide._queue_ended(in_owner, in_queue, 1);
     END IF;
     -- The history row, and what it counts: the task touched, the outcome, and a success's
-    -- duration.
-    INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner, attempt, worker, lease_token,
-                                claimed_at, outcome)
-    VALUES (complete_run.run_id, 'running', done, why, who, attempt_no, worker, complete_run.lease_token, claimed,
-            CASE WHEN short THEN 'need_check' ELSE 'succeeded' END::tide.attempt_outcome);
-    INSERT INTO tide.task_touch (task_id, owner) VALUES (task, who);
-    INSERT INTO tide.count_delta (task_id, metric, label, value, owner)
-    SELECT task, m.metric, m.label, m.value, who
-      FROM tide._counts_of(done, attempt_no, claimed, finished, NULL, NULL, NULL) m;
+    -- duration (the one history writer).
+    PERFORM tide._write_history(ARRAY[ROW(complete_run.run_id, task, who, 'running', done, why, NULL, attempt_no, worker,
+                                          complete_run.lease_token, claimed,
+                                          CASE WHEN short THEN 'need_check' ELSE 'succeeded' END,
+                                          NULL, NULL, NULL, attempt_no, finished, NULL, NULL, NULL)::tide.run_change],
+                                true);
     IF tide._log_on() THEN
         PERFORM tide._log_runs(CASE WHEN short THEN 'need_check' ELSE 'success' END, ARRAY[complete_run.run_id]);
     END IF;
@@ -112,6 +109,7 @@ DECLARE
     ended_n integer[];
     stale record;
     ignored text;
+    changes tide.run_change[];
     caller name := tide._caller();
     any_owner boolean := tide._caller_is_superuser();
 BEGIN
@@ -155,26 +153,19 @@ BEGIN
         -- Runs their queues' max_concurrency counted, by queue.
         SELECT e.owner, e.queue, count(*)::integer AS n FROM done_pending e WHERE e.counted
          GROUP BY e.owner, e.queue
-    ), history AS (
-        INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner, attempt, worker, lease_token,
-                                    claimed_at, outcome)
-        SELECT d.run_id, 'running', 'succeeded', d.reason, d.owner, d.attempts, d.lease_owner, d.lease_token,
-               d.claimed_at, 'succeeded'
-          FROM done_run d ORDER BY d.run_id
-    ), touched AS (
-        -- What the history rows count: the tasks touched, the successes and their durations.
-        INSERT INTO tide.task_touch (task_id, owner) SELECT DISTINCT d.task_id, d.owner FROM done_run d
-    ), counted AS (
-        INSERT INTO tide.count_delta (task_id, metric, label, value, owner)
-        SELECT d.task_id, m.metric, m.label, sum(m.value), min(d.owner)
-          FROM done_run d CROSS JOIN LATERAL tide._counts_of('succeeded', d.attempts, d.claimed_at, d.finished_at,
-                                                             NULL, NULL, NULL) m
-         GROUP BY 1, 2, 3
     )
     SELECT array_agg(d.run_id), array_agg(d.run_id) FILTER (WHERE d.gated),
            (SELECT array_agg(e.owner) FROM ended e), (SELECT array_agg(e.queue) FROM ended e),
-           (SELECT array_agg(e.n) FROM ended e)
-      INTO done_ids, gated_ids, ended_owners, ended_queues, ended_n FROM done_run d;
+           (SELECT array_agg(e.n) FROM ended e),
+           array_agg(ROW(d.run_id, d.task_id, d.owner, 'running', 'succeeded', d.reason, NULL, d.attempts, d.lease_owner,
+                         d.lease_token, d.claimed_at, 'succeeded', NULL, NULL, NULL, d.attempts, d.finished_at, NULL, NULL,
+                         NULL)::tide.run_change)
+      INTO done_ids, gated_ids, ended_owners, ended_queues, ended_n, changes FROM done_run d;
+    -- The history rows, and what they count: the tasks touched, the successes and their
+    -- durations (the one history writer).
+    IF changes IS NOT NULL THEN
+        PERFORM tide._write_history(changes, true);
+    END IF;
     ignored := set_config('tide.history', '', true);
     IF coalesce(cardinality(done_ids), 0) < cardinality(complete_runs.run_ids) THEN
         -- All or nothing: raising undoes the completions above.
@@ -280,18 +271,15 @@ BEGIN
     END IF;
     PERFORM set_config('tide.history', '', true);
     PERFORM tide._sync_pending(changed, true);
-    INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner, at, attempt, worker, lease_token,
-                                claimed_at, outcome, error_kind, sqlstate, error)
-    VALUES (p_run_id, 'running', new_state, why, r.owner, p_now, r.attempts, r.lease_owner, r.lease_token,
-            coalesce(r.claimed_at, p_now), p_outcome, p_kind, p_sqlstate, error_text);
-    -- What it counts, here as on every path that writes history: the task touched, and a dead
-    -- letter among the outcomes of tide.metrics().
-    INSERT INTO tide.task_touch (task_id, owner) VALUES (r.task_id, r.owner);
-    -- (A retry has no finished_at: its failed attempt ended at p_now, the hour it counts in.)
-    INSERT INTO tide.count_delta (task_id, metric, label, value, owner)
-    SELECT r.task_id, m.metric, m.label, m.value, r.owner
-      FROM tide._counts_of(new_state, changed.attempts, changed.claimed_at, coalesce(changed.finished_at, p_now),
-                           changed.started_at, changed.fire_at, changed.created_at) m;
+    -- The history row with the attempt it ends, and what it counts: the task touched, and a
+    -- dead letter among the outcomes of tide.metrics() (the one history writer). A retry has no
+    -- finished_at: its failed attempt ended at p_now, the hour it counts in.
+    PERFORM tide._write_history(ARRAY[ROW(p_run_id, r.task_id, r.owner, 'running', new_state, why, p_now, r.attempts,
+                                          r.lease_owner, r.lease_token, coalesce(r.claimed_at, p_now), p_outcome, p_kind,
+                                          p_sqlstate, error_text, changed.attempts,
+                                          coalesce(changed.finished_at, p_now), changed.started_at, changed.fire_at,
+                                          changed.created_at)::tide.run_change],
+                                true);
     IF new_state = 'retry' THEN
         PERFORM tide._wake(true);  -- the scheduler sleeps until the retry is due, not its next poll
     END IF;

@@ -174,7 +174,8 @@ COMMENT ON COLUMN tide.run.claimed_at IS 'When the current (or last) attempt was
 -- The unfinished runs (waiting, ready, running, retry, held) and the unresolved ones (dead,
 -- need_check: they wait for a person), narrow: what claims, the tick and task health scan, kept
 -- small however long the history grows. Maintained with every state change: by the
--- hot paths themselves, by tide._run_changed for the rest, by tide._record_created for new runs.
+-- hot paths themselves, by tide._run_changed for the rest, by tide._create_runs (src/runs/record.sql) for new
+-- runs.
 CREATE TABLE tide.pending (
     run_id   bigint PRIMARY KEY,
     task_id  bigint NOT NULL,
@@ -368,20 +369,14 @@ BEGIN
                   HINT = 'allowed changes are listed in tide.run_transition; see the README''s run lifecycle';
     END IF;
     IF OLD.state <> NEW.state OR OLD.reason IS DISTINCT FROM NEW.reason THEN
-        INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
-        VALUES (NEW.run_id, OLD.state, NEW.state, NEW.reason, NEW.owner);
-        -- What it counts (there is no trigger on tide.run_event): an outcome reached, not a
-        -- new reason in the same state. The task is noted by the statement trigger
-        -- run_touched_update, except in a statement of the hot paths (tide.history = 'written').
-        IF OLD.state <> NEW.state THEN
-            INSERT INTO tide.count_delta (task_id, metric, label, value, owner)
-            SELECT NEW.task_id, m.metric, m.label, m.value, NEW.owner
-              FROM tide._counts_of(NEW.state, NEW.attempts, NEW.claimed_at, NEW.finished_at, NEW.started_at,
-                                   NEW.fire_at, NEW.created_at) m;
-        END IF;
-        IF NOT tide._history_unwritten() THEN
-            INSERT INTO tide.task_touch (task_id, owner) VALUES (NEW.task_id, NEW.owner);
-        END IF;
+        -- By the one history writer, with what it counts (an outcome reached, not a new reason in
+        -- the same state). The task is noted by the statement trigger run_touched_update, except
+        -- in a statement of the hot paths (tide.history = 'written').
+        PERFORM tide._write_history(ARRAY[ROW(NEW.run_id, NEW.task_id, NEW.owner, OLD.state, NEW.state, NEW.reason,
+                                              NULL, NULL, NULL, NULL, NEW.claimed_at, NULL, NULL, NULL, NULL,
+                                              NEW.attempts, NEW.finished_at, NEW.started_at, NEW.fire_at,
+                                              NEW.created_at)::tide.run_change],
+                                    NOT tide._history_unwritten());
     END IF;
     PERFORM tide._sync_pending(NEW, OLD.state = 'running');
     IF NEW.state = 'skipped' AND OLD.state <> 'skipped' THEN
@@ -515,58 +510,6 @@ COMMENT ON FUNCTION tide._sweep_gone() IS
 CREATE TRIGGER task_deleted AFTER DELETE ON tide.task
     REFERENCING OLD TABLE AS old_tasks
     FOR EACH STATEMENT EXECUTE FUNCTION tide._task_deleted();
-
--- Creation is recorded by the creators (the tick, tide.rerun) calling this, not by an INSERT
--- trigger: pg_dump restores tide.run with COPY, and a trigger would record every restored run
--- as created again.
-CREATE FUNCTION tide._record_created(p_run_ids bigint[]) RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    -- The new runs read once for all they write: their history rows, their tasks' touch rows
-    -- (tide.run has no INSERT trigger for it), what runs created finished (a window skipped at
-    -- its fire) count among the outcomes of tide.metrics() (tide.run_event has no trigger
-    -- either), and the lines of those unfinished or unresolved.
-    WITH made AS MATERIALIZED (
-        SELECT r.run_id, r.task_id, r.owner, r.state, r.reason, r.executor, r.queue, r.priority, r.run_after,
-               r.gate, r.lock_key, r.gated, r.attempts, r.claimed_at, r.finished_at, r.started_at, r.fire_at,
-               r.created_at
-          FROM tide.run r WHERE r.run_id = ANY (p_run_ids)
-    ), history AS (
-        INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
-        SELECT m.run_id, NULL, m.state, m.reason, m.owner FROM made m ORDER BY m.run_id
-    ), touched AS (
-        INSERT INTO tide.task_touch (task_id, owner) SELECT DISTINCT m.task_id, m.owner FROM made m
-    ), line AS (
-        INSERT INTO tide.pending (run_id, task_id, state, executor, queue, priority, due_at, owner, gate, lock_key, gated)
-        SELECT m.run_id, m.task_id, m.state, m.executor, m.queue, m.priority, m.run_after, m.owner,
-               m.gate, m.lock_key, coalesce(m.gated, false)
-          FROM made m
-         WHERE m.state IN ('waiting', 'ready', 'running', 'retry', 'held', 'paused', 'dead', 'need_check')
-    )
-    INSERT INTO tide.count_delta (task_id, metric, label, value, owner)
-    SELECT m.task_id, c.metric, c.label, sum(c.value), min(m.owner)
-      FROM made m
-     CROSS JOIN LATERAL tide._counts_of(m.state, m.attempts, m.claimed_at, m.finished_at, m.started_at, m.fire_at,
-                                        m.created_at) c
-     WHERE m.state IN ('succeeded', 'need_check', 'dead', 'skipped', 'cancelled')
-     GROUP BY 1, 2, 3;
-    -- One NOTIFY per queue with ready runs (after the commit, tide._ready); SQL runs among them
-    -- wake an executor at commit, as do waiting runs (an executor evaluates their readiness
-    -- checks).
-    PERFORM CASE WHEN q.ready THEN tide._ready(ARRAY[q.queue]) END,
-            CASE WHEN q.sql THEN tide._wake(false) END
-       FROM (SELECT r.queue, bool_or(r.state = 'ready') AS ready,
-                    bool_or(r.executor = 'sql' OR r.state = 'waiting') AS sql FROM tide.run r
-              WHERE r.run_id = ANY (p_run_ids) AND r.state IN ('ready', 'waiting') GROUP BY r.queue) q;
-    PERFORM tide._log_runs('skip', array_agg(r.run_id))
-       FROM tide.run r WHERE r.run_id = ANY (p_run_ids) AND r.state = 'skipped'
-      HAVING count(*) > 0;
-END
-$$;
-COMMENT ON FUNCTION tide._record_created(bigint[]) IS
-    'Internal: records the creation of new runs in tide.run_event and tide.pending, notes their tasks in tide.task_touch, counts those created finished for tide.metrics(), and wakes claimers of ready ones.';
 
 CREATE FUNCTION tide._run_event_immutable() RETURNS trigger
 LANGUAGE plpgsql

@@ -1,5 +1,6 @@
 //! Runs: the ledger of every run and its history (`ledger.sql`, with the transitions' trigger
-//! and its WHEN clauses in `change`), what a run's code can ask (`context.sql`), what a worker
+//! and its WHEN clauses in `change`), its two writers (`record.sql`: every run is created and
+//! every history row written there), what a run's code can ask (`context.sql`), what a worker
 //! does with one (`claim.sql`: claim and heartbeat; `complete.sql`: complete and fail, with
 //! retries), readiness (`readiness.sql`), replay, rerun and the dead letters (`replay.sql`),
 //! by-hand runs and reruns (`ledger`), steps inside a run (`steps.sql`) and long runs in batches
@@ -15,8 +16,11 @@ pub(crate) mod ledger;
     name = "ledger",
     requires = ["schema", security::caller::caller_sql]
 );
+// The ledger's two writers: tide._create_runs (the one way a run is created) and
+// tide._write_history (the one way a history row is written, with what it counts).
+::pgrx::extension_sql_file!("record.sql", name = "record", requires = ["ledger"]);
 // What a run's code can ask (tide.run_id, args, window, the errors it may signal).
-::pgrx::extension_sql_file!("context.sql", name = "run_context", requires = ["ledger"]);
+::pgrx::extension_sql_file!("context.sql", name = "run_context", requires = ["record"]);
 // Claims and leases (tide.claim_runs, tide.heartbeat_run); an executor's claims too.
 ::pgrx::extension_sql_file!("claim.sql", name = "claim", requires = ["run_context"]);
 // The end of an attempt: complete_run(s), fail_run, retries.

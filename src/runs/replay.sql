@@ -160,16 +160,18 @@ BEGIN
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = format('running it again could write its data twice; if that is intended, call %s(..., force => true)', p_function);
     END IF;
-    INSERT INTO tide.run (task_id, trigger, fire_at, window_start, window_end, biz_date, version, state, reason,
-                          executor, queue, priority, args, owner)
-    SELECT t.task_id, p_trigger, p_fire, p_start, p_end, p_biz_date, t.version, tide._open_state(tide._task_rules(t)),
-           coalesce(p_why, format('%s by %s', CASE WHEN p_trigger = 'manual' THEN 'manual rerun' ELSE p_trigger::text END, tide._caller())),
-           tide._run_executor(tide._task_rules(t), true),
-           coalesce(p_queue, t.queue), t.priority - CASE WHEN p_trigger = 'backfill' THEN 10000 ELSE 0 END, t.args, t.owner
-    ON CONFLICT (task_id, window_start) WHERE window_start IS NOT NULL DO NOTHING
-    RETURNING run_id INTO id;
+    -- The window's run, by the one creator (its gating from the insert trigger); a window that
+    -- has one already is reopened below.
+    SELECT (tide._create_runs(ARRAY[ROW(
+               t.task_id, p_trigger, t.version, tide._open_state(tide._task_rules(t)),
+               coalesce(p_why, format('%s by %s', CASE WHEN p_trigger = 'manual' THEN 'manual rerun' ELSE p_trigger::text END,
+                                      tide._caller())),
+               tide._run_executor(tide._task_rules(t), true), coalesce(p_queue, t.queue),
+               t.priority - CASE WHEN p_trigger = 'backfill' THEN 10000 ELSE 0 END, t.args, t.owner,
+               p_fire, p_start, p_end, p_biz_date, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+           )::tide.new_run], false))[1]
+      INTO id;
     IF id IS NOT NULL THEN
-        PERFORM tide._record_created(ARRAY[id]);
         RETURN id;
     END IF;
     SELECT r.run_id INTO id FROM tide.run r WHERE r.task_id = p_task_id AND r.window_start = p_start;

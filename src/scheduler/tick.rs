@@ -407,6 +407,63 @@ fn fire_task(client: &mut SpiClient, task: &DueTask, now: DateTime<Utc>) -> Resu
     Ok(done)
 }
 
+/// A task's new runs, handed to the one creator: $1 the task, then one array element per
+/// window ($2 fire, $3 and $4 its window, $5 business date, $6 trigger, $7 skip reason, $8
+/// reason, $9 the fire after it, a waiting run's readiness deadline when the task has no
+/// ready_timeout).
+const CREATE_RUNS: &str = "SELECT tide._create_runs(array_agg(ROW(
+        t.task_id, u.trigger::tide.run_trigger, t.version,
+        CASE WHEN u.skip IS NOT NULL THEN 'skipped' ELSE tide._open_state(tide._task_rules(t)) END,
+        u.reason, tide._run_executor(tide._task_rules(t), true), t.queue, t.priority,
+        t.args, t.owner, u.fire_at, u.window_start, u.window_end, u.biz_date, NULL,
+        u.skip::tide.skip_reason, NULL,
+        CASE WHEN u.skip IS NULL AND tide._open_state(tide._task_rules(t)) = 'waiting'
+             THEN coalesce(u.fire_at + t.ready_timeout, u.following) END,
+        NULL, NULL, NULL, NULL, NULL, NULL)::tide.new_run ORDER BY u.n), false)
+   FROM tide.task t,
+        unnest($2::timestamptz[], $3::timestamptz[], $4::timestamptz[], $5::date[],
+               $6::text[], $7::text[], $8::text[], $9::timestamptz[]) WITH ORDINALITY
+          AS u(fire_at, window_start, window_end, biz_date, trigger, skip, reason, following, n)
+  WHERE t.task_id = $1";
+
+/// The same runs under 0.2.5's SQL, which has no tide._create_runs: the library of a newer
+/// version runs it between its install and `ALTER EXTENSION pg_tide UPDATE`, and the scheduler
+/// must go on firing meanwhile. Inserted as 0.2.5 did, then recorded by its
+/// tide._record_created. (Remove when 0.2.5 is no longer a version one updates from.)
+const CREATE_RUNS_0_2_5: &str = "INSERT INTO tide.run (task_id, trigger, fire_at, window_start,
+        window_end, biz_date, version, state, skip_reason, reason, executor, queue, priority,
+        args, owner, ready_deadline, finished_at)
+ SELECT t.task_id, u.trigger::tide.run_trigger, u.fire_at, u.window_start,
+        u.window_end, u.biz_date, t.version,
+        CASE WHEN u.skip IS NOT NULL THEN 'skipped' ELSE tide._open_state(tide._task_rules(t)) END,
+        u.skip::tide.skip_reason, u.reason,
+        tide._run_executor(tide._task_rules(t), true),
+        t.queue, t.priority, t.args, t.owner,
+        CASE WHEN u.skip IS NULL AND tide._open_state(tide._task_rules(t)) = 'waiting'
+             THEN coalesce(u.fire_at + t.ready_timeout, u.following) END,
+        CASE WHEN u.skip IS NOT NULL THEN now() END
+   FROM tide.task t,
+        unnest($2::timestamptz[], $3::timestamptz[], $4::timestamptz[], $5::date[],
+               $6::text[], $7::text[], $8::text[], $9::timestamptz[])
+          AS u(fire_at, window_start, window_end, biz_date, trigger, skip, reason, following)
+  WHERE t.task_id = $1
+ ON CONFLICT (task_id, window_start) WHERE window_start IS NOT NULL DO NOTHING
+ RETURNING run_id";
+
+/// Whether this database's pg_tide has the one run creator (0.2.6 and later; before `ALTER
+/// EXTENSION pg_tide UPDATE` from 0.2.5, not yet).
+fn creator_installed(client: &SpiClient) -> bool {
+    client
+        .select(
+            "SELECT pg_catalog.to_regproc('tide._create_runs') IS NOT NULL",
+            None,
+            &[],
+        )
+        .and_then(|t| t.first().get_one::<bool>())
+        .or_raise(F)
+        .unwrap_or(false)
+}
+
 fn insert_runs(
     client: &mut SpiClient,
     task_id: i64,
@@ -472,49 +529,31 @@ fn insert_runs(
             .or(next_fire);
         following.push(next.map(to_pg));
     }
-    let created = client
-        .update(
-            "INSERT INTO tide.run (task_id, trigger, fire_at, window_start, window_end, biz_date,
-                                   version, state, skip_reason, reason, executor, queue, priority,
-                                   args, owner, ready_deadline, finished_at)
-             SELECT t.task_id, u.trigger::tide.run_trigger, u.fire_at, u.window_start,
-                    u.window_end, u.biz_date, t.version,
-                    CASE WHEN u.skip IS NOT NULL THEN 'skipped'
-                         ELSE tide._open_state(tide._task_rules(t)) END,
-                    u.skip::tide.skip_reason, u.reason,
-                    tide._run_executor(tide._task_rules(t), true),
-                    t.queue, t.priority, t.args, t.owner,
-                    CASE WHEN u.skip IS NULL AND tide._open_state(tide._task_rules(t)) = 'waiting'
-                         THEN coalesce(u.fire_at + t.ready_timeout, u.following) END,
-                    CASE WHEN u.skip IS NOT NULL THEN now() END
-               FROM tide.task t,
-                    unnest($2::timestamptz[], $3::timestamptz[], $4::timestamptz[], $5::date[],
-                           $6::text[], $7::text[], $8::text[], $9::timestamptz[])
-                      AS u(fire_at, window_start, window_end, biz_date, trigger, skip, reason, following)
-              WHERE t.task_id = $1
-             ON CONFLICT (task_id, window_start) WHERE window_start IS NOT NULL DO NOTHING
-             RETURNING run_id",
-            None,
-            &[
-                task_id.into(),
-                fire_at.into(),
-                starts.into(),
-                ends.into(),
-                dates.into(),
-                triggers.into(),
-                skips.into(),
-                reasons.into(),
-                following.into(),
-            ],
-        )
-        .or_raise(F);
-    let ids: Vec<i64> = created
-        .into_iter()
-        .filter_map(|row| row.get::<i64>(1).ok().flatten())
-        .collect();
-    client
-        .update("SELECT tide._record_created($1)", None, &[ids.into()])
-        .or_raise(F);
+    // The runs, by the one creator (tide._create_runs, src/runs/record.sql); a window that has
+    // a run already (a rerun by hand made it first) creates nothing.
+    let args = [
+        task_id.into(),
+        fire_at.into(),
+        starts.into(),
+        ends.into(),
+        dates.into(),
+        triggers.into(),
+        skips.into(),
+        reasons.into(),
+        following.into(),
+    ];
+    if creator_installed(client) {
+        client.update(CREATE_RUNS, None, &args).or_raise(F);
+    } else {
+        let created = client.update(CREATE_RUNS_0_2_5, None, &args).or_raise(F);
+        let ids: Vec<i64> = created
+            .into_iter()
+            .filter_map(|row| row.get::<i64>(1).ok().flatten())
+            .collect();
+        client
+            .update("SELECT tide._record_created($1)", None, &[ids.into()])
+            .or_raise(F);
+    }
     // Skips covered by a coalesced run made in this same batch point to it.
     if let Some(run) = planned
         .iter()

@@ -198,25 +198,22 @@ BEGIN
         SELECT DISTINCT ON (e.item->>'key') e.item->>'key' AS key, coalesce(nullif(e.item->'payload', 'null'), '{}') AS payload, e.n
           FROM jsonb_array_elements(p_rows) WITH ORDINALITY AS e(item, n)
          ORDER BY e.item->>'key', e.n
-    ), created AS (
-        INSERT INTO tide.run (task_id, trigger, dedupe_key, version, state, reason, executor, queue, priority,
-                              args, owner, topic, event_key, payload, gate, lock_key, gated)
-        SELECT t.task_id, 'event', f.key, t.version,
-               tide._open_state(tide._task_rules(t)),
-               format('event on %s (key %s) found by the fallback scan of run %s: it was never emitted', topic, f.key, r.run_id),
-               tide._executor_of(t.command), t.queue, t.priority, t.args, t.owner,
-               topic, f.key, f.payload, g.gate, g.lock_key, g.gated
+    ), made AS (
+        -- The event runs that were never emitted, with the fields of tide.new_run, made by the
+        -- one creator (tide._create_runs): a key with a run already creates nothing.
+        SELECT t.task_id, 'event'::tide.run_trigger AS trigger, t.version, tide._open_state(tide._task_rules(t)) AS state,
+               format('event on %s (key %s) found by the fallback scan of run %s: it was never emitted', topic, f.key, r.run_id) AS reason,
+               tide._executor_of(t.command) AS executor, t.queue, t.priority, t.args, t.owner,
+               NULL::timestamptz AS fire_at, NULL::timestamptz AS window_start, NULL::timestamptz AS window_end,
+               NULL::date AS biz_date, f.key AS dedupe_key, NULL::tide.skip_reason AS skip_reason,
+               NULL::timestamptz AS run_after, NULL::timestamptz AS ready_deadline, topic, f.key AS event_key,
+               f.payload, g.gate, g.lock_key, g.gated
           FROM found f
          CROSS JOIN LATERAL tide._gating_of(t.task_id, t.version, t.args, f.payload, f.key, NULL, NULL) g
          ORDER BY f.n
-        ON CONFLICT (task_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
-        RETURNING run_id, event_key
     )
-    SELECT array_agg(c.run_id ORDER BY c.run_id), array_agg(c.event_key ORDER BY c.run_id) INTO ids, keys FROM created c;
-    IF ids IS NOT NULL THEN
-        -- Their first history rows and tide.pending rows (a scan is not a hot path).
-        PERFORM tide._record_created(ids);
-    END IF;
+    SELECT tide._create_runs(array_agg(m::tide.new_run), false) INTO ids FROM made m;
+    SELECT array_agg(x.event_key ORDER BY x.run_id) INTO keys FROM tide.run x WHERE x.run_id = ANY (ids);
     RETURN jsonb_build_object('scanned', jsonb_array_length(p_rows), 'missing', coalesce(cardinality(keys), 0),
                               'missing_keys', to_jsonb(coalesce(keys[1:100], '{}')));
 END
