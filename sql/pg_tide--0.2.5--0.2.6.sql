@@ -331,9 +331,9 @@ BEGIN
         RETURN;
     END IF;
     -- The executors choose under a lock of their own, held until the claim commits, so that the
-    -- next executor's choice counts this claim (src/share.rs).
+    -- next executor's choice counts this claim (src/security/share.rs).
     IF is_sql AND NOT tide._share_lock(p_after IS NULL) THEN
-        RETURN;  -- (a claim made with the end of a run does not wait: see src/share.rs)
+        RETURN;  -- (a claim made with the end of a run does not wait: see src/security/share.rs)
     END IF;
     -- The candidates are fixed in an array first: a LIMIT subquery under FOR UPDATE SKIP LOCKED
     -- may be re-evaluated and claim more rows than asked. Each candidate's run is locked with
@@ -343,10 +343,10 @@ BEGIN
     -- is parked, out of the candidates, by tide._admit) the next ones are looked at, a few
     -- rounds at most: a claimer must not come back empty while other runs are claimable.
     FOR round IN 1..10 LOOP
-        -- Whose runs, in turn (sql/share.sql): priority orders a role's own runs only. An executor
-        -- takes from the role that occupies the fewest executors, ties at random, up to each role's
-        -- limit. An external claim that may take several roles' runs takes them from the roles in
-        -- an order drawn at random at each claim.
+        -- Whose runs, in turn (src/security/share.sql): priority orders a role's own runs only.
+        -- An executor takes from the role that occupies the fewest executors, ties at random, up
+        -- to each role's limit. An external claim that may take several roles' runs takes them
+        -- from the roles in an order drawn at random at each claim.
         -- (Again after parked runs were woken: their owners may have had no other ready run.)
         IF turn IS NULL AND is_sql THEN
             turn := tide._executor_turn(owners_ok, g_owners);
@@ -454,7 +454,7 @@ BEGIN
         -- never completed with an older one.
         token := coalesce(token, nextval('tide.lease_token_seq'));
         EXIT WHEN NOT gated;
-        -- Serial groups, overlap, concurrency and locks decide which may go (sql/locks.sql).
+        -- Serial groups, overlap, concurrency and locks decide which may go (src/locks/locks.sql).
         candidates := ids;
         ids := tide._admit(candidates, token, p_executor, p_lease);
         IF cardinality(counted_ids) > 0 AND cardinality(ids) < cardinality(candidates) THEN

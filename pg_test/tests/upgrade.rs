@@ -18,7 +18,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use pg_tide_pg_test::{
-    db_err, exec, one, pg_bin, run_tests, wait_for, Client, Cluster, Failed, TestFn, WORKERS_DB,
+    db_err, exec, one, pg_bin, run_tests, tick, wait_for, Client, Cluster, Failed, TestFn,
+    WORKERS_DB,
 };
 
 fn main() {
@@ -224,6 +225,26 @@ fn write_everything(c: &mut Client) -> Result<(), Failed> {
          -- The library's functions as the old version declares them (tide.preview without owner).
          SELECT count(*) FROM tide.preview('up_daily', 2);",
     )?;
+    // The new library's tick fires a task under the old version's SQL (between the restart on
+    // the new library and ALTER EXTENSION UPDATE, src/scheduler/tick.rs): an external task due
+    // at the next minute, fired by a tick 61 seconds ahead (no lease of this test ends so soon).
+    // Each run it made is recorded: its first history row and its line in tide.pending.
+    exec(
+        c,
+        "SELECT tide.schedule('up_fire', '* * * * *', queue => 'up_fire')",
+    )?;
+    tick(c, "now() + interval '61 seconds'")?;
+    let fired: i64 = one(
+        c,
+        "SELECT count(*) FROM tide.run r JOIN tide.task t USING (task_id)
+          WHERE t.name = 'up_fire'
+            AND EXISTS (SELECT FROM tide.run_event e WHERE e.run_id = r.run_id AND e.from_state IS NULL)
+            AND EXISTS (SELECT FROM tide.pending p WHERE p.run_id = r.run_id)",
+    )?;
+    assert!(
+        fired >= 1,
+        "the tick fired up_fire under the old SQL: {fired} runs recorded"
+    );
     wait_for(
         "the backfills to end, the dead letter's alert to open",
         Duration::from_secs(60),
