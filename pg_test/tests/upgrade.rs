@@ -205,8 +205,9 @@ fn write_everything(c: &mut Client) -> Result<(), Failed> {
     )?;
     // The paused queue is committed before its run is made. (In one transaction, an executor's
     // claim begun before that commit can read the queue's limits before it and the run after
-    // it, and run it: seen once on PostgreSQL 18. A bug of the claim, left for the next
-    // version's script: tide._claim must read the limits with the candidates.)
+    // it, and run it: seen once on PostgreSQL 18. A bug of tide._claim fixed in 0.2.6, which
+    // reads the limits again with its candidates; the frozen versions this tier creates, and
+    // whose SQL runs here until the update, still have it.)
     exec(
         c,
         "SELECT tide.schedule('up_cmd', NULL, topics => '{up_cmd}', queue => 'up_held',
