@@ -919,8 +919,9 @@ fn every_task_keeps_figures_or_a_touch_row(cluster: &Cluster) -> Result<(), Fail
 }
 
 /// Every way of creating runs notes the task, so that task health recomputes it: the tick's
-/// fire (tide._record_created, as tide.rerun, fallback scans and reconciliations use it),
-/// tide.enqueue and tide.emit (with pg_tide's keys and with the caller's), tide.emit_many.
+/// fire, tide.enqueue and tide.emit (with pg_tide's keys and with the caller's),
+/// tide.emit_many (all through tide._create_runs, as tide.rerun, fallback scans and
+/// reconciliations are).
 /// (tide.run has no INSERT trigger for it.) Each creation follows a fold that kept the task's
 /// last run as succeeded (or none): health at that instant shows the new run's state only if the task was
 /// noted.
