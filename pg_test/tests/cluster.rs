@@ -1,7 +1,7 @@
 //! Out-of-process tests: what a user of pg_tide sees through real connections to a real
 //! cluster with pg_tide preloaded. One cluster is shared; each test uses its own database.
 
-use pg_tide_pg_test::{db_err, one, run_tests, Cluster, Failed, TestFn};
+use pg_tide_pg_test::{db_err, exec, one, run_tests, Cluster, Failed, TestFn};
 
 /// The version in the extension's Cargo.toml, which `cargo pgrx install` writes into the control
 /// file.
@@ -412,6 +412,40 @@ fn fire_runs_appear_at_their_instant(_shared: &Cluster) -> Result<(), Failed> {
     Ok(())
 }
 
+/// One function creates runs and two write their history (src/runs/record.sql): in the
+/// installed schema no other function inserts into tide.run, and only the creator (a run's first
+/// row) and tide._write_history (every change) insert into tide.run_event. A new creator or
+/// writer that bypassed them would skip the bookkeeping they own (pending lines, counts, wake-ups).
+fn one_creator_and_one_change_writer(cluster: &Cluster) -> Result<(), Failed> {
+    let mut c = cluster.fresh_db("c_writers")?;
+    let writers = |c: &mut postgres::Client, table: &str| -> Result<Vec<String>, Failed> {
+        Ok(c.query(
+            "SELECT p.proname::text FROM pg_proc p
+                  WHERE p.pronamespace = 'tide'::regnamespace
+                    AND p.prosrc ~* ('insert\\s+into\\s+tide\\.' || $1 || '\\s*\\(')
+                  ORDER BY 1",
+            &[&table],
+        )
+        .map_err(db_err)?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
+    };
+    assert_eq!(writers(&mut c, "run")?, ["_create_runs"]);
+    assert_eq!(
+        writers(&mut c, "run_event")?,
+        ["_create_runs", "_write_history"]
+    );
+    // The pattern finds a writer: a function of the test's own that inserts runs is listed.
+    exec(
+        &mut c,
+        "CREATE FUNCTION tide.c_probe() RETURNS void LANGUAGE plpgsql
+             AS $$ BEGIN INSERT INTO tide.run (task_id) VALUES (0); END $$",
+    )?;
+    assert_eq!(writers(&mut c, "run")?, ["_create_runs", "c_probe"]);
+    Ok(())
+}
+
 fn main() {
     let tests: &[(&str, TestFn)] = &[
         ("preloaded_and_installed", preloaded_and_installed),
@@ -432,6 +466,10 @@ fn main() {
         (
             "fire_runs_appear_at_their_instant",
             fire_runs_appear_at_their_instant,
+        ),
+        (
+            "one_creator_and_one_change_writer",
+            one_creator_and_one_change_writer,
         ),
     ];
     run_tests("shared", tests)
