@@ -9,7 +9,8 @@
 #   - claim + complete at batch 1 and batch 50, 2 clients for 8 seconds (pgbench tps) over a
 #     backlog of 200,000 enqueued runs.
 # Figures are printed side by side, never asserted: the rounds alternate so that the noise of a
-# small machine falls on both. Uses a throw-away cluster.
+# small machine falls on both. Uses a throw-away cluster (PG_TIDE_BENCH_INSTALLED=1: with the
+# build installed already).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -26,8 +27,10 @@ if [ "$previous" = "$current" ]; then
     exit 1
 fi
 
-bash scripts/setup.sh >/dev/null
-install_release
+if [ "${PG_TIDE_BENCH_INSTALLED:-}" != 1 ]; then  # 1: the build installed already
+    bash scripts/setup.sh >/dev/null
+    install_release
+fi
 start_cluster "$DATA" "$PORT" "$DB" "max_connections = 40"
 trap 'as_pg "$BIN/pg_ctl" -D "$DATA" stop -m fast -w >/dev/null 2>&1; rm -rf "$DATA"' EXIT
 PSQL=("$BIN/psql" -X -q -At -h 127.0.0.1 -p "$PORT" -U postgres)
