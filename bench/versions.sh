@@ -9,8 +9,8 @@
 #   - claim + complete at batch 1 and batch 50, 2 clients for 8 seconds (pgbench tps) over a
 #     backlog of 200,000 enqueued runs.
 # Figures are printed side by side, never asserted: the rounds alternate so that the noise of a
-# small machine falls on both. Uses a throw-away cluster (PG_TIDE_BENCH_INSTALLED=1: with the
-# build installed already).
+# small machine falls on both (PG_TIDE_BENCH_ROUNDS: how many, 3). Uses a throw-away cluster
+# (PG_TIDE_BENCH_INSTALLED=1: with the build installed already).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -110,7 +110,14 @@ SQL
 }
 
 printf 'version\temit µs/call\temit tx/s\tenqueue tx/s\tenqueue 20k ms\temit_many 20k ms\tclaim+complete b1 tx/s\tb50 runs/s\n'
-for round in 1 2 3; do
-    measure "$previous"
-    measure "$current"
+# Each round the other version goes first: what the first leaves (autovacuum of the dropped
+# tables, a checkpoint) falls on each alike.
+for round in $(seq "${PG_TIDE_BENCH_ROUNDS:-3}"); do
+    if [ $((round % 2)) = 1 ]; then
+        measure "$previous"
+        measure "$current"
+    else
+        measure "$current"
+        measure "$previous"
+    fi
 done

@@ -83,6 +83,10 @@ COMMENT ON TYPE tide.run_change IS
 CREATE FUNCTION tide._write_history(p_changes tide.run_change[], p_touch boolean) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
+-- A generic plan always, as tide.emit's: a custom plan of this statement costs more to make
+-- than to run (measured: one emit twice as long), and no JIT, whatever the batch.
+SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 BEGIN
     WITH c AS MATERIALIZED (
@@ -115,6 +119,10 @@ COMMENT ON FUNCTION tide._write_history(tide.run_change[], boolean) IS
 CREATE FUNCTION tide._create_runs(p_runs tide.new_run[], p_fresh boolean) RETURNS bigint[]
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
+-- A generic plan always, as tide.emit's: a custom plan of this statement costs more to make
+-- than to run (measured: one emit twice as long), and no JIT, whatever the batch.
+SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 DECLARE
     ids bigint[];
@@ -207,7 +215,7 @@ BEGIN
                   HINT = 'allowed changes are listed in tide.run_transition; see the README''s run lifecycle';
     END IF;
     IF OLD.state <> NEW.state OR OLD.reason IS DISTINCT FROM NEW.reason THEN
-        -- By the one history writer, with what it counts (an outcome reached, not a new reason in
+        -- By tide._write_history, with what it counts (an outcome reached, not a new reason in
         -- the same state). The task is noted by the statement trigger run_touched_update, except
         -- in a statement of the hot paths (tide.history = 'written').
         PERFORM tide._write_history(ARRAY[ROW(NEW.run_id, NEW.task_id, NEW.owner, OLD.state, NEW.state, NEW.reason,
@@ -526,7 +534,7 @@ BEGIN
         END IF;
     END IF;
     -- The history rows, and what they count: the tasks touched, and the wait from fire (or
-    -- creation) of each run's first start (the one history writer).
+    -- creation) of each run's first start (tide._write_history).
     PERFORM tide._write_history(array_agg(ROW(r.run_id, r.task_id, r.owner, 'ready', 'running', why, NULL, NULL, NULL,
                                               NULL, NULL, NULL, NULL, NULL, NULL, r.attempts, NULL, r.started_at,
                                               r.fire_at, r.created_at)::tide.run_change), true)
@@ -616,7 +624,7 @@ BEGIN
         PERFORM tide._queue_ended(in_owner, in_queue, 1);
     END IF;
     -- The history row, and what it counts: the task touched, the outcome, and a success's
-    -- duration (the one history writer).
+    -- duration (tide._write_history).
     PERFORM tide._write_history(ARRAY[ROW(complete_run.run_id, task, who, 'running', done, why, NULL, attempt_no, worker,
                                           complete_run.lease_token, claimed,
                                           CASE WHEN short THEN 'need_check' ELSE 'succeeded' END,
@@ -701,7 +709,7 @@ BEGIN
                          NULL)::tide.run_change)
       INTO done_ids, gated_ids, ended_owners, ended_queues, ended_n, changes FROM done_run d;
     -- The history rows, and what they count: the tasks touched, the successes and their
-    -- durations (the one history writer).
+    -- durations (tide._write_history).
     IF changes IS NOT NULL THEN
         PERFORM tide._write_history(changes, true);
     END IF;
@@ -811,7 +819,7 @@ BEGIN
     PERFORM set_config('tide.history', '', true);
     PERFORM tide._sync_pending(changed, true);
     -- The history row with the attempt it ends, and what it counts: the task touched, and a
-    -- dead letter among the outcomes of tide.metrics() (the one history writer). A retry has no
+    -- dead letter among the outcomes of tide.metrics() (tide._write_history). A retry has no
     -- finished_at: its failed attempt ended at p_now, the hour it counts in.
     PERFORM tide._write_history(ARRAY[ROW(p_run_id, r.task_id, r.owner, 'running', new_state, why, p_now, r.attempts,
                                           r.lease_owner, r.lease_token, coalesce(r.claimed_at, p_now), p_outcome, p_kind,

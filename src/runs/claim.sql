@@ -299,7 +299,7 @@ BEGIN
         END IF;
     END IF;
     -- The history rows, and what they count: the tasks touched, and the wait from fire (or
-    -- creation) of each run's first start (the one history writer).
+    -- creation) of each run's first start (tide._write_history).
     PERFORM tide._write_history(array_agg(ROW(r.run_id, r.task_id, r.owner, 'ready', 'running', why, NULL, NULL, NULL,
                                               NULL, NULL, NULL, NULL, NULL, NULL, r.attempts, NULL, r.started_at,
                                               r.fire_at, r.created_at)::tide.run_change), true)

@@ -78,7 +78,7 @@ BEGIN
         PERFORM tide._queue_ended(in_owner, in_queue, 1);
     END IF;
     -- The history row, and what it counts: the task touched, the outcome, and a success's
-    -- duration (the one history writer).
+    -- duration (tide._write_history).
     PERFORM tide._write_history(ARRAY[ROW(complete_run.run_id, task, who, 'running', done, why, NULL, attempt_no, worker,
                                           complete_run.lease_token, claimed,
                                           CASE WHEN short THEN 'need_check' ELSE 'succeeded' END,
@@ -162,7 +162,7 @@ BEGIN
                          NULL)::tide.run_change)
       INTO done_ids, gated_ids, ended_owners, ended_queues, ended_n, changes FROM done_run d;
     -- The history rows, and what they count: the tasks touched, the successes and their
-    -- durations (the one history writer).
+    -- durations (tide._write_history).
     IF changes IS NOT NULL THEN
         PERFORM tide._write_history(changes, true);
     END IF;
@@ -272,7 +272,7 @@ BEGIN
     PERFORM set_config('tide.history', '', true);
     PERFORM tide._sync_pending(changed, true);
     -- The history row with the attempt it ends, and what it counts: the task touched, and a
-    -- dead letter among the outcomes of tide.metrics() (the one history writer). A retry has no
+    -- dead letter among the outcomes of tide.metrics() (tide._write_history). A retry has no
     -- finished_at: its failed attempt ended at p_now, the hour it counts in.
     PERFORM tide._write_history(ARRAY[ROW(p_run_id, r.task_id, r.owner, 'running', new_state, why, p_now, r.attempts,
                                           r.lease_owner, r.lease_token, coalesce(r.claimed_at, p_now), p_outcome, p_kind,

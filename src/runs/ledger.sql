@@ -369,7 +369,7 @@ BEGIN
                   HINT = 'allowed changes are listed in tide.run_transition; see the README''s run lifecycle';
     END IF;
     IF OLD.state <> NEW.state OR OLD.reason IS DISTINCT FROM NEW.reason THEN
-        -- By the one history writer, with what it counts (an outcome reached, not a new reason in
+        -- By tide._write_history, with what it counts (an outcome reached, not a new reason in
         -- the same state). The task is noted by the statement trigger run_touched_update, except
         -- in a statement of the hot paths (tide.history = 'written').
         PERFORM tide._write_history(ARRAY[ROW(NEW.run_id, NEW.task_id, NEW.owner, OLD.state, NEW.state, NEW.reason,
