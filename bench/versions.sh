@@ -21,7 +21,8 @@ DB=bench
 . scripts/cluster.sh
 
 current=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
-previous=$(ls sql/ | sed -n 's/^pg_tide--\([0-9.]*\)\.sql$/\1/p' | sort -V | tail -1)
+# PG_TIDE_BENCH_PREVIOUS: an older frozen version to compare with (default: the newest).
+previous=${PG_TIDE_BENCH_PREVIOUS:-$(ls sql/ | sed -n 's/^pg_tide--\([0-9.]*\)\.sql$/\1/p' | sort -V | tail -1)}
 if [ "$previous" = "$current" ]; then
     echo "the newest frozen version is the current one ($current): nothing to compare" >&2
     exit 1

@@ -38,6 +38,8 @@ inlined=(
     "tide._status_rank(status text)"
     "tide._log_on()"
     "tide._setting(name text,fallback text)"
+    # SQL functions until 0.2.6 (_le and _counts_of are C functions since, _duration_bucket is
+    # gone): the frozen scripts define them.
     "tide._le(seconds double precision)"
     "tide._duration_bucket(d interval)"
     "tide._counts_of(p_to tide.run_state,p_attempts integer,p_claimed timestamptz,p_finished timestamptz,p_started timestamptz,p_fire timestamptz,p_created timestamptz,metric text,label text,value double precision)"

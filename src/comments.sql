@@ -90,6 +90,10 @@ COMMENT ON FUNCTION tide._caller_is_superuser() IS
     'Internal: whether the caller is a superuser (who sees and claims every role''s runs).';
 COMMENT ON FUNCTION tide._bounded(text, interval, boolean) IS
     'Internal: an interval argument checked with tide.schedule''s rules (one sign, within the documented maximum), else 22023.';
+COMMENT ON FUNCTION tide._counts_of(text, integer, timestamptz, timestamptz, timestamptz, timestamptz, timestamptz) IS
+    'Internal: what a history row that brings a run to a state adds to the counters of tide.metrics() and to the hourly counters of tide.run_hours (metric, label, value).';
+COMMENT ON FUNCTION tide._le(double precision) IS
+    'Internal: the histogram bucket (its upper bound, the le label) of a duration or wait in seconds; NULL above 21600 (+Inf only).';
 COMMENT ON FUNCTION tide._backend_start() IS
     'Internal: when this backend process started (pg_stat_activity.backend_start): with its pid, how a run names the executor running it.';
 

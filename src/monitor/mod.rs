@@ -3,6 +3,7 @@
 //! expects a beat, and when external workers last claimed from each queue (a late start's
 //! cause: "no worker claimed from queue Q in the last minute").
 
+pub mod counting;
 pub(crate) mod metrics;
 pub mod prometheus;
 
@@ -70,6 +71,50 @@ use crate::calendar::{
 /// The longest time between two consecutive fires of a schedule (from now, a year ahead):
 /// the base of a task's derived `max_silence`. NULL for a schedule that fires less than twice,
 /// and for no schedule.
+/// `tide._le(seconds)`: the histogram bucket (its upper bound, the `le` label) of a duration or
+/// wait in seconds, as `tide._counts_of` counts it (`prometheus::le_of`, with the list of
+/// bounds `tide.metrics()` writes). A C function, not SQL: inlined, its 13 comparisons each
+/// carried a copy of the argument's expression, compiled at every statement that counted history
+/// rows and evaluated up to 13 times a row.
+#[pg_extern(immutable, parallel_safe, strict, schema = "tide", name = "_le")]
+fn le(seconds: f64) -> Option<&'static str> {
+    crate::monitor::prometheus::le_of(seconds)
+}
+
+/// `tide._counts_of(to, attempts, claimed, finished, started, fire, created)`: what a history
+/// row that brings a run to the state `to` adds to the counters of `tide.metrics()` and to the
+/// hourly counters of `tide.run_hours` (`counting::counts_of`). Called by the two writers of
+/// history (src/runs/record.sql), once a run.
+#[allow(clippy::type_complexity, clippy::too_many_arguments)]
+#[pg_extern(stable, parallel_safe, schema = "tide", name = "_counts_of")]
+fn counts_of(
+    p_to: &str,
+    p_attempts: Option<i32>,
+    p_claimed: Option<TimestampWithTimeZone>,
+    p_finished: Option<TimestampWithTimeZone>,
+    p_started: Option<TimestampWithTimeZone>,
+    p_fire: Option<TimestampWithTimeZone>,
+    p_created: Option<TimestampWithTimeZone>,
+) -> TableIterator<'static, (name!(metric, String), name!(label, String), name!(value, f64))> {
+    let micros = |t: Option<TimestampWithTimeZone>| t.map(TimestampWithTimeZone::into_inner);
+    let change = counting::Change {
+        to: p_to,
+        attempts: p_attempts,
+        claimed: micros(p_claimed),
+        finished: micros(p_finished),
+        started: micros(p_started),
+        fire: micros(p_fire),
+        created: micros(p_created),
+    };
+    // SAFETY: reads a field of the current transaction's state (now()); no preconditions.
+    let now = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
+    TableIterator::new(
+        counting::counts_of(&change, now)
+            .into_iter()
+            .map(|(metric, label, value)| (metric.to_string(), label, value)),
+    )
+}
+
 #[pg_extern(stable, parallel_safe, schema = "tide", name = "_fire_gap")]
 fn fire_gap(
     schedule: Option<&str>,

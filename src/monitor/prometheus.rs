@@ -9,8 +9,8 @@
 
 use std::fmt::Write;
 
-/// The histogram buckets of run durations and queue waits: each `le` label as SQL writes it
-/// (`tide._le` in src/monitor/counts.sql, the same list) and its bound in seconds.
+/// The histogram buckets of run durations and queue waits: each `le` label (as `tide._le`
+/// gives it to the counters, see `le_of`) and its bound in seconds.
 pub const BUCKETS: [(&str, f64); 13] = [
     ("0.01", 0.01),
     ("0.05", 0.05),
@@ -26,6 +26,13 @@ pub const BUCKETS: [(&str, f64); 13] = [
     ("3600", 3600.0),
     ("21600", 21600.0),
 ];
+
+/// The bucket of a duration or wait in seconds: the `le` label of the smallest bound it is at
+/// most; None above the largest, for NaN and for infinity (those count only in the +Inf bucket,
+/// which is the count). A negative value (no duration can be) goes to the first.
+pub fn le_of(seconds: f64) -> Option<&'static str> {
+    BUCKETS.iter().find(|(_, bound)| seconds <= *bound).map(|(label, _)| *label)
+}
 
 /// The index in `BUCKETS` of an `le` label, if it is one.
 pub fn bucket_of(le: &str) -> Option<usize> {
@@ -666,6 +673,20 @@ pub fn samples(text: &str) -> Vec<Sample> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_value_goes_to_the_smallest_bound_it_is_at_most() {
+        let les: Vec<&str> = [0.0, 0.01, 0.0101, 0.05, 0.2, 1.0, 1.5, 21600.0, -1.0]
+            .iter()
+            .map(|s| le_of(*s).unwrap_or("-"))
+            .collect();
+        assert_eq!(les, ["0.01", "0.01", "0.05", "0.05", "0.5", "1", "5", "21600", "0.01"]);
+        assert_eq!(le_of(21600.5), None);
+        assert_eq!(le_of(f64::NAN), None);
+        assert_eq!(le_of(f64::INFINITY), None);
+        assert_eq!(le_of(f64::NEG_INFINITY), Some("0.01"));
+    }
+
     use super::*;
 
     fn task(name: &str) -> TaskFigures {

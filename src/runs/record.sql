@@ -77,7 +77,8 @@ COMMENT ON TYPE tide.run_change IS
 -- writes with it): the rows of tide.run_event, what they count for tide.metrics() and the hourly
 -- charts (tide.count_delta, a change of state only, not a new reason), and, with
 -- p_touch, their tasks noted for task health (tide.task_touch; the statement trigger
--- run_touched_update notes them otherwise). One statement for the whole batch.
+-- run_touched_update notes them otherwise). One statement for the whole batch, its rows in the
+-- order given: no sort, which costs more to set up at every call than it saves.
 CREATE FUNCTION tide._write_history(p_changes tide.run_change[], p_touch boolean) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -95,14 +96,14 @@ BEGIN
         SELECT c.run_id, c.from_state, c.to_state, c.reason, c.owner, coalesce(c.at, clock_timestamp()), c.attempt,
                c.worker, c.lease_token, CASE WHEN c.outcome IS NOT NULL THEN c.claimed_at END, c.outcome,
                c.error_kind, c.sqlstate, c.error
-          FROM c ORDER BY c.run_id
+          FROM c
     ), touched AS (
         INSERT INTO tide.task_touch (task_id, owner) SELECT DISTINCT c.task_id, c.owner FROM c WHERE p_touch
     )
     INSERT INTO tide.count_delta (task_id, metric, label, value, owner)
     SELECT c.task_id, m.metric, m.label, sum(m.value), min(c.owner)
       FROM c
-     CROSS JOIN LATERAL tide._counts_of(c.to_state, c.attempts, c.claimed_at, c.finished_at, c.started_at, c.fire_at,
+     CROSS JOIN LATERAL tide._counts_of(c.to_state::text, c.attempts, c.claimed_at, c.finished_at, c.started_at, c.fire_at,
                                         c.created_at) m
      -- Only the states that count (tide._counts_of): a run created waiting or ready, the bulk of
      -- what tide.emit and tide.enqueue write, is not looked at.
@@ -134,7 +135,7 @@ SET jit = off
 AS $$
 DECLARE
     ids bigint[];
-    queues text[];
+    ready_queue text;
     wake boolean;
     skipped bigint[];
 BEGIN
@@ -168,7 +169,7 @@ BEGIN
         -- Each run's first history row, with the run: handed to tide._write_history, it cost a
         -- statement of its own (measured: a tenth of one tide.emit).
         INSERT INTO tide.run_event (run_id, from_state, to_state, reason, owner)
-        SELECT c.run_id, NULL, c.state, c.reason, c.owner FROM created c ORDER BY c.run_id
+        SELECT c.run_id, NULL, c.state, c.reason, c.owner FROM created c
     ), touched AS (
         INSERT INTO tide.task_touch (task_id, owner) SELECT DISTINCT c.task_id, c.owner FROM created c
     ), line AS (
@@ -178,16 +179,19 @@ BEGIN
           FROM created c
          WHERE c.state IN ('waiting', 'ready', 'running', 'retry', 'held', 'paused', 'dead', 'need_check')
     )
-    SELECT array_agg(c.run_id ORDER BY c.run_id),
-           array_agg(DISTINCT c.queue) FILTER (WHERE c.state = 'ready' AND c.run_after IS NULL),
+    -- Plain aggregates (no ORDER BY, no DISTINCT: each is a sort to set up at every call): the
+    -- runs come back in the order they were inserted, and any one queue with runs ready now
+    -- wakes the waiting workers (tide._ready does not send the queues' names).
+    SELECT array_agg(c.run_id),
+           min(c.queue) FILTER (WHERE c.state = 'ready' AND c.run_after IS NULL),
            coalesce(bool_or((c.state = 'ready' AND c.executor = 'sql') OR c.state = 'waiting'), false),
-           array_agg(c.run_id ORDER BY c.run_id) FILTER (WHERE c.state = 'skipped')
-      INTO ids, queues, wake, skipped
+           array_agg(c.run_id) FILTER (WHERE c.state = 'skipped')
+      INTO ids, ready_queue, wake, skipped
       FROM created c;
     IF ids IS NULL THEN
         RETURN '{}';
     END IF;
-    PERFORM tide._ready(queues);  -- waiting workers are notified after the commit (src/scheduler/wake.rs)
+    PERFORM tide._ready(ARRAY[ready_queue]);  -- waiting workers are notified after the commit (src/scheduler/wake.rs)
     IF wake THEN
         PERFORM tide._wake(false);  -- an idle executor claims at this commit, or sleeps until the run is due
     END IF;
@@ -197,7 +201,7 @@ BEGIN
         INSERT INTO tide.count_delta (task_id, metric, label, value, owner)
         SELECT r.task_id, m.metric, m.label, sum(m.value), min(r.owner)
           FROM tide.run r
-         CROSS JOIN LATERAL tide._counts_of(r.state, 0, NULL, r.finished_at, NULL, r.fire_at, r.created_at) m
+         CROSS JOIN LATERAL tide._counts_of(r.state::text, 0, NULL, r.finished_at, NULL, r.fire_at, r.created_at) m
          WHERE r.run_id = ANY (skipped)
          GROUP BY 1, 2, 3;
         PERFORM tide._log_runs('skip', skipped);
