@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The previous release's SQL beside the current one's, on the same library (the release build):
 # what a change of pg_tide's SQL costs its hot paths. For each of three rounds, the extension is
-# created afresh at the newest frozen version (sql/pg_tide--X.Y.Z.sql), then at the current one,
+# created afresh at the newest frozen version (sql/pg_tide--X.Y.Z.sql; PG_TIDE_BENCH_PREVIOUS: an
+# older one), then at the current one,
 # and each measures the same things:
 #   - one tide.emit per call, 2,000 calls in one transaction (µs per call, the best of four);
 #   - one tide.emit and one tide.enqueue per transaction, 2 clients for 8 seconds (pgbench tps);
 #   - tide.enqueue and tide.emit_many of 20,000 runs in one call (ms);
 #   - claim + complete at batch 1 and batch 50, 2 clients for 8 seconds (pgbench tps) over a
 #     backlog of 200,000 enqueued runs.
-# Figures are printed side by side, never asserted: the rounds alternate so that the noise of a
+# Figures are printed side by side, never asserted, each round's and then each version's median
+# (one round can be a quarter off either way here): the rounds alternate so that the noise of a
 # small machine falls on both (PG_TIDE_BENCH_ROUNDS: how many, 3). Uses a throw-away cluster
 # (PG_TIDE_BENCH_INSTALLED=1: with the build installed already).
 set -euo pipefail
@@ -121,4 +123,16 @@ for round in $(seq "${PG_TIDE_BENCH_ROUNDS:-3}"); do
         measure "$current"
         measure "$previous"
     fi
+done | tee "$SCRIPTS/rows"
+# The median of each figure over the rounds, per version: on a small machine one round can be a
+# quarter off either way.
+median() { # stdin: numbers, one a line
+    sort -n | awk '{ a[NR] = $1 } END { print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2) }'
+}
+for v in "$previous" "$current"; do
+    line="median $v"
+    for col in 2 3 4 5 6 7 8; do
+        line="$line\t$(awk -F'\t' -v v="$v" -v c="$col" '$1 == v { print $c }' "$SCRIPTS/rows" | median)"
+    done
+    printf '%b\n' "$line"
 done

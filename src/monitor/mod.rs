@@ -95,7 +95,14 @@ fn counts_of(
     p_started: Option<TimestampWithTimeZone>,
     p_fire: Option<TimestampWithTimeZone>,
     p_created: Option<TimestampWithTimeZone>,
-) -> TableIterator<'static, (name!(metric, String), name!(label, String), name!(value, f64))> {
+) -> TableIterator<
+    'static,
+    (
+        name!(metric, String),
+        name!(label, String),
+        name!(value, f64),
+    ),
+> {
     let micros = |t: Option<TimestampWithTimeZone>| t.map(TimestampWithTimeZone::into_inner);
     let change = counting::Change {
         to: p_to,

@@ -31,7 +31,10 @@ pub const BUCKETS: [(&str, f64); 13] = [
 /// most; None above the largest, for NaN and for infinity (those count only in the +Inf bucket,
 /// which is the count). A negative value (no duration can be) goes to the first.
 pub fn le_of(seconds: f64) -> Option<&'static str> {
-    BUCKETS.iter().find(|(_, bound)| seconds <= *bound).map(|(label, _)| *label)
+    BUCKETS
+        .iter()
+        .find(|(_, bound)| seconds <= *bound)
+        .map(|(label, _)| *label)
 }
 
 /// The index in `BUCKETS` of an `le` label, if it is one.
@@ -680,7 +683,10 @@ mod tests {
             .iter()
             .map(|s| le_of(*s).unwrap_or("-"))
             .collect();
-        assert_eq!(les, ["0.01", "0.01", "0.05", "0.05", "0.5", "1", "5", "21600", "0.01"]);
+        assert_eq!(
+            les,
+            ["0.01", "0.01", "0.05", "0.05", "0.5", "1", "5", "21600", "0.01"]
+        );
         assert_eq!(le_of(21600.5), None);
         assert_eq!(le_of(f64::NAN), None);
         assert_eq!(le_of(f64::INFINITY), None);
