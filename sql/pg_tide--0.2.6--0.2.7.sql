@@ -24,7 +24,7 @@ COMMENT ON FUNCTION tide._le(double precision) IS
     'Internal: the histogram bucket (its upper bound, the le label) of a duration or wait in seconds; NULL above 21600 (+Inf only).';
 
 CREATE  FUNCTION tide."_counts_of"(
-	"p_to" TEXT, /* & str */
+	"p_to" TEXT, /* Option < & str > */
 	"p_attempts" INT, /* Option < i32 > */
 	"p_claimed" timestamp with time zone, /* Option < TimestampWithTimeZone > */
 	"p_finished" timestamp with time zone, /* Option < TimestampWithTimeZone > */

@@ -26,7 +26,7 @@ COMMENT ON TABLE tide.count_delta IS
 
 -- What one history row counts is tide._counts_of(to, attempts, claimed, finished, started, fire,
 -- created), a C function (src/monitor/counting.rs): runs by outcome, a success's duration and
--- its histogram bucket (tide._le), a first start's wait and its bucket, and the hour an attempt
+-- its histogram bucket (the bounds of tide._le and tide.metrics()), a first start's wait and its bucket, and the hour an attempt
 -- ended (with a success's duration bucket, for the hourly counters). The writers of history
 -- rows (src/runs/record.sql) call it once a run.
 

@@ -68,14 +68,11 @@ use crate::calendar::{
     fire_iter, longest_gap, parse_zone, shortest_gap, DstGap, DstOverlap, DstPolicy, Schedule,
 };
 
-/// The longest time between two consecutive fires of a schedule (from now, a year ahead):
-/// the base of a task's derived `max_silence`. NULL for a schedule that fires less than twice,
-/// and for no schedule.
 /// `tide._le(seconds)`: the histogram bucket (its upper bound, the `le` label) of a duration or
 /// wait in seconds, as `tide._counts_of` counts it (`prometheus::le_of`, with the list of
-/// bounds `tide.metrics()` writes). A C function, not SQL: inlined, its 13 comparisons each
-/// carried a copy of the argument's expression, compiled at every statement that counted history
-/// rows and evaluated up to 13 times a row.
+/// bounds `tide.metrics()` writes). pg_tide's own SQL no longer calls it (until 0.2.6 the
+/// counters did, as SQL): it keeps the buckets readable from SQL, as the monitor tier reads them
+/// to check the counters against the history.
 #[pg_extern(immutable, parallel_safe, strict, schema = "tide", name = "_le")]
 fn le(seconds: f64) -> Option<&'static str> {
     crate::monitor::prometheus::le_of(seconds)
@@ -88,7 +85,7 @@ fn le(seconds: f64) -> Option<&'static str> {
 #[allow(clippy::type_complexity, clippy::too_many_arguments)]
 #[pg_extern(stable, parallel_safe, schema = "tide", name = "_counts_of")]
 fn counts_of(
-    p_to: &str,
+    p_to: Option<&str>,
     p_attempts: Option<i32>,
     p_claimed: Option<TimestampWithTimeZone>,
     p_finished: Option<TimestampWithTimeZone>,
@@ -104,8 +101,9 @@ fn counts_of(
     ),
 > {
     let micros = |t: Option<TimestampWithTimeZone>| t.map(TimestampWithTimeZone::into_inner);
+    // No state (the writers always give one): nothing counts.
     let change = counting::Change {
-        to: p_to,
+        to: p_to.unwrap_or(""),
         attempts: p_attempts,
         claimed: micros(p_claimed),
         finished: micros(p_finished),
@@ -122,6 +120,9 @@ fn counts_of(
     )
 }
 
+/// The longest time between two consecutive fires of a schedule (from now, a year ahead):
+/// the base of a task's derived `max_silence`. NULL for a schedule that fires less than twice,
+/// and for no schedule.
 #[pg_extern(stable, parallel_safe, schema = "tide", name = "_fire_gap")]
 fn fire_gap(
     schedule: Option<&str>,

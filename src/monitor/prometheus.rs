@@ -676,6 +676,7 @@ pub fn samples(text: &str) -> Vec<Sample> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn a_value_goes_to_the_smallest_bound_it_is_at_most() {
@@ -692,8 +693,6 @@ mod tests {
         assert_eq!(le_of(f64::INFINITY), None);
         assert_eq!(le_of(f64::NEG_INFINITY), Some("0.01"));
     }
-
-    use super::*;
 
     fn task(name: &str) -> TaskFigures {
         TaskFigures {
