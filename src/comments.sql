@@ -28,11 +28,9 @@ COMMENT ON FUNCTION tide._fire(timestamptz, integer) IS
 COMMENT ON FUNCTION tide._tick_steps(timestamptz) IS
     'Internal: the part of tide.tick after firing: retries, leases, lost runs, readiness, health, alerts, retention.';
 COMMENT ON FUNCTION tide.rerun(text, date, timestamptz, text, boolean) IS
-    'rerun(task, biz_date => NULL, window_start => NULL, version => NULL, force => false): creates or reopens the run of one business window, named by its business date or start. A succeeded window needs force => true; when the rules changed since, version => ''original'' or ''current'' must be chosen. Returns the run id.';
-COMMENT ON FUNCTION tide.run_now(text, date, text, boolean) IS
-    'run_now(task, biz_date => NULL, version => NULL, force => false): runs a scheduled task now: the window of its latest fire at or before now (or of the business date given), through the same idempotency key as every run of that window. A run of it already in line is left as it is; a succeeded one needs force => true. Returns the run id.';
+    'rerun(task, biz_date => NULL, window_start => NULL, version => NULL, force => false): runs one business window of a task by hand, through the same idempotency key as every run of that window: the window of biz_date, the one starting at window_start, or (neither) the window of the latest fire at or before now. A run of it already in line is left as it is; a succeeded one needs force => true; when the rules changed since, version => ''original'' or ''current'' must be chosen. Returns the run id.';
 COMMENT ON FUNCTION tide._error_kind(text, jsonb) IS
-    'Internal: how a failed command''s SQLSTATE is treated under a task''s error_kinds: the helpers'' SQLSTATEs keep their kinds, then the exact SQLSTATE, its class, and the default list (tide.error_kind_of).';
+    'Internal: how a failed command''s SQLSTATE is treated under a task''s error_kinds: the helpers'' SQLSTATEs keep their kinds, then the exact SQLSTATE, its class, and the default list (tide._error_kind_of).';
 COMMENT ON FUNCTION tide._queue_reserve(text, text, integer, integer) IS
     'Internal: reserves room for up to n runs in a queue''s running count (shared memory) within its limit; returns how many, or -1 when the count must be counted again first.';
 COMMENT ON FUNCTION tide._queue_count_again(text, text) IS
@@ -65,10 +63,10 @@ COMMENT ON FUNCTION tide._command_workers() IS
     'Internal (superusers and tide_admin): the busy command workers (top-level commands, commands in other databases) at this instant: run_id, database, state (launching, running, done, collecting), the worker''s pid, since when.';
 COMMENT ON FUNCTION tide._args_ok(jsonb) IS
     'Internal: checks one run''s args given to tide.enqueue (a JSON object within the limits of a task''s args); true or a 22023 error.';
-COMMENT ON FUNCTION tide.backoff_delay(integer, interval, double precision, interval, text, double precision) IS
-    'backoff_delay(tries, base, factor, cap, jitter, unit): the retry delay after tries failed tries: min(cap, base * factor^(tries-1)), spread by jitter (full: [0, d]; equal: [d/2, d]; none: d) using unit in [0, 1).';
-COMMENT ON FUNCTION tide.error_kind_of(text) IS
-    'error_kind_of(sqlstate): how a command error is treated: transient (connection, serialization, deadlock, lock or statement timeout, resources, shutdown), not_ready (TDNR0) or business (everything else).';
+COMMENT ON FUNCTION tide._backoff_delay(integer, interval, double precision, interval, text, double precision) IS
+    'Internal: _backoff_delay(tries, base, factor, cap, jitter, unit): the retry delay after tries failed tries: min(cap, base * factor^(tries-1)), spread by jitter (full: [0, d]; equal: [d/2, d]; none: d) using unit in [0, 1).';
+COMMENT ON FUNCTION tide._error_kind_of(text) IS
+    'Internal: _error_kind_of(sqlstate): how a command error is treated: transient (connection, serialization, deadlock, lock or statement timeout, resources, shutdown), not_ready (TDNR0) or business (everything else).';
 COMMENT ON FUNCTION tide._error_kind_from(text) IS
     'Internal (tide.fail_run): checks an error kind given to tide.fail_run; returns its canonical spelling.';
 

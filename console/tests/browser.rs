@@ -1101,7 +1101,7 @@ fn metrics_for_a_scraper(cluster: &Cluster) -> Result<(), Failed> {
          SELECT tide.emit('m_bad');"
     ))
     .map_err(db_err)?;
-    let ok_run: i64 = one(&mut mona, "SELECT tide.run_now('m_ok')")?;
+    let ok_run: i64 = one(&mut mona, "SELECT tide.rerun('m_ok')")?;
     let (run, token) = claim_one(&mut mona, "m_bad", "w1")?;
     mona.execute(
         "SELECT tide.fail_run($1, $2, 'no such account', kind => 'business')",
@@ -1751,7 +1751,7 @@ fn bulk_actions(cluster: &Cluster) -> Result<(), Failed> {
     b.click("#confirm-ack")?;
     b.wait_for("#bulk-result")?;
     // Each is acknowledged with the note, but one that resolved in the meantime (the tick
-    // resolves c_bulk's dead letter alert now that its runs are back in line): tide.ack
+    // resolves c_bulk's dead letter alert now that its runs are back in line): tide.ack_alert
     // refuses a resolved alert (55000), and the result says so.
     let count = |what: &str| -> Result<usize, Failed> {
         Ok(b.attr("#bulk-result", what)?

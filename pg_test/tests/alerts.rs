@@ -107,7 +107,7 @@ fn create_channel_refuses_bad_input_without_showing_secrets(
         ("SELECT tide.create_channel('ops', 'email', '{\"host\": \"h\", \"from\": \"a@x\", \"to\": \"b@x\", \"port\": 70000}')", "got 70000"),
         ("SELECT tide.create_channel('ops', 'email', '{\"host\": \"h\", \"from\": \"a@x\", \"to\": \"b@x\", \"tls\": \"ssl\"}')", "got 'ssl'"),
         ("SELECT tide.create_channel('ops', 'email', '{\"host\": \"h\", \"from\": \"a@x\", \"to\": \"b@x\", \"password\": \"XyzSecretToken\"}')", "both username and password"),
-        ("SELECT tide.ack(424242)", "no alert 424242"),
+        ("SELECT tide.ack_alert(424242)", "no alert 424242"),
     ] {
         let (code, message, hint) = refused(&mut c, sql)?;
         assert!(code == "22023" || code == "42704", "{sql}: {code} {message}");
@@ -231,8 +231,11 @@ fn escalation_reminders_ack_and_resolution_are_each_notified_once(
         &mut c,
         "SELECT alert_id FROM tide.alert WHERE subject = 'esc' AND resolved_at IS NULL",
     )?;
-    let first: bool = one(&mut c, &format!("SELECT tide.ack({alert}, 'on it')"))?;
-    let second: bool = one(&mut c, &format!("SELECT tide.ack({alert}, 'still on it')"))?;
+    let first: bool = one(&mut c, &format!("SELECT tide.ack_alert({alert}, 'on it')"))?;
+    let second: bool = one(
+        &mut c,
+        &format!("SELECT tide.ack_alert({alert}, 'still on it')"),
+    )?;
     assert!(first && !second);
     let who: String = one(
         &mut c,
@@ -257,7 +260,7 @@ fn escalation_reminders_ack_and_resolution_are_each_notified_once(
         deliveries(&mut c, "esc")?,
         "opened:ops escalated:ops escalated:pager renotify1:ops renotify1:pager resolved:ops resolved:pager"
     );
-    let (code, message, _) = refused(&mut c, &format!("SELECT tide.ack({alert})"))?;
+    let (code, message, _) = refused(&mut c, &format!("SELECT tide.ack_alert({alert})"))?;
     assert_eq!(code, "55000", "{message}");
     Ok(())
 }
@@ -1104,7 +1107,7 @@ fn channels_are_tested_and_alerts_that_reach_no_one_are_flagged(
         &mut db,
         "SELECT tide.drop_channel(name) FROM tide.alert_channel;
          SELECT tide.schedule('t_failing', '0 0 1 1 *', 'SELECT 1 / 0', max_attempts => 1);
-         SELECT tide.run_now('t_failing');",
+         SELECT tide.rerun('t_failing');",
     )?;
     let untaken: i32 = wait_for(
         "the untaken alert to be counted",
@@ -1226,7 +1229,7 @@ fn late_starts_alert_with_their_cause(cluster: &Cluster) -> Result<(), Failed> {
         )?;
     }
     // A paused queue.
-    let paused_run: i64 = one(&mut c, "SELECT tide.run_now('ls_in_paused')")?;
+    let paused_run: i64 = one(&mut c, "SELECT tide.rerun('ls_in_paused')")?;
     let cause = late_cause(&mut c, "ls_in_paused")?;
     assert_eq!(cause, "queue ls_paused is paused (tide.resume_queue)");
     let details: String = one(
@@ -1256,7 +1259,7 @@ fn late_starts_alert_with_their_cause(cluster: &Cluster) -> Result<(), Failed> {
     // A queue at its limit, and a lock another run holds.
     exec(
         &mut c,
-        "SELECT tide.run_now('ls_busy'); SELECT tide.run_now('ls_locker');",
+        "SELECT tide.rerun('ls_busy'); SELECT tide.rerun('ls_locker');",
     )?;
     wait_for("the holders to run", Duration::from_secs(30), || {
         let n: i64 = c
@@ -1275,7 +1278,7 @@ fn late_starts_alert_with_their_cause(cluster: &Cluster) -> Result<(), Failed> {
     )?;
     exec(
         &mut c,
-        "SELECT tide.run_now('ls_behind'); SELECT tide.run_now('ls_locked');",
+        "SELECT tide.rerun('ls_behind'); SELECT tide.rerun('ls_locked');",
     )?;
     assert_eq!(
         late_cause(&mut c, "ls_behind")?,
@@ -1290,7 +1293,7 @@ fn late_starts_alert_with_their_cause(cluster: &Cluster) -> Result<(), Failed> {
         &mut c,
         "SELECT tide.schedule('ls_starved', '0 0 1 1 *', 'SELECT 1');
          SELECT tide.monitor('ls_starved', start_deadline => '1 second');
-         SELECT tide.run_now('ls_starved');",
+         SELECT tide.rerun('ls_starved');",
     )?;
     assert_eq!(
         late_cause(&mut c, "ls_starved")?,
@@ -1306,7 +1309,7 @@ fn late_starts_alert_with_their_cause(cluster: &Cluster) -> Result<(), Failed> {
     }
 
     // An external queue no worker claims from.
-    exec(&mut c, "SELECT tide.run_now('ls_external')")?;
+    exec(&mut c, "SELECT tide.rerun('ls_external')")?;
     let cause = late_cause(&mut c, "ls_external")?;
     assert!(
         cause.starts_with("no worker claimed from queue ls_ext in the last minute"),

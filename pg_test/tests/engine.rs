@@ -561,7 +561,7 @@ fn rerun_by_business_date(cluster: &Cluster) -> Result<(), Failed> {
         (
             format!("SELECT tide.rerun('daily', biz_date => '{day}', window_start => now())"),
             "22023",
-            "pass exactly one of biz_date or window_start",
+            "pass at most one of biz_date or window_start",
         ),
         (
             format!("SELECT tide.rerun('nightly', biz_date => '{day}')"),
@@ -1028,7 +1028,7 @@ fn small_functions_happy_paths_and_bad_input(cluster: &Cluster) -> Result<(), Fa
             "biz_date must not be NULL",
         ),
         (
-            "SELECT tide.backoff_delay(3, '10 seconds', 2, '1 hour', 'random', 0.5)",
+            "SELECT tide._backoff_delay(3, '10 seconds', 2, '1 hour', 'random', 0.5)",
             "22023",
             "unknown jitter \"random\"",
         ),
@@ -1060,22 +1060,22 @@ fn small_functions_happy_paths_and_bad_input(cluster: &Cluster) -> Result<(), Fa
             "retry_window must be an interval of 1 minute to 1 day whose days and time have one sign",
         ),
         (
-            "SELECT tide.backoff_delay(100, '1 hour', 10, '300000 years', 'none', 0.5)",
+            "SELECT tide._backoff_delay(100, '1 hour', 10, '300000 years', 'none', 0.5)",
             "22023",
             "backoff_cap must be an interval of 100 milliseconds to 30 days",
         ),
         (
-            "SELECT tide.backoff_delay(-1, '1 second', 2, '1 hour', 'none', 0.5)",
+            "SELECT tide._backoff_delay(-1, '1 second', 2, '1 hour', 'none', 0.5)",
             "22023",
             "tries must be 0 or more",
         ),
         (
-            "SELECT tide.backoff_delay(3, '1 second', 'NaN', '1 hour', 'none', 0.5)",
+            "SELECT tide._backoff_delay(3, '1 second', 'NaN', '1 hour', 'none', 0.5)",
             "22023",
             "factor must be between 1 and 100, got NaN",
         ),
         (
-            "SELECT tide.backoff_delay(3, '1 second', 2, '1 hour', 'none', 'infinity')",
+            "SELECT tide._backoff_delay(3, '1 second', 2, '1 hour', 'none', 'infinity')",
             "22023",
             "unit must be between 0 and 1",
         ),
@@ -1090,7 +1090,7 @@ fn small_functions_happy_paths_and_bad_input(cluster: &Cluster) -> Result<(), Fa
     // The largest delay backoff_delay can give is its cap, never a negative interval.
     let capped: String = one(
         &mut c,
-        "SELECT tide.backoff_delay(100, '1 hour', 100, '30 days', 'none', 0.5)::text",
+        "SELECT tide._backoff_delay(100, '1 hour', 100, '30 days', 'none', 0.5)::text",
     )?;
     assert_eq!(capped, "720:00:00");
 
@@ -1146,15 +1146,15 @@ fn small_functions_happy_paths_and_bad_input(cluster: &Cluster) -> Result<(), Fa
     assert_eq!(marker, 1);
     let delays: String = one(
         &mut c,
-        "SELECT concat_ws('|', tide.backoff_delay(3, '10 seconds', 2, '1 hour', 'equal', 0),
-                          tide.backoff_delay(3, '10 seconds', 2, '1 hour', 'full', 0.5),
-                          tide.backoff_delay(30, '10 seconds', 2, '1 hour', 'none', 0.9))",
+        "SELECT concat_ws('|', tide._backoff_delay(3, '10 seconds', 2, '1 hour', 'equal', 0),
+                          tide._backoff_delay(3, '10 seconds', 2, '1 hour', 'full', 0.5),
+                          tide._backoff_delay(30, '10 seconds', 2, '1 hour', 'none', 0.9))",
     )?;
     assert_eq!(delays, "00:00:20|00:00:20|01:00:00");
     let kinds: String = one(
         &mut c,
-        "SELECT concat_ws('|', tide.error_kind_of('40001'), tide.error_kind_of('23505'),
-                          tide.error_kind_of('TDNR0'), tide._error_kind_from(' Business '))",
+        "SELECT concat_ws('|', tide._error_kind_of('40001'), tide._error_kind_of('23505'),
+                          tide._error_kind_of('TDNR0'), tide._error_kind_from(' Business '))",
     )?;
     assert_eq!(kinds, "transient|business|not_ready|business");
     let outside: String = one(
@@ -1952,7 +1952,7 @@ fn pg_cron_schedules_keep_their_meaning(cluster: &Cluster) -> Result<(), Failed>
 
 /// One-off and delayed jobs: `tide.enqueue` (one run, or one per element of an array, with
 /// args merged over the task's, its own priority, an optional dedupe key, now or at run_at),
-/// and `tide.run_now` of a scheduled task's latest window.
+/// and `tide.rerun(task)` (no date) of a scheduled task's latest window.
 fn enqueue_creates_one_off_and_delayed_runs(cluster: &Cluster) -> Result<(), Failed> {
     let mut c = cluster.fresh_db("e_enqueue")?;
     exec(
@@ -2108,10 +2108,10 @@ fn enqueue_creates_one_off_and_delayed_runs(cluster: &Cluster) -> Result<(), Fai
     let runs_after: i64 = one(&mut c, "SELECT count(*) FROM tide.run")?;
     assert_eq!(runs_before, runs_after, "refused enqueues write nothing");
 
-    // run_now: the window of the latest fire at or before now (02:00 UTC every day), through
+    // rerun without a date: the window of the latest fire at or before now (02:00 UTC every day), through
     // the window's idempotency key.
     exec(&mut c, "SELECT tide.schedule('nightly', '0 2 * * *')")?;
-    let run: i64 = one(&mut c, "SELECT tide.run_now('nightly')")?;
+    let run: i64 = one(&mut c, "SELECT tide.rerun('nightly')")?;
     let window: String = one(
         &mut c,
         &format!(
@@ -2121,7 +2121,7 @@ fn enqueue_creates_one_off_and_delayed_runs(cluster: &Cluster) -> Result<(), Fai
         ),
     )?;
     assert_eq!(window, "manual|t|1 day");
-    let again: i64 = one(&mut c, "SELECT tide.run_now('nightly')")?;
+    let again: i64 = one(&mut c, "SELECT tide.rerun('nightly')")?;
     assert_eq!(
         again, run,
         "a run of the window already in line is the same run"
@@ -2130,19 +2130,19 @@ fn enqueue_creates_one_off_and_delayed_runs(cluster: &Cluster) -> Result<(), Fai
         &mut c,
         "SELECT tide.complete_run(run_id, lease_token) FROM tide.claim_runs(n => 1)",
     )?;
-    let (code, message, hint) = refused(&mut c, "SELECT tide.run_now('nightly')")?;
+    let (code, message, hint) = refused(&mut c, "SELECT tide.rerun('nightly')")?;
     assert_eq!(code, "55000", "{message}");
     assert!(
-        hint.contains("call tide.run_now(..., force => true)"),
+        hint.contains("call tide.rerun(..., force => true)"),
         "the hint names the function called: {hint}"
     );
-    let forced: i64 = one(&mut c, "SELECT tide.run_now('nightly', force => true)")?;
+    let forced: i64 = one(&mut c, "SELECT tide.rerun('nightly', force => true)")?;
     assert_eq!(forced, run);
-    let (code, message, _) = refused(&mut c, "SELECT tide.run_now('mail')")?;
+    let (code, message, _) = refused(&mut c, "SELECT tide.rerun('mail')")?;
     assert_eq!(code, "22023", "an event task has no windows: {message}");
     let (code, message, _) = refused(
         &mut c,
-        "SELECT tide.run_now('nightly', biz_date => current_date + 3)",
+        "SELECT tide.rerun('nightly', biz_date => current_date + 3)",
     )?;
     assert_eq!(code, "22023", "a window that has not ended: {message}");
     pending_in_step(&mut c)?;
@@ -2470,7 +2470,7 @@ fn a_deleted_task_leaves_no_runs(cluster: &Cluster) -> Result<(), Failed> {
         "SELECT tide.schedule('gone_w', '@hourly');
          SELECT tide.schedule('gone_e', NULL, topics => ARRAY['gone.ev']);
          SELECT tide.schedule('kept', NULL, topics => ARRAY['gone.ev']);
-         SELECT tide.run_now('gone_w');
+         SELECT tide.rerun('gone_w');
          SELECT count(*) FROM tide.enqueue('gone_e', '[{}, {}]');
          SELECT tide.emit('gone.ev');
          SELECT tide.emit('gone.ev', dedupe_key => 'k1');",
@@ -2759,8 +2759,8 @@ fn top_level_commands_run_outside_a_transaction(cluster: &Cluster) -> Result<(),
          SELECT tide.schedule('tl_escape', '0 0 1 1 *', top_level => true,
                               command => 'SET ROLE postgres');
          SELECT tide.schedule('tl_not_mine', '0 0 1 1 *', top_level => true, command => 'VACUUM tl_theirs');
-         SELECT tide.run_now('tl_vacuum'); SELECT tide.run_now('tl_forbidden'); SELECT tide.run_now('tl_escape');
-         SELECT tide.run_now('tl_not_mine');",
+         SELECT tide.rerun('tl_vacuum'); SELECT tide.rerun('tl_forbidden'); SELECT tide.rerun('tl_escape');
+         SELECT tide.rerun('tl_not_mine');",
     )?;
     let settled = |c: &mut Client| -> Result<String, String> {
         c.query_one(
@@ -2852,7 +2852,7 @@ fn top_level_open_blocks_are_rolled_back(cluster: &Cluster) -> Result<(), Failed
                               command => 'INSERT INTO tl_block VALUES (1); BEGIN; INSERT INTO tl_block VALUES (2)');
          SELECT tide.schedule('tl_broken', '0 0 1 1 *', top_level => true, max_attempts => 1,
                               command => 'BEGIN; INSERT INTO tl_block VALUES (3); SELECT 1 / 0; COMMIT');
-         SELECT tide.run_now('tl_open'); SELECT tide.run_now('tl_broken');",
+         SELECT tide.rerun('tl_open'); SELECT tide.rerun('tl_broken');",
     )?;
     let ended = wait_for("both runs to end", Duration::from_secs(60), || {
         let s: Option<String> = c
@@ -2895,7 +2895,7 @@ fn command_workers_outlive_their_executor(cluster: &Cluster) -> Result<(), Faile
          SELECT tide.schedule('cw_slow', '0 0 1 1 *', top_level => true, max_attempts => 1,
                               command => 'SELECT pg_sleep(3); INSERT INTO cw_done VALUES (clock_timestamp())');",
     )?;
-    let run: i64 = one(&mut c, "SELECT tide.run_now('cw_slow')")?;
+    let run: i64 = one(&mut c, "SELECT tide.rerun('cw_slow')")?;
     wait_for("the command worker to run", Duration::from_secs(30), || {
         let n: i64 = c
             .query_one(
@@ -2983,7 +2983,7 @@ fn command_workers_are_stopped_when_asked(cluster: &Cluster) -> Result<(), Faile
         )?)
     };
     for task in ["cw_long", "cw_remote"] {
-        let run: i64 = one(&mut c, &format!("SELECT tide.run_now('{task}')"))?;
+        let run: i64 = one(&mut c, &format!("SELECT tide.rerun('{task}')"))?;
         running(&mut c, run)?;
         let asked: String = one(
             &mut c,
@@ -2997,7 +2997,7 @@ fn command_workers_are_stopped_when_asked(cluster: &Cluster) -> Result<(), Faile
             "{task}: {reason}"
         );
     }
-    let run: i64 = one(&mut c, "SELECT tide.run_now('cw_pausable')")?;
+    let run: i64 = one(&mut c, "SELECT tide.rerun('cw_pausable')")?;
     running(&mut c, run)?;
     wait_for(
         "the first statement to commit",
@@ -3068,7 +3068,7 @@ fn command_workers_per_database_bound_them(cluster: &Cluster) -> Result<(), Fail
              SELECT tide.schedule('cw_second', '0 0 1 1 *', top_level => true, max_attempts => 1,
                                   command => 'SELECT 1');",
         )?;
-        let first: i64 = one(&mut c, "SELECT tide.run_now('cw_first')")?;
+        let first: i64 = one(&mut c, "SELECT tide.rerun('cw_first')")?;
         wait_for("the first command to run", Duration::from_secs(30), || {
             let n: i64 = c
                 .query_one(
@@ -3079,7 +3079,7 @@ fn command_workers_per_database_bound_them(cluster: &Cluster) -> Result<(), Fail
                 .get(0);
             Ok((n == 1).then_some(()))
         })?;
-        let second: i64 = one(&mut c, "SELECT tide.run_now('cw_second')")?;
+        let second: i64 = one(&mut c, "SELECT tide.rerun('cw_second')")?;
         let waited: String = wait_for(
             "the second to wait for room",
             Duration::from_secs(30),

@@ -1017,7 +1017,7 @@ fn a_fallback_scan_finds_lost_events(cluster: &Cluster) -> Result<(), Failed> {
          INSERT INTO fb_orders SELECT g, g FROM generate_series(991, 1000) g;
          ALTER TABLE fb_orders ENABLE TRIGGER fb_emit;",
     )?;
-    let scan: i64 = one(&mut c, "SELECT tide.run_now('fb_orders')")?;
+    let scan: i64 = one(&mut c, "SELECT tide.rerun('fb_orders')")?;
     wait_for("the scan", Duration::from_secs(60), || {
         Ok((state(&mut c, scan)? == "succeeded").then_some(()))
     })?;
@@ -1106,7 +1106,7 @@ fn a_fallback_key_of_pg_tides_own_is_refused(cluster: &Cluster) -> Result<(), Fa
         "SELECT tide.schedule('fb_hash', '0 0 1 1 *', topics => ARRAY['fb.hash'], command => 'SELECT 1',
              fallback => 'SELECT k AS key FROM (VALUES (''a''), (''#1'')) v(k)')",
     )?;
-    let scan: i64 = one(&mut c, "SELECT tide.run_now('fb_hash')")?;
+    let scan: i64 = one(&mut c, "SELECT tide.rerun('fb_hash')")?;
     wait_for("the scan to end", Duration::from_secs(60), || {
         let s = state(&mut c, scan)?;
         Ok((s != "ready" && s != "running").then_some(s))

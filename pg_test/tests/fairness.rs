@@ -769,7 +769,7 @@ fn no_backtrace_reaches_a_client(cluster: &Cluster) -> Result<(), Failed> {
     assert_eq!(env, "1", "the server runs with RUST_BACKTRACE=1");
     for sql in [
         "SELECT tide.schedule('x', 'not a cron', command => 'SELECT 1')",
-        "SELECT tide.backoff_delay(-1, '1 s', 2, '1 h', 'none', 0.5)",
+        "SELECT tide._backoff_delay(-1, '1 s', 2, '1 h', 'none', 0.5)",
         "SELECT tide.pause('no such task')",
     ] {
         let err = admin.batch_execute(sql).expect_err(sql);

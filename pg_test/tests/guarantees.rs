@@ -169,6 +169,12 @@ fn delivery_is_fenced_and_never_repeated_once_delivered(cluster: &Cluster) -> Re
 
     let (id, first, key) = claim(&mut c, "push")?.ok_or("nothing to deliver")?;
     assert_eq!(key, "order:1:shipped");
+    // No lease given (NULL, the default): held for one minute.
+    let held: f64 = one(
+        &mut c,
+        &format!("SELECT extract(epoch FROM lease_expires_at - now())::float8 FROM tide.effect WHERE effect_id = {id}"),
+    )?;
+    assert!((30.0..=60.0).contains(&held), "held for {held} s");
     assert!(
         claim(&mut c, "push")?.is_none(),
         "a message is handed to one worker at a time"
@@ -242,10 +248,23 @@ fn failed_deliveries_back_off_then_die(cluster: &Cluster) -> Result<(), Failed> 
     // A person puts it back; a permanent error kills it at once.
     exec(&mut c, &format!("SELECT tide.replay_effect({id})"))?;
     let (_, token, _) = claim(&mut c, "mail")?.ok_or("not redelivered")?;
+    // A kind that means nothing for a delivery is refused, and the effect stays held.
+    let (code, message, hint) = refused(
+        &mut c,
+        &format!("SELECT tide.fail_effect({id}, {token}, 'x', kind => 'permanent')"),
+    )?;
+    assert_eq!(code, "22023", "{message}");
+    assert!(message.contains("'permanent'"), "{message}");
+    assert!(hint.contains("business"), "{hint}");
+    let state: String = one(
+        &mut c,
+        &format!("SELECT state::text FROM tide.effect WHERE effect_id = {id}"),
+    )?;
+    assert_eq!(state, "sending", "a refused fail_effect changes nothing");
     let state: String = one(
         &mut c,
         &format!(
-            "SELECT tide.fail_effect({id}, {token}, 'no such mailbox', permanent => true)::text"
+            "SELECT tide.fail_effect({id}, {token}, 'no such mailbox', kind => 'business')::text"
         ),
     )?;
     assert_eq!(state, "dead");

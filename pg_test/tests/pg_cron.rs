@@ -208,7 +208,7 @@ fn import_reports_then_moves_jobs(cluster: &Cluster) -> Result<(), Failed> {
     // transaction with their run; the job of the other database runs there.
     exec(
         &mut c,
-        "SELECT tide.run_now('nightly-vacuum'); SELECT tide.run_now('monthly'); SELECT tide.run_now('elsewhere');",
+        "SELECT tide.rerun('nightly-vacuum'); SELECT tide.rerun('monthly'); SELECT tide.rerun('elsewhere');",
     )?;
     for task in ["nightly-vacuum", "monthly", "elsewhere"] {
         assert_eq!(
@@ -321,7 +321,7 @@ fn jobs_of_two_databases_run_in_their_own(cluster: &Cluster) -> Result<(), Faile
     // pg_cron may have run to-app before the import: count from here.
     let before: i64 = one(&mut app, "SELECT count(*) FROM app_tally")?;
     // The '2 seconds' job fires on its own; the other is run now.
-    exec(&mut c, "SELECT tide.run_now('to-postgres')")?;
+    exec(&mut c, "SELECT tide.rerun('to-postgres')")?;
     assert_eq!(
         wait_state(&mut c, "to-postgres", "succeeded,dead")?,
         "succeeded"
@@ -447,7 +447,7 @@ fn two_statements_are_all_or_nothing_before_and_after_import(
         "SELECT concat_ws('|', task, top_level, action) FROM tide.import_pg_cron(apply => true)",
     )?;
     assert_eq!(imported, ["half|f|imported"]);
-    exec(&mut c, "SELECT tide.run_now('half')")?;
+    exec(&mut c, "SELECT tide.rerun('half')")?;
     assert_eq!(wait_state(&mut c, "half", "dead")?, "dead");
     let dead: String = one(
         &mut c,
@@ -586,7 +586,7 @@ fn commands_that_cannot_run_where_scheduled_are_refused(cluster: &Cluster) -> Re
         &mut c,
         "SELECT tide.schedule('nightly', '0 3 * * *', command => 'VACUUM big_table', top_level => true);
          SELECT tide.schedule('rollup', '0 * * * *', command => 'INSERT INTO big_table VALUES (1); INSERT INTO big_table VALUES (2)');
-         SELECT tide.run_now('nightly'); SELECT tide.run_now('rollup');",
+         SELECT tide.rerun('nightly'); SELECT tide.rerun('rollup');",
     )?;
     assert_eq!(
         wait_state(&mut c, "nightly", "succeeded,dead")?,
@@ -680,7 +680,7 @@ fn a_database_that_cannot_be_reached_is_refused(cluster: &Cluster) -> Result<(),
     )?;
     exec(
         &mut c,
-        "SELECT tide.run_now('to-gone'); SELECT tide.run_now('to-closed'); SELECT tide.run_now('here');",
+        "SELECT tide.rerun('to-gone'); SELECT tide.rerun('to-closed'); SELECT tide.rerun('here');",
     )?;
     assert_eq!(wait_state(&mut c, "to-gone", "succeeded,dead")?, "dead");
     assert_eq!(wait_state(&mut c, "to-closed", "succeeded,dead")?, "dead");
@@ -711,7 +711,7 @@ fn job_run_details_answers_pg_crons_queries(cluster: &Cluster) -> Result<(), Fai
          SELECT tide.schedule('ok', '@daily', 'SELECT 1', max_attempts => 1);
          SELECT tide.schedule('broken', '@daily', 'SELECT 1 / 0', max_attempts => 1);
          SELECT tide.schedule('slow', '@daily', 'SELECT pg_sleep(30)', max_attempts => 1);
-         SELECT tide.run_now('ok'); SELECT tide.run_now('broken'); SELECT tide.run_now('slow');",
+         SELECT tide.rerun('ok'); SELECT tide.rerun('broken'); SELECT tide.rerun('slow');",
     )?;
     wait_state(&mut c, "ok", "succeeded")?;
     wait_state(&mut c, "broken", "dead")?;

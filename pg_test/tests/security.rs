@@ -754,7 +754,7 @@ fn d10_no_internal_errors(cluster: &Cluster) -> Result<(), Failed> {
             "22023",
         ),
         ("SELECT tide.schedule('big', '@daily', args => '{\"a\": 1e400}')", "22023"),
-        ("SELECT tide.backoff_delay(2147483647, '10 s', 100, '1 day', 'full', 0.5) IS NULL", "ok"),
+        ("SELECT tide._backoff_delay(2147483647, '10 s', 100, '1 day', 'full', 0.5) IS NULL", "ok"),
         ("SELECT tide.claim_runs(n => 2147483647)", "22023"),
     ] {
         match c_result(&mut mallory, sql)? {

@@ -246,6 +246,19 @@ fn write_everything(c: &mut Client) -> Result<(), Failed> {
         fired >= 1,
         "the tick fired up_fire under the old SQL: {fired} runs recorded"
     );
+    // Functions 0.3.0 renamed or folded keep working under the old SQL until the update (the
+    // library keeps their C symbols): run_now (rolled back: no run left behind), backoff_delay,
+    // error_kind_of.
+    exec(c, "BEGIN")?;
+    let made: i64 = one(c, "SELECT tide.run_now('up_daily')")?;
+    exec(c, "ROLLBACK")?;
+    assert!(made > 0, "tide.run_now under the old SQL: {made}");
+    let helpers: String = one(
+        c,
+        "SELECT concat_ws('|', tide.backoff_delay(2, '10 seconds', 2, '1 hour', 'none', 0.5),
+                               tide.error_kind_of('40001'))",
+    )?;
+    assert_eq!(helpers, "00:00:20|transient");
     wait_for(
         "the backfills to end, the dead letter's alert to open",
         Duration::from_secs(60),

@@ -46,7 +46,7 @@ CREATE TABLE tide.alert (
     count        integer NOT NULL DEFAULT 1,
     details      jsonb NOT NULL DEFAULT '{}',
     owner        name NOT NULL,
-    -- Acknowledged (tide.ack): no more reminders or escalation; its resolution is still sent.
+    -- Acknowledged (tide.ack_alert): no more reminders or escalation; its resolution is still sent.
     acked_at     timestamptz,
     acked_by     name,
     ack_note     text,

@@ -185,7 +185,7 @@ const TEST_WAIT: Duration = Duration::from_secs(20);
 #[pg_extern(volatile, schema = "tide", name = "test_channel")]
 #[search_path(pg_catalog, pg_temp)]
 fn test_channel(
-    name: Option<&str>,
+    channel: Option<&str>,
 ) -> TableIterator<
     'static,
     (
@@ -196,7 +196,7 @@ fn test_channel(
     ),
 > {
     const F: &str = "tide.test_channel";
-    let name = crate::base::sqlerr::required(name, "name", F);
+    let name = crate::base::sqlerr::required(channel, "channel", F);
     // A bad name is refused as tide.create_channel refuses it.
     Spi::run_with_args("SELECT tide._channel($1)", &[name.into()]).or_raise(F);
     let owner = crate::security::caller::caller_name();

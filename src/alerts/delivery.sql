@@ -123,46 +123,46 @@ END
 $$;
 COMMENT ON FUNCTION tide._channel_config(text, jsonb) IS 'Internal: a channel''s config checked for its kind, else a clear error that never shows a secret.';
 
-CREATE FUNCTION tide.create_channel(name text, kind text, config jsonb, alerts text DEFAULT 'warning') RETURNS text
+CREATE FUNCTION tide.create_channel(channel text, kind text, config jsonb, alerts text DEFAULT 'warning') RETURNS text
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM tide._channel(create_channel.name);
+    PERFORM tide._channel(create_channel.channel);
     IF create_channel.kind IS NULL OR create_channel.kind NOT IN ('webhook', 'email') THEN
         RAISE EXCEPTION 'unknown channel kind %', coalesce(quote_literal(left(create_channel.kind, 40)), 'NULL')
             USING ERRCODE = 'invalid_parameter_value', HINT = 'kind is webhook (an HTTP POST of JSON: Slack, Mattermost, Discord or your own) or email (SMTP)';
     END IF;
     PERFORM tide._channel_config(create_channel.kind, create_channel.config);
     INSERT INTO tide.alert_channel AS c (name, kind, config, alerts, owner)
-    VALUES (create_channel.name, create_channel.kind, create_channel.config,
+    VALUES (create_channel.channel, create_channel.kind, create_channel.config,
             CASE WHEN create_channel.alerts IS NOT NULL THEN tide._severity(create_channel.alerts, 'alerts') END, tide._caller())
     ON CONFLICT ON CONSTRAINT alert_channel_pkey DO UPDATE
        SET kind = EXCLUDED.kind, config = EXCLUDED.config, alerts = EXCLUDED.alerts, last_error = NULL, last_error_at = NULL;
-    RETURN create_channel.name;
+    RETURN create_channel.channel;
 END
 $$;
 COMMENT ON FUNCTION tide.create_channel(text, text, jsonb, text) IS
-    'create_channel(name, kind, config, alerts => ''warning''): a channel pg_tide''s delivery worker sends alerts to: kind webhook (config url, secret for an HMAC-SHA256 X-Tide-Signature, format chat or json) or email (config host, port, tls, username, password, from, to, ca_cert). alerts is the lowest severity routed to it (info, warning, critical; by default warning), NULL for none. Creating an existing name changes it.';
+    'create_channel(channel, kind, config, alerts => ''warning''): a channel pg_tide''s delivery worker sends alerts to: kind webhook (config url, secret for an HMAC-SHA256 X-Tide-Signature, format chat or json) or email (config host, port, tls, username, password, from, to, ca_cert). alerts is the lowest severity routed to it (info, warning, critical; by default warning), NULL for none. Creating an existing name changes it.';
 
-CREATE FUNCTION tide.drop_channel(name text) RETURNS boolean
+CREATE FUNCTION tide.drop_channel(channel text) RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM tide._channel(drop_channel.name);
-    DELETE FROM tide.alert_channel c WHERE c.name = drop_channel.name AND c.owner = tide._caller();
+    PERFORM tide._channel(drop_channel.channel);
+    DELETE FROM tide.alert_channel c WHERE c.name = drop_channel.channel AND c.owner = tide._caller();
     IF NOT FOUND THEN
         RETURN false;
     END IF;
     -- What it had still to send is given up, visibly.
     UPDATE tide.effect e SET state = 'dead', last_error = 'the channel was dropped', lease_expires_at = NULL
-     WHERE e.owner = tide._caller() AND e.channel = drop_channel.name AND e.state IN ('pending', 'sending');
+     WHERE e.owner = tide._caller() AND e.channel = drop_channel.channel AND e.state IN ('pending', 'sending');
     RETURN true;
 END
 $$;
 COMMENT ON FUNCTION tide.drop_channel(text) IS
-    'drop_channel(name): removes one of your channels (what it had still to send is marked dead); false if there was none.';
+    'drop_channel(channel): removes one of your channels (what it had still to send is marked dead); false if there was none.';
 
 -- Whether a channel's owner receives an alert: its own, a role it is a member of (a team), or
 -- every alert for a superuser or a member of tide_admin.
@@ -294,7 +294,7 @@ BEGIN
         next_state := tide.complete_effect(p_effect_id, p_token);
         UPDATE tide.alert_channel c SET last_sent_at = now() WHERE c.owner = e.owner AND c.name = e.channel;
     ELSE
-        next_state := tide.fail_effect(p_effect_id, p_token, p_error, p_permanent);
+        next_state := tide.fail_effect(p_effect_id, p_token, p_error, CASE WHEN p_permanent THEN 'business' ELSE 'transient' END);
         UPDATE tide.alert_channel c SET last_error = tide._clip(p_error, 1000), last_error_at = now()
          WHERE c.owner = e.owner AND c.name = e.channel;
         RAISE LOG 'pg_tide: delivery=% effect_id=% channel=% attempt=% error=%', next_state, p_effect_id,
@@ -330,31 +330,31 @@ END
 $$;
 COMMENT ON FUNCTION tide._delivery_recover() IS 'Internal: at its start, the delivery worker takes back the deliveries its earlier life held.';
 
-CREATE FUNCTION tide.ack(alert_id bigint, note text DEFAULT NULL) RETURNS boolean
+CREATE FUNCTION tide.ack_alert(alert_id bigint, note text DEFAULT NULL) RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     a tide.alert;
 BEGIN
-    IF ack.note IS NOT NULL THEN
-        PERFORM tide._text_arg('note', ack.note, 1000, 'say what you are doing about it');
+    IF ack_alert.note IS NOT NULL THEN
+        PERFORM tide._text_arg('note', ack_alert.note, 1000, 'say what you are doing about it');
     END IF;
-    SELECT * INTO a FROM tide.alert x WHERE x.alert_id = ack.alert_id AND tide._may_act(x.owner) FOR UPDATE;
+    SELECT * INTO a FROM tide.alert x WHERE x.alert_id = ack_alert.alert_id AND tide._may_act(x.owner) FOR UPDATE;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'no alert %', coalesce(ack.alert_id::text, 'NULL') USING ERRCODE = 'undefined_object',
+        RAISE EXCEPTION 'no alert %', coalesce(ack_alert.alert_id::text, 'NULL') USING ERRCODE = 'undefined_object',
             HINT = 'open alerts: SELECT alert_id, subject, kind, severity FROM tide.alert WHERE resolved_at IS NULL';
     END IF;
     IF a.resolved_at IS NOT NULL THEN
         RAISE EXCEPTION 'alert % is resolved already (at %)', a.alert_id, a.resolved_at
             USING ERRCODE = 'object_not_in_prerequisite_state', HINT = 'only open alerts are acknowledged';
     END IF;
-    UPDATE tide.alert x SET acked_at = now(), acked_by = tide._caller(), ack_note = ack.note WHERE x.alert_id = a.alert_id;
+    UPDATE tide.alert x SET acked_at = now(), acked_by = tide._caller(), ack_note = ack_alert.note WHERE x.alert_id = a.alert_id;
     RETURN a.acked_at IS NULL;
 END
 $$;
-COMMENT ON FUNCTION tide.ack(bigint, text) IS
-    'ack(alert_id, note => NULL): acknowledges an open alert, with who and a note: no more reminders or escalation; its resolution is still notified. True if it was not acknowledged yet.';
+COMMENT ON FUNCTION tide.ack_alert(bigint, text) IS
+    'ack_alert(alert_id, note => NULL): acknowledges an open alert, with who and a note: no more reminders or escalation; its resolution is still notified. True if it was not acknowledged yet.';
 
 -- tide.schedule and tide.alter warn when nothing would run the task: no scheduler serves this
 -- database (it is not pg_tide.database, or the scheduler is not running), or pg_tide.enabled is

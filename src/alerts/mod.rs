@@ -6,7 +6,7 @@
 pub(crate) mod delivery;
 pub mod notify;
 
-// Alert delivery by pg_tide's own worker: tide.create_channel (webhook, email), tide.ack.
+// Alert delivery by pg_tide's own worker: tide.create_channel (webhook, email), tide.ack_alert.
 ::pgrx::extension_sql_file!("delivery.sql", name = "delivery", requires = ["effects"]);
 // Alerts: their kinds, causes, routes and evaluation (between heartbeat checks and run log lines,
 // src/monitor/).

@@ -63,7 +63,7 @@ pub fn text(event: &Value) -> String {
     if let Some(id) = event.get("alert_id").and_then(Value::as_i64) {
         if field(event, "event") != "resolved" {
             out.push_str(&format!(
-                "\nacknowledge in psql: SELECT tide.ack({id}, 'looking into it');"
+                "\nacknowledge in psql: SELECT tide.ack_alert({id}, 'looking into it');"
             ));
         }
     }
@@ -360,7 +360,10 @@ mod tests {
         let body: Value =
             serde_json::from_str(&webhook_body(&event(), "alert:7:opened:ops", "chat")).unwrap();
         assert_eq!(body["text"], body["content"]);
-        assert!(body["text"].as_str().unwrap().contains("SELECT tide.ack(7"));
+        assert!(body["text"]
+            .as_str()
+            .unwrap()
+            .contains("SELECT tide.ack_alert(7"));
         assert_eq!(body["event"]["alert_id"], 7);
         assert_eq!(body["delivery_id"], "alert:7:opened:ops");
         let raw: Value = serde_json::from_str(&webhook_body(&event(), "d", "json")).unwrap();

@@ -89,7 +89,7 @@ pub enum TideError {
         hint: String,
     },
 
-    #[error("pass exactly one of {params}")]
+    #[error("pass at most one of {params}")]
     OneOf { params: &'static str },
 
     #[error("unknown pending \"{}\"", short(.0))]
@@ -200,7 +200,7 @@ impl TideError {
             TideError::OutOfRange { expected, param, .. } => format!("pass {param} {expected}"),
             TideError::NullArgument { param } => format!("pass a value for {param}"),
             TideError::NoWindow { hint, .. } => hint.clone(),
-            TideError::OneOf { params } => format!("for example tide.rerun('daily_bill', biz_date => DATE '2026-11-28'); pass {params}, not both"),
+            TideError::OneOf { params } => format!("for example tide.rerun('daily_bill', biz_date => DATE '2026-11-28'); pass {params}, not both (neither: the window of the latest fire)"),
             TideError::BadPending(_) => "use pending => 'hold' (default: unstarted runs wait for tide.confirm), 'adopt' (they take the new rules) or 'keep' (they keep the rules they were created under)".to_string(),
             TideError::NoSchedule(name) => format!(
                 "it runs on events only (tide.emit); give it a schedule with tide.alter('{name}', schedule => '0 1 * * *')"

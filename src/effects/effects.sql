@@ -105,7 +105,7 @@ COMMENT ON FUNCTION tide.create_effect(text, text, jsonb, integer) IS
     'create_effect(channel, dedupe_key, payload => ''{}'', max_attempts => 10): records a side effect in the caller''s transaction, once per dedupe key (per role), and returns its effect_id; a key already recorded (a rerun) records nothing and returns the existing effect_id. Delivery workers take it with tide.claim_effects.';
 
 CREATE FUNCTION tide.claim_effects(channel text, worker text DEFAULT NULL, n integer DEFAULT 10,
-                                   lease interval DEFAULT '1 minute')
+                                   lease interval DEFAULT NULL)
 RETURNS TABLE (effect_id bigint, dedupe_key text, payload jsonb, attempt integer, lease_token bigint,
                lease_expires_at timestamptz, run_id bigint)
 LANGUAGE plpgsql
@@ -117,6 +117,7 @@ DECLARE
     ids bigint[];
     token bigint;
     only_owner name := CASE WHEN tide._caller_is_superuser() THEN NULL ELSE tide._caller() END;
+    held_for interval;
 BEGIN
     PERFORM tide._channel(claim_effects.channel);
     IF claim_effects.worker IS NOT NULL THEN
@@ -126,10 +127,9 @@ BEGIN
         RAISE EXCEPTION 'n must be between 1 and 1000, got %', coalesce(claim_effects.n::text, 'NULL')
             USING ERRCODE = 'invalid_parameter_value', HINT = 'claim_effects(''sms'', worker => ''sender-1'', n => 10)';
     END IF;
-    IF claim_effects.lease IS NULL THEN
-        RAISE EXCEPTION 'lease must not be NULL' USING ERRCODE = 'null_value_not_allowed', HINT = 'pass lease => ''1 minute''';
-    END IF;
-    PERFORM tide._bounded('lease', claim_effects.lease, false);
+    -- NULL (the default): one minute, as claim_runs' NULL is the task's own lease.
+    held_for := coalesce(claim_effects.lease, interval '1 minute');
+    PERFORM tide._bounded('lease', held_for, false);
     -- Candidates fixed first (a LIMIT subquery under SKIP LOCKED may be re-evaluated).
     SELECT array_agg(c.effect_id) INTO ids FROM (
         SELECT e.effect_id FROM tide.effect e
@@ -146,13 +146,13 @@ BEGIN
     RETURN QUERY
         UPDATE tide.effect e
            SET state = 'sending', attempts = e.attempts + 1, worker = claim_effects.worker,
-               lease_token = token, lease_expires_at = now() + claim_effects.lease
+               lease_token = token, lease_expires_at = now() + held_for
          WHERE e.effect_id = ANY (ids)
         RETURNING e.effect_id, e.dedupe_key, e.payload, e.attempts, e.lease_token, e.lease_expires_at, e.run_id;
 END
 $$;
 COMMENT ON FUNCTION tide.claim_effects(text, text, integer, interval) IS
-    'claim_effects(channel, worker => NULL, n => 10, lease => ''1 minute''): hands up to n pending side effects of a channel (the caller''s; a superuser''s: any role''s) to a delivery worker (FOR UPDATE SKIP LOCKED, oldest first) with a fencing lease_token. Pass dedupe_key to the provider as its idempotency key.';
+    'claim_effects(channel, worker => NULL, n => 10, lease => NULL): hands up to n pending side effects of a channel (the caller''s; a superuser''s: any role''s) to a delivery worker (FOR UPDATE SKIP LOCKED, oldest first) with a fencing lease_token, held for lease (NULL: one minute). Pass dedupe_key to the provider as its idempotency key.';
 
 -- A token that no longer holds the effect is refused, and nothing changes.
 CREATE FUNCTION tide._effect_held(p_effect_id bigint, p_token bigint, p_function text) RETURNS tide.effect
@@ -192,7 +192,7 @@ $$;
 COMMENT ON FUNCTION tide.complete_effect(bigint, bigint) IS
     'complete_effect(effect_id, lease_token): records that a side effect was delivered; it is never handed out again. A stale lease token is refused. Returns the new state (delivered).';
 
-CREATE FUNCTION tide.fail_effect(effect_id bigint, lease_token bigint, error text, permanent boolean DEFAULT false)
+CREATE FUNCTION tide.fail_effect(effect_id bigint, lease_token bigint, error text, kind text DEFAULT 'transient')
 RETURNS tide.effect_state
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -205,19 +205,26 @@ BEGIN
         RAISE EXCEPTION 'error must not be NULL' USING ERRCODE = 'null_value_not_allowed',
             HINT = 'say what went wrong: tide.fail_effect(effect_id, lease_token, ''provider answered 503'')';
     END IF;
+    -- The kinds of tide.fail_run that mean something for a delivery: a transient failure is
+    -- tried again, a business one (the provider refused it for good) is dead at once.
+    IF fail_effect.kind IS NULL OR fail_effect.kind NOT IN ('transient', 'business') THEN
+        RAISE EXCEPTION 'kind must be transient or business, got %', coalesce(quote_literal(left(fail_effect.kind, 40)), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'transient: delivered again after a backoff; business: dead at once (replay it with tide.replay_effect)';
+    END IF;
     e := tide._effect_held(fail_effect.effect_id, fail_effect.lease_token, 'tide.fail_effect');
-    next_state := CASE WHEN coalesce(fail_effect.permanent, false) OR e.attempts >= e.max_attempts
+    next_state := CASE WHEN fail_effect.kind = 'business' OR e.attempts >= e.max_attempts
                        THEN 'dead' ELSE 'pending' END;
     -- Retries back off: 10 s, 20 s, 40 s ... at most an hour, fully jittered.
     UPDATE tide.effect x
        SET state = next_state, last_error = tide._clip(fail_effect.error, 10000), lease_expires_at = NULL,
-           available_at = now() + tide.backoff_delay(e.attempts, interval '10 seconds', 2, interval '1 hour', 'full', random())
+           available_at = now() + tide._backoff_delay(e.attempts, interval '10 seconds', 2, interval '1 hour', 'full', random())
      WHERE x.effect_id = fail_effect.effect_id;
     RETURN next_state;
 END
 $$;
-COMMENT ON FUNCTION tide.fail_effect(bigint, bigint, text, boolean) IS
-    'fail_effect(effect_id, lease_token, error, permanent => false): a failed delivery: retried after a backoff (10 s doubling, at most 1 h, jittered), dead after max_attempts or when permanent. Returns the new state.';
+COMMENT ON FUNCTION tide.fail_effect(bigint, bigint, text, text) IS
+    'fail_effect(effect_id, lease_token, error, kind => ''transient''): a failed delivery: a transient one is retried after a backoff (10 s doubling, at most 1 h, jittered) and is dead after max_attempts; a business one (refused for good) is dead at once. Returns the new state.';
 
 CREATE FUNCTION tide.replay_effect(effect_id bigint) RETURNS bigint
 LANGUAGE plpgsql

@@ -228,7 +228,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$ SELECT ('tide_emit_' || regexp_replace(p_topic, '[^A-Za-z0-9_]', '_', 'g'))::name $$;
 COMMENT ON FUNCTION tide._emit_trigger_name(text) IS 'Internal: the name of the trigger create_emit_trigger installs for a topic.';
 
-CREATE FUNCTION tide.create_emit_trigger("table" regclass, topic text, key_column text DEFAULT NULL) RETURNS name
+CREATE FUNCTION tide.create_emit_trigger("table" regclass, topic text, key_column text DEFAULT NULL) RETURNS text
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -256,7 +256,7 @@ BEGIN
     trigger_name := tide._emit_trigger_name(create_emit_trigger.topic);
     EXECUTE format('CREATE OR REPLACE TRIGGER %I AFTER INSERT OR UPDATE ON %s FOR EACH ROW EXECUTE FUNCTION tide._emit_row(%L, %L)',
                    trigger_name, create_emit_trigger."table", create_emit_trigger.topic, coalesce(create_emit_trigger.key_column, ''));
-    RETURN trigger_name;
+    RETURN trigger_name::text;
 END
 $$;
 COMMENT ON FUNCTION tide.create_emit_trigger(regclass, text, text) IS

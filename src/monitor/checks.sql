@@ -24,7 +24,7 @@ COMMENT ON TABLE tide.check IS
 
 CREATE FUNCTION tide.create_check(name text, schedule text, grace interval DEFAULT '1 hour', tz text DEFAULT 'UTC',
                            severity text DEFAULT 'warning')
-RETURNS bigint
+RETURNS text
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -37,7 +37,7 @@ DECLARE
     c_severity ALIAS FOR $5;
     p interval;
     cron text;
-    id bigint;
+    made text;
 BEGIN
     IF c_name IS NULL OR c_name ~ '^[[:space:]]*$' THEN
         RAISE EXCEPTION 'check name must not be empty, got %', coalesce(quote_literal(left(c_name, 20)), 'NULL')
@@ -76,12 +76,12 @@ BEGIN
     ON CONFLICT ON CONSTRAINT check_owner_name_key DO UPDATE
        SET period = EXCLUDED.period, schedule = EXCLUDED.schedule, tz = EXCLUDED.tz,
            grace = EXCLUDED.grace, severity = EXCLUDED.severity
-    RETURNING c.check_id INTO id;
-    RETURN id;
+    RETURNING c.name INTO made;
+    RETURN made;
 END
 $$;
 COMMENT ON FUNCTION tide.create_check(text, text, interval, text, text) IS
-    'create_check(name, schedule, grace => ''1 hour'', tz => ''UTC'', severity => ''warning''): declares (or changes) one of the caller''s heartbeat checks (names are per role): a beat is expected every period (schedule = ''1 day'') or at each fire of a cron schedule (''0 3 * * *'' in tz), within grace. Returns its check_id.';
+    'create_check(name, schedule, grace => ''1 hour'', tz => ''UTC'', severity => ''warning''): declares (or changes) one of the caller''s heartbeat checks (names are per role): a beat is expected every period (schedule = ''1 day'') or at each fire of a cron schedule (''0 3 * * *'' in tz), within grace. Returns its name (trimmed), which the other check functions take.';
 
 CREATE FUNCTION tide.heartbeat_check(name text, ok boolean DEFAULT true, message text DEFAULT NULL) RETURNS timestamptz
 LANGUAGE plpgsql

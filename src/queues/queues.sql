@@ -137,14 +137,14 @@ END
 $$;
 COMMENT ON FUNCTION tide._queue_name(text) IS 'Internal: a queue name, or a clear error naming the bad value.';
 
-CREATE FUNCTION tide.create_queue(name text, max_concurrency integer DEFAULT NULL, rate double precision DEFAULT NULL,
+CREATE FUNCTION tide.create_queue(queue text, max_concurrency integer DEFAULT NULL, rate double precision DEFAULT NULL,
                                   retry_budget integer DEFAULT NULL, retry_window interval DEFAULT '10 minutes')
 RETURNS text
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM tide._queue_name(create_queue.name);
+    PERFORM tide._queue_name(create_queue.queue);
     IF create_queue.max_concurrency IS NOT NULL AND create_queue.max_concurrency NOT BETWEEN 1 AND 10000 THEN
         RAISE EXCEPTION 'max_concurrency must be between 1 and 10000, got %', create_queue.max_concurrency
             USING ERRCODE = 'invalid_parameter_value', HINT = 'NULL for no limit';
@@ -167,7 +167,7 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value', HINT = 'pass retry_window => ''10 minutes''';
     END IF;
     INSERT INTO tide.queue AS q (owner, name, max_concurrency, rate, retry_budget, retry_window, tokens, budget)
-    VALUES (tide._caller(), create_queue.name, create_queue.max_concurrency, create_queue.rate,
+    VALUES (tide._caller(), create_queue.queue, create_queue.max_concurrency, create_queue.rate,
             create_queue.retry_budget, create_queue.retry_window,
             greatest(1, coalesce(create_queue.rate, 1)), coalesce(create_queue.retry_budget, 0))
     ON CONFLICT ON CONSTRAINT queue_pkey DO UPDATE
@@ -176,32 +176,32 @@ BEGIN
            tokens = least(q.tokens, EXCLUDED.tokens),
            budget = CASE WHEN q.retry_budget IS NULL THEN EXCLUDED.budget ELSE least(q.budget, EXCLUDED.budget) END,
            updated_at = now();
-    PERFORM tide._queue_recount(tide._caller(), create_queue.name);
+    PERFORM tide._queue_recount(tide._caller(), create_queue.queue);
     -- Runs waiting for a limit that is now higher (or gone) may go.
-    PERFORM tide._wake_queue(tide._caller(), create_queue.name);
-    RETURN create_queue.name;
+    PERFORM tide._wake_queue(tide._caller(), create_queue.queue);
+    RETURN create_queue.queue;
 END
 $$;
 COMMENT ON FUNCTION tide.create_queue(text, integer, double precision, integer, interval) IS
-    'create_queue(name, max_concurrency => NULL, rate => NULL, retry_budget => NULL, retry_window => ''10 minutes''): declares (or changes) the limits of one of the caller''s queues: at most max_concurrency of its runs running at once, at most rate starts per second, and at most retry_budget transient failures per retry_window before its retries wait. NULL: no such limit. Returns the name.';
+    'create_queue(queue, max_concurrency => NULL, rate => NULL, retry_budget => NULL, retry_window => ''10 minutes''): declares (or changes) the limits of one of the caller''s queues: at most max_concurrency of its runs running at once, at most rate starts per second, and at most retry_budget transient failures per retry_window before its retries wait. NULL: no such limit. Returns the name.';
 
-CREATE FUNCTION tide.drop_queue(name text) RETURNS boolean
+CREATE FUNCTION tide.drop_queue(queue text) RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM tide._queue_name(drop_queue.name);
-    DELETE FROM tide.queue q WHERE q.owner = tide._caller() AND q.name = drop_queue.name;
+    PERFORM tide._queue_name(drop_queue.queue);
+    DELETE FROM tide.queue q WHERE q.owner = tide._caller() AND q.name = drop_queue.queue;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    PERFORM tide._queue_forget(tide._caller(), drop_queue.name);
-    PERFORM tide._wake_queue(tide._caller(), drop_queue.name);
+    PERFORM tide._queue_forget(tide._caller(), drop_queue.queue);
+    PERFORM tide._wake_queue(tide._caller(), drop_queue.queue);
     RETURN true;
 END
 $$;
 COMMENT ON FUNCTION tide.drop_queue(text) IS
-    'drop_queue(name): removes the limits of one of the caller''s queues (its runs go on without limits); false if it had none.';
+    'drop_queue(queue): removes the limits of one of the caller''s queues (its runs go on without limits); false if it had none.';
 
 CREATE FUNCTION tide._set_queue_paused(p_name text, p_paused boolean) RETURNS boolean
 LANGUAGE plpgsql
@@ -225,19 +225,19 @@ END
 $$;
 COMMENT ON FUNCTION tide._set_queue_paused(text, boolean) IS 'Internal: pauses or resumes a queue; false if it already was.';
 
-CREATE FUNCTION tide.pause_queue(name text) RETURNS boolean
+CREATE FUNCTION tide.pause_queue(queue text) RETURNS boolean
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT tide._set_queue_paused(name, true) $$;
+AS $$ SELECT tide._set_queue_paused(queue, true) $$;
 COMMENT ON FUNCTION tide.pause_queue(text) IS
-    'pause_queue(name): no run of the caller''s queue starts until tide.resume_queue (running ones finish); false if it already was paused.';
+    'pause_queue(queue): no run of the caller''s queue starts until tide.resume_queue (running ones finish); false if it already was paused.';
 
-CREATE FUNCTION tide.resume_queue(name text) RETURNS boolean
+CREATE FUNCTION tide.resume_queue(queue text) RETURNS boolean
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT tide._set_queue_paused(name, false) $$;
+AS $$ SELECT tide._set_queue_paused(queue, false) $$;
 COMMENT ON FUNCTION tide.resume_queue(text) IS
-    'resume_queue(name): lets the runs of a paused queue start again; false if it was not paused.';
+    'resume_queue(queue): lets the runs of a paused queue start again; false if it was not paused.';
 
 -- Runs of a queue parked for its limits look again now (a limit was raised, room or the queue
 -- freed): as many as could start.

@@ -338,7 +338,7 @@ $$;
 COMMENT ON FUNCTION tide._recon_check_task(tide.task) IS
     'Internal: refuses a reconciliation''s task without its definition or built-in command, or made an event, long or top-level task.';
 
-CREATE FUNCTION tide.reconcile(name text, schedule text, tz text DEFAULT 'UTC', biz_window text DEFAULT 'fire',
+CREATE FUNCTION tide.reconcile(task text, schedule text, tz text DEFAULT 'UTC', biz_window text DEFAULT 'fire',
                                left_sql text DEFAULT NULL, right_sql text DEFAULT NULL,
                                amounts text[] DEFAULT '{}', tolerance numeric DEFAULT 0, rules text DEFAULT '[]',
                                max_diffs integer DEFAULT 10000, work_mem text DEFAULT NULL,
@@ -353,7 +353,7 @@ DECLARE
     def jsonb;
     t tide.task;
 BEGIN
-    PERFORM tide._text_arg('name', reconcile.name, 200, 'name the reconciliation, such as ''payments_vs_bank''');
+    PERFORM tide._text_arg('task', reconcile.task, 200, 'name the reconciliation, such as ''payments_vs_bank''');
     IF reconcile.left_sql IS NULL OR reconcile.right_sql IS NULL THEN
         RAISE EXCEPTION '% must not be NULL', CASE WHEN reconcile.left_sql IS NULL THEN 'left_sql' ELSE 'right_sql' END
             USING ERRCODE = 'null_value_not_allowed',
@@ -370,18 +370,18 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'pass a JSON array such as ''[{"kind": "missing_right", "class": "auto_fix", "fix_task": "push_payment"}]''';
     END;
-    def := tide._recon_valid(reconcile.name,
+    def := tide._recon_valid(reconcile.task,
                              jsonb_build_object('left_sql', reconcile.left_sql, 'right_sql', reconcile.right_sql,
                                                 'amounts', to_jsonb(reconcile.amounts), 'tolerance', reconcile.tolerance,
                                                 'rules', parsed, 'max_diffs', reconcile.max_diffs, 'work_mem', reconcile.work_mem),
                              caller);
-    SELECT * INTO t FROM tide.task x WHERE x.name = reconcile.name AND x.owner = caller;
+    SELECT * INTO t FROM tide.task x WHERE x.name = reconcile.task AND x.owner = caller;
     IF NOT FOUND THEN
-        RETURN tide.schedule(reconcile.name, reconcile.schedule, command => tide._recon_command(), tz => reconcile.tz,
+        RETURN tide.schedule(reconcile.task, reconcile.schedule, command => tide._recon_command(), tz => reconcile.tz,
                              biz_window => reconcile.biz_window, reconcile => def);
     END IF;
     IF t.reconcile IS NULL THEN
-        RAISE EXCEPTION 'task "%" already exists and is not a reconciliation', left(reconcile.name, 200)
+        RAISE EXCEPTION 'task "%" already exists and is not a reconciliation', left(reconcile.task, 200)
             USING ERRCODE = 'duplicate_object',
                   HINT = 'choose another name, or remove the task first with tide.unschedule';
     END IF;
@@ -391,14 +391,14 @@ BEGIN
         RETURN t.task_id;
     END IF;
     IF NOT coalesce(reconcile.replace, false) THEN
-        RAISE EXCEPTION 'reconciliation "%" already exists with another definition', left(reconcile.name, 200)
+        RAISE EXCEPTION 'reconciliation "%" already exists with another definition', left(reconcile.task, 200)
             USING ERRCODE = 'duplicate_object',
                   HINT = 'pass replace => true to make this its next rule version (its history stays)';
     END IF;
-    PERFORM tide.alter(reconcile.name, schedule => reconcile.schedule, tz => reconcile.tz,
+    PERFORM tide.alter(reconcile.task, schedule => reconcile.schedule, tz => reconcile.tz,
                        biz_window => reconcile.biz_window, reconcile => def);
     RETURN t.task_id;
 END
 $$;
 COMMENT ON FUNCTION tide.reconcile(text, text, text, text, text, text, text[], numeric, text, integer, text, boolean) IS
-    'reconcile(name, schedule, tz => ''UTC'', biz_window => ''fire'', left_sql, right_sql, amounts => ''{}'', tolerance => 0, rules => ''[]'', max_diffs => 10000, work_mem => NULL, replace => false): creates (or, with replace, changes) a reconciliation: a task whose runs compare the two sides for their window (each returns key and the amount columns), record counts, sums and differences (tide.recon_result, tide.recon_diff) and compensate them by rules: auto_fix (a run of fix_task per difference, once), replay (a rerun of replay_task''s window, once), human (an alert). Returns the task id.';
+    'reconcile(task, schedule, tz => ''UTC'', biz_window => ''fire'', left_sql, right_sql, amounts => ''{}'', tolerance => 0, rules => ''[]'', max_diffs => 10000, work_mem => NULL, replace => false): creates (or, with replace, changes) a reconciliation: a task whose runs compare the two sides for their window (each returns key and the amount columns), record counts, sums and differences (tide.recon_result, tide.recon_diff) and compensate them by rules: auto_fix (a run of fix_task per difference, once), replay (a rerun of replay_task''s window, once), human (an alert). Returns the task id.';

@@ -227,7 +227,7 @@ BEGIN
         why := format('gave up after %s of %s attempts: %s', r.tries, max_attempts, error_text);
     ELSIF p_kind = 'transient' THEN
         new_state := 'retry';
-        wait_until := p_now + tide.backoff_delay(r.tries, (rules->>'backoff_base')::interval,
+        wait_until := p_now + tide._backoff_delay(r.tries, (rules->>'backoff_base')::interval,
                                                  (rules->>'backoff_factor')::float8,
                                                  (rules->>'backoff_cap')::interval,
                                                  rules->>'jitter', random());

@@ -1,6 +1,6 @@
 //! The Rust pieces of the run ledger's SQL surface: retry delays and error classes for the
 //! PL/pgSQL ledger (src/runs/*.sql), and `tide.rerun`, which needs the calendar to find a
-//! business date's window.
+//! business date's window (or the latest fire's).
 
 use chrono::{Duration, NaiveDate, NaiveTime};
 use pgrx::datum::{Date, Interval, TimestampWithTimeZone};
@@ -14,8 +14,9 @@ use crate::tasks::catalog::{load_task, RULE_COLUMNS};
 use crate::tasks::retry::{classify, delay_us, ErrorKind, Jitter};
 
 /// The delay before the next try after `tries` failed ones: `min(cap, base * factor^(tries-1))`
-/// spread by `jitter` using `unit` (a random number in [0, 1), pass `random()`).
-#[pg_extern(immutable, parallel_safe, schema = "tide")]
+/// spread by `jitter` using `unit` (a random number in [0, 1), pass `random()`). Internal
+/// (`tide._backoff_delay`) since 0.3.0; the Rust name keeps the C symbol 0.2's scripts name.
+#[pg_extern(immutable, parallel_safe, schema = "tide", name = "_backoff_delay")]
 fn backoff_delay(
     tries: i32,
     base: Interval,
@@ -24,7 +25,7 @@ fn backoff_delay(
     jitter: &str,
     unit: f64,
 ) -> Interval {
-    const F: &str = "tide.backoff_delay";
+    const F: &str = "tide._backoff_delay";
     let jitter = Jitter::parse(jitter).or_raise(F);
     check_backoff(tries, &base, factor, &cap, unit).or_raise(F);
     let us = delay_us(
@@ -38,7 +39,7 @@ fn backoff_delay(
     Interval::from_micros(us)
 }
 
-/// `tide.backoff_delay`'s arguments, checked with `tide.schedule`'s rules: a try number of at
+/// `tide._backoff_delay`'s arguments, checked with `tide.schedule`'s rules: a try number of at
 /// least 0, `base` and `cap` as the options `backoff_base` and `backoff_cap` (one sign, within
 /// their maximum), `factor` between 1 and 100, `unit` a number in [0, 1]. A delay is then never
 /// negative and never past `cap`.
@@ -76,7 +77,8 @@ fn check_backoff(
 }
 
 /// How a failed command's SQLSTATE is treated: 'transient', 'business' or 'not_ready'.
-#[pg_extern(immutable, parallel_safe, schema = "tide")]
+/// Internal (`tide._error_kind_of`) since 0.3.0; the Rust name keeps the C symbol.
+#[pg_extern(immutable, parallel_safe, schema = "tide", name = "_error_kind_of")]
 fn error_kind_of(sqlstate: &str) -> &'static str {
     classify(sqlstate).as_str()
 }
@@ -191,10 +193,12 @@ fn window_by_start(
     Ok((Some(fire), w))
 }
 
-/// Runs one window of a task again — or for the first time — by its explicit business date
-/// (or window start), through the same path as scheduled runs. A window already run
-/// successfully is refused unless `force`; `version` chooses between the run's original rules
-/// and the current ones when they differ. Returns the run id.
+/// Runs one window of a task by hand — again, or for the first time: the window of a business
+/// date, the one starting at `window_start`, or (neither given) the window of the latest fire
+/// at or before now (what 0.2's `tide.run_now` did). It goes through the same idempotency key
+/// as every run of that window: a run of it already in line is left as it is, one that
+/// succeeded is refused unless `force`; `version` chooses between the run's original rules and
+/// the current ones when they differ. Returns the run id.
 #[pg_extern(volatile, schema = "tide")]
 #[search_path(pg_catalog, pg_temp)]
 fn rerun(
@@ -204,52 +208,50 @@ fn rerun(
     version: default!(Option<&str>, "NULL"),
     force: default!(Option<bool>, false),
 ) -> i64 {
-    const F: &str = "tide.rerun";
-    let name = required(task, "task", F);
-    let row = load_task(name, true).or_raise(F);
-    let rules = row.rules.validate().or_raise(F);
+    rerun_in(task, biz_date, window_start, version, force, "tide.rerun")
+}
+
+/// `tide.run_now`, folded into `tide.rerun` in 0.3.0: kept without SQL of its own so that the
+/// install scripts of 0.2 versions, which name its symbol, load against this library until
+/// `ALTER EXTENSION pg_tide UPDATE`.
+#[pg_extern(sql = false)]
+fn run_now(
+    task: Option<&str>,
+    biz_date: Option<Date>,
+    version: Option<&str>,
+    force: Option<bool>,
+) -> i64 {
+    rerun_in(task, biz_date, None, version, force, "tide.run_now")
+}
+
+fn rerun_in(
+    task: Option<&str>,
+    biz_date: Option<Date>,
+    window_start: Option<TimestampWithTimeZone>,
+    version: Option<&str>,
+    force: Option<bool>,
+    f: &'static str,
+) -> i64 {
+    let name = required(task, "task", f);
+    let row = load_task(name, true).or_raise(f);
+    let rules = row.rules.validate().or_raise(f);
     let (fire, window) = match (biz_date, window_start) {
         (Some(d), None) => {
-            let date = crate::calendar::pgtime::date_from_pg(d, "biz_date").or_raise(F);
-            window_by_date(&rules, date, name).or_raise(F)
+            let date = crate::calendar::pgtime::date_from_pg(d, "biz_date").or_raise(f);
+            window_by_date(&rules, date, name).or_raise(f)
         }
         (None, Some(ws)) => {
-            window_by_start(&rules, from_pg(ws, "window_start").or_raise(F), name).or_raise(F)
+            window_by_start(&rules, from_pg(ws, "window_start").or_raise(f), name).or_raise(f)
         }
-        _ => raise(
+        (None, None) => latest_window(&rules, name).or_raise(f),
+        (Some(_), Some(_)) => raise(
             TideError::OneOf {
                 params: "biz_date or window_start",
             },
-            F,
+            f,
         ),
     };
-    run_window(&row, fire, window, version, force, F)
-}
-
-/// Runs a scheduled task now: the window of its latest fire (the one the scheduler made, or is
-/// about to make, at or before now), or the window of a named business date, through the same
-/// idempotency key as every run of that window. A run of it already in line is left as it is;
-/// a succeeded one is refused unless `force`. Returns the run id.
-#[pg_extern(volatile, schema = "tide")]
-#[search_path(pg_catalog, pg_temp)]
-fn run_now(
-    task: Option<&str>,
-    biz_date: default!(Option<Date>, "NULL"),
-    version: default!(Option<&str>, "NULL"),
-    force: default!(Option<bool>, false),
-) -> i64 {
-    const F: &str = "tide.run_now";
-    let name = required(task, "task", F);
-    let row = load_task(name, true).or_raise(F);
-    let rules = row.rules.validate().or_raise(F);
-    let (fire, window) = match biz_date {
-        Some(d) => {
-            let date = crate::calendar::pgtime::date_from_pg(d, "biz_date").or_raise(F);
-            window_by_date(&rules, date, name).or_raise(F)
-        }
-        None => latest_window(&rules, name).or_raise(F),
-    };
-    run_window(&row, fire, window, version, force, F)
+    run_window(&row, fire, window, version, force, f)
 }
 
 /// The window of a task's latest fire at or before now.
@@ -266,7 +268,7 @@ fn latest_window(
     Ok((Some(fire), w))
 }
 
-/// Creates or reopens the run of one window that has ended (tide.rerun, tide.run_now).
+/// Creates or reopens the run of one window that has ended (tide.rerun).
 fn run_window(
     row: &crate::tasks::catalog::TaskRow,
     fire: Option<chrono::DateTime<chrono::Utc>>,

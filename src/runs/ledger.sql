@@ -26,7 +26,7 @@ COMMENT ON TYPE tide.run_state IS
 
 CREATE TYPE tide.run_trigger AS ENUM ('scheduled', 'catch_up', 'manual', 'replay', 'backfill', 'event', 'enqueued', 'reconcile');
 COMMENT ON TYPE tide.run_trigger IS
-    'What last put the run in line: scheduled fire, catch-up of a missed window, tide.rerun or tide.run_now (manual), tide.replay_run, a backfill, an event, tide.enqueue, a reconciliation''s compensation or replay.';
+    'What last put the run in line: scheduled fire, catch-up of a missed window, tide.rerun (manual), tide.replay_run, a backfill, an event, tide.enqueue, a reconciliation''s compensation or replay.';
 
 CREATE TYPE tide.skip_reason AS ENUM (
     'paused', 'misfire', 'superseded', 'coalesced', 'catch_up_limit', 'beyond_retention', 'not_ready',

@@ -179,7 +179,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION tide._rerun(bigint, timestamptz, timestamptz, timestamptz, date, text, boolean, text, tide.run_trigger, text, text) IS
-    'Internal: creates or reopens the run of one window (tide.rerun, tide.run_now and backfills after the window is computed; p_function names the caller in errors; a backfill''s run goes to its queue, below every online run).';
+    'Internal: creates or reopens the run of one window (tide.rerun and backfills after the window is computed; p_function names the caller in errors; a backfill''s run goes to its queue, below every online run).';
 
 -- Deferred window scan (R11.2), at a fire of a task with rescan_previous (the tick calls it for
 -- those only): the run of the window before p_start is reopened if it ended dead because it was

@@ -77,7 +77,7 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'step "%" of run % is already done', complete_step.name, complete_step.run_id
             USING ERRCODE = 'object_not_in_prerequisite_state',
-                  HINT = 'call tide.step first: it says whether a step is done, with its output';
+                  HINT = 'call tide.start_step first: it says whether a step is done, with its output';
     END IF;
 END
 $$;
@@ -108,7 +108,7 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    r tide.run := tide._command_run('tide.step');
+    r tide.run := tide._command_run('tide.start_step');
 BEGIN
     RETURN QUERY SELECT * FROM tide.start_step(r.run_id, r.lease_token, start_step.name);
 END

@@ -1,7 +1,7 @@
 //! Retry rules: how long a run waits before its next try, and which errors are worth a retry.
 //!
 //! Pure functions so the bounds are unit-tested; src/runs/ledger.rs exposes them to the PL/pgSQL
-//! ledger as `tide.backoff_delay` and `tide.error_kind_of`.
+//! ledger as `tide._backoff_delay` and `tide._error_kind_of`.
 
 use crate::base::error::TideError;
 

@@ -217,7 +217,7 @@ pub async fn ack_many(ctx: Ctx, body: Bytes) -> Result<Response, Fail> {
             &ctx,
             &ids,
             "SELECT coalesce((SELECT a.acked_at IS NULL FROM tide.alert a WHERE a.alert_id = $1), false),
-                    tide.ack($1, note => $2)::text",
+                    tide.ack_alert($1, note => $2)::text",
             Some(&note),
         ).await;
         return Ok(outcome_page(
@@ -241,7 +241,7 @@ pub async fn ack_many(ctx: Ctx, body: Bytes) -> Result<Response, Fail> {
     let n = ids.len();
     let body = html! {
         h1 { "Acknowledge " (n) " alert" @if n != 1 { "s" } "?" }
-        p #bulk-count data-count=(n) { "Each is acknowledged with " code { "tide.ack" } ", with the note below." }
+        p #bulk-count data-count=(n) { "Each is acknowledged with " code { "tide.ack_alert" } ", with the note below." }
         ul { @for a in &shown { li { strong { (s(a, 0)) } " " (s(a, 1)) " " span.muted { (o(a, 2).as_deref().unwrap_or("")) } } } }
         form.bulk method="post" action="/alerts/ack" {
             (csrf_field(frame.csrf)) (hidden("confirm", "yes"))

@@ -189,7 +189,7 @@ pub async fn ack(
     let id = id_of("alert", &id)?;
     let note = blank_none(&f.note);
     ctx.db
-        .query_one("SELECT tide.ack($1, note => $2)::text", &[&id, &note])
+        .query_one("SELECT tide.ack_alert($1, note => $2)::text", &[&id, &note])
         .await?;
     Ok(back_to(&f, "/alerts".into()))
 }
