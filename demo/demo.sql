@@ -230,9 +230,9 @@ SELECT task, action FROM tide.import_pg_cron(apply => true);
 SELECT count(*) AS jobs_left_in_pg_cron FROM cron.job;
 \echo '   run now: the VACUUM at top level, the purge in pg_tide_demo_app, the two statements as one transaction;'
 \echo '   pg_cron''s own view of runs, as tide.job_run_details:'
-SELECT tide.run_now('nightly-vacuum') AS vac_run \gset
-SELECT tide.run_now('purge-sessions') AS purge_run \gset
-SELECT tide.run_now('daily-count') AS rollup_run \gset
+SELECT tide.rerun('nightly-vacuum') AS vac_run \gset
+SELECT tide.rerun('purge-sessions') AS purge_run \gset
+SELECT tide.rerun('daily-count') AS rollup_run \gset
 CALL demo_wait($$(SELECT count(*) = 3 FROM tide.run WHERE run_id IN ($$ || :vac_run || ',' || :purge_run || ',' || :rollup_run
                || $$) AND state IN ('succeeded', 'dead'))$$);
 SELECT jobname, database, status, return_message, end_time - start_time AS took
@@ -314,7 +314,7 @@ INSERT INTO demo_paid SELECT g FROM generate_series(1, 4) g;
 ALTER TABLE demo_paid DISABLE TRIGGER demo_paid_emit;
 INSERT INTO demo_paid VALUES (5);
 ALTER TABLE demo_paid ENABLE TRIGGER demo_paid_emit;
-SELECT tide.run_now('ship') AS scan_run \gset
+SELECT tide.rerun('ship') AS scan_run \gset
 CALL demo_wait($$(SELECT count(*) = 5 FROM demo_shipped)$$);
 SELECT run_id, state, result FROM tide.run WHERE run_id = :scan_run;
 SELECT array_agg(id ORDER BY id) AS shipped FROM demo_shipped;
@@ -459,7 +459,7 @@ CALL demo_wait($$(SELECT count(*) > 0 FROM tide.effect e JOIN tide.alert a ON e.
 SELECT e.dedupe_key AS delivery_id, e.state, e.attempts, to_char(e.delivered_at, 'HH24:MI:SS') AS delivered
   FROM tide.effect e WHERE e.channel = 'ops' AND e.payload->>'subject' = 'partner_import' ORDER BY e.effect_id;
 \echo '   acknowledged from psql: no more reminders, no escalation (its resolution is still sent):'
-SELECT tide.ack(alert_id, 'partner says the file is fixed tomorrow') FROM tide.alert
+SELECT tide.ack_alert(alert_id, 'partner says the file is fixed tomorrow') FROM tide.alert
  WHERE subject = 'partner_import' AND kind = 'dead_letter' AND resolved_at IS NULL;
 \echo
 \echo '== A run that cannot start: the nightly export''s queue was left paused. Its run waits; past its'
@@ -469,7 +469,7 @@ SELECT tide.create_queue('exports');
 SELECT tide.pause_queue('exports');
 SELECT tide.schedule('nightly_export', '0 2 * * *', queue => 'exports', command => $$SELECT 'exported'$$);
 SELECT tide.monitor('nightly_export', start_deadline => '3 seconds');
-SELECT tide.run_now('nightly_export') AS export_run \gset
+SELECT tide.rerun('nightly_export') AS export_run \gset
 CALL demo_wait($$(SELECT count(*) > 0 FROM tide.alert WHERE subject = 'nightly_export' AND kind = 'late_start' AND resolved_at IS NULL)$$);
 SELECT subject, kind, severity, details->>'run_id' AS run_id, details->>'cause' AS cause
   FROM tide.alert WHERE subject = 'nightly_export' AND kind = 'late_start' AND resolved_at IS NULL;
@@ -481,7 +481,7 @@ SELECT subject, kind, resolved_at IS NOT NULL AS resolved FROM tide.alert WHERE 
 \echo
 \echo '== Stop means stop: a top-level command (run by a command worker of its own) cancelled while it runs'
 SELECT tide.schedule('slow_maintenance', '0 3 * * 0', top_level => true, command => 'SELECT pg_sleep(60)');
-SELECT tide.run_now('slow_maintenance') AS slow_run \gset
+SELECT tide.rerun('slow_maintenance') AS slow_run \gset
 CALL demo_wait($$(SELECT state = 'running' FROM tide.run WHERE run_id = $$ || :slow_run || $$)$$);
 SELECT pg_sleep(0.5);
 SELECT tide.cancel_run(:slow_run, 'maintenance window moved');
