@@ -2003,6 +2003,14 @@ fn enqueue_creates_one_off_and_delayed_runs(cluster: &Cluster) -> Result<(), Fai
              dedupe_key => 'import:7') id",
     )?;
     assert_eq!(first, again, "the same batch again returns the same runs");
+    let in_order: bool = one(
+        &mut c,
+        &format!(
+            "SELECT bool_and(r.args->>'n' = k.i::text) FROM unnest('{{{first}}}'::bigint[]) WITH ORDINALITY k(id, i)
+               JOIN tide.run r ON r.run_id = k.id"
+        ),
+    )?;
+    assert!(in_order, "run n is the n-th element's");
     let batch: String = one(
         &mut c,
         "SELECT concat_ws('|', count(*), count(DISTINCT args->>'n'), min(dedupe_key), bool_and(trigger = 'enqueued'))
