@@ -144,7 +144,7 @@ pub async fn overview(ctx: Ctx, Query(q): Query<PageQuery>) -> Result<Response, 
             section #untaken-alerts .untaken {
                 strong { (s(u, 0)) " open alert" @if s(u, 0) != "1" { "s" } " that no channel takes" }
                 " (" (s(u, 1)) "): they reach no one. Create a channel for them: "
-                code { "SELECT tide.create_channel('ops', 'webhook', url => '…')" }
+                code { r#"SELECT tide.create_channel('ops', 'webhook', '{"url": "…"}')"# }
                 " (it takes warning and above), then " code { "SELECT * FROM tide.test_channel('ops')" }
                 "; " code { "SELECT * FROM tide.untaken_alerts()" } " lists them."
             }
