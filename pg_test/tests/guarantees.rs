@@ -273,6 +273,14 @@ fn failed_deliveries_back_off_then_die(cluster: &Cluster) -> Result<(), Failed> 
         &format!("SELECT last_error FROM tide.effect WHERE effect_id = {id}"),
     )?;
     assert_eq!(error, "no such mailbox");
+    // The kind is spelled as tide.fail_run takes it: any case, spaces around.
+    exec(&mut c, "SELECT tide.create_effect('mail', 'welcome:10')")?;
+    let (other, token, _) = claim(&mut c, "mail")?.ok_or("nothing to deliver")?;
+    let state: String = one(
+        &mut c,
+        &format!("SELECT tide.fail_effect({other}, {token}, 'no such mailbox', kind => ' Business ')::text"),
+    )?;
+    assert_eq!(state, "dead");
     Ok(())
 }
 

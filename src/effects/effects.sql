@@ -205,15 +205,16 @@ BEGIN
         RAISE EXCEPTION 'error must not be NULL' USING ERRCODE = 'null_value_not_allowed',
             HINT = 'say what went wrong: tide.fail_effect(effect_id, lease_token, ''provider answered 503'')';
     END IF;
-    -- The kinds of tide.fail_run that mean something for a delivery: a transient failure is
-    -- tried again, a business one (the provider refused it for good) is dead at once.
-    IF fail_effect.kind IS NULL OR fail_effect.kind NOT IN ('transient', 'business') THEN
+    -- The kinds of tide.fail_run that mean something for a delivery, spelled as fail_run takes
+    -- them (any case, spaces around): a transient failure is tried again, a business one (the
+    -- provider refused it for good) is dead at once.
+    IF fail_effect.kind IS NULL OR lower(btrim(fail_effect.kind)) NOT IN ('transient', 'business') THEN
         RAISE EXCEPTION 'kind must be transient or business, got %', coalesce(quote_literal(left(fail_effect.kind, 40)), 'NULL')
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'transient: delivered again after a backoff; business: dead at once (replay it with tide.replay_effect)';
     END IF;
     e := tide._effect_held(fail_effect.effect_id, fail_effect.lease_token, 'tide.fail_effect');
-    next_state := CASE WHEN fail_effect.kind = 'business' OR e.attempts >= e.max_attempts
+    next_state := CASE WHEN lower(btrim(fail_effect.kind)) = 'business' OR e.attempts >= e.max_attempts
                        THEN 'dead' ELSE 'pending' END;
     -- Retries back off: 10 s, 20 s, 40 s ... at most an hour, fully jittered.
     UPDATE tide.effect x
