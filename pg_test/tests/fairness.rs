@@ -461,6 +461,42 @@ fn each_role_has_limits_that_a_superuser_sets(cluster: &Cluster) -> Result<(), F
             "{sql}: the hint names the setting: {hint}"
         );
     }
+    // A limit lowered below what the role owns: the refusal still tells how many it owns (the
+    // check counts only up to one past the limit, then counts them all for the message).
+    exec(
+        &mut admin,
+        "SELECT tide.set_role_limits('mallory', tasks => 1, fastest_schedule => '1 minute', bulk => 10, executors => 1)",
+    )?;
+    let (code, message, _) = refused(
+        &mut mallory,
+        "SELECT tide.schedule('c', '0 * * * *', command => 'SELECT 1')",
+    )?;
+    assert_eq!(code, "54000", "{message}");
+    assert!(
+        message.contains("role mallory owns 2 task(s) already, its limit tasks is 1"),
+        "{message}"
+    );
+    exec(
+        &mut admin,
+        "SELECT tide.set_role_limits('mallory', tasks => 2, fastest_schedule => '1 minute', bulk => 10, executors => 1)",
+    )?;
+    // A superuser is not limited, even with a row of its own: its limits read all NULL, and
+    // it makes tasks past them.
+    exec(
+        &mut admin,
+        "SELECT tide.set_role_limits(current_user, tasks => 1, fastest_schedule => '1 hour')",
+    )?;
+    let unlimited: bool = one(
+        &mut admin,
+        "SELECT tasks IS NULL AND fastest_schedule IS NULL AND bulk IS NULL FROM tide._role_limits(current_user)",
+    )?;
+    assert!(unlimited, "a superuser's limits read all NULL");
+    exec(
+        &mut admin,
+        "SELECT tide.schedule('su_' || g, '* * * * *', command => 'SELECT 1') FROM generate_series(1, 3) g;
+         SELECT tide.unschedule('su_' || g) FROM generate_series(1, 3) g;
+         SELECT tide.set_role_limits(current_user);",
+    )?;
     let tasks: i64 = one(
         &mut admin,
         "SELECT count(*) FROM tide.task WHERE owner = 'mallory'",
