@@ -9,7 +9,10 @@
 
 use pgrx::datum::{DatumWithOid, Interval, TimestampWithTimeZone};
 use pgrx::prelude::*;
-use pgrx::spi::SpiHeapTupleData;
+use pgrx::spi::{OwnedPreparedStatement, SpiClient, SpiHeapTupleData};
+use pgrx::PgOid;
+use std::cell::RefCell;
+use std::rc::Rc;
 
 use crate::base::error::TideError;
 use crate::base::jsonarg::JsonbText;
@@ -659,7 +662,9 @@ fn schedule_in(
         values.join(", ")
     );
     let id = Spi::connect_mut(|client| {
-        let inserted = client.update(&query, None, &args).or_raise(F);
+        let inserted = with_kept_plan(client, &query, &args, |client, plan| {
+            client.update(plan, None, &args).or_raise(F)
+        });
         inserted
             .into_iter()
             .next()
@@ -733,6 +738,42 @@ fn schedule_in(
     )
     .or_raise(F);
     task_id
+}
+
+/// A statement's text and argument types, with its plan kept for the session.
+type KeptPlan = (String, Vec<pg_sys::Oid>, Rc<OwnedPreparedStatement>);
+
+thread_local! {
+    /// `tide.schedule`'s insert, prepared once per session for each text and argument types
+    /// (two in practice: with and without `database`): planning it anew cost a third of a call.
+    /// PostgreSQL's plan cache plans it again when what it reads changes (an `ALTER EXTENSION`,
+    /// a role's row-level security).
+    static KEPT: RefCell<Vec<KeptPlan>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `run` with this session's kept plan of `query` for arguments of these types,
+/// preparing and keeping it first if there is none.
+fn with_kept_plan<'conn, R>(
+    client: &mut SpiClient<'conn>,
+    query: &str,
+    args: &[DatumWithOid],
+    run: impl FnOnce(&mut SpiClient<'conn>, &OwnedPreparedStatement) -> R,
+) -> R {
+    const F: &str = "tide.schedule";
+    let oids: Vec<pg_sys::Oid> = args.iter().map(DatumWithOid::oid).collect();
+    let found = KEPT.with_borrow(|kept| {
+        kept.iter()
+            .find(|(q, o, _)| q == query && *o == oids)
+            .map(|(_, _, plan)| Rc::clone(plan))
+    });
+    // Not borrowed while it runs: what it runs may come back here.
+    let plan = found.unwrap_or_else(|| {
+        let types: Vec<PgOid> = oids.iter().map(|o| PgOid::from(*o)).collect();
+        let plan = Rc::new(client.prepare_mut(query, &types).or_raise(F).keep());
+        KEPT.with_borrow_mut(|kept| kept.push((query.to_string(), oids, Rc::clone(&plan))));
+        plan
+    });
+    run(client, &plan)
 }
 
 /// The `pending` option of tide.alter and tide.schedule(replace => true): what unstarted runs
