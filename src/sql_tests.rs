@@ -296,6 +296,37 @@ mod tests {
         assert_eq!(snap, "0 1 * * * Asia/Shanghai 1");
     }
 
+    /// The gaps between fires are worked out once per schedule and transaction (the last one
+    /// kept): asked in turns in one transaction, each schedule and zone gets its own.
+    #[pg_test]
+    fn fire_gaps_in_one_transaction_are_each_schedules_own() {
+        let got: String = one("SELECT concat_ws(',',
+                    tide._fire_gap('*/5 * * * *', 'UTC', 'shift', 'once'),
+                    tide._shortest_gap('0 9 * * 1-5', 'UTC', 'shift', 'once'),
+                    tide._fire_gap('0 9 * * 1-5', 'UTC', 'shift', 'once'),
+                    tide._shortest_gap('*/5 * * * *', 'UTC', 'shift', 'once'),
+                    tide._fire_gap('*/5 * * * *', 'UTC', 'shift', 'once'),
+                    tide._fire_gap('0 9 * * *', 'UTC', 'shift', 'once'),
+                    tide._fire_gap('0 9 * * *', 'Asia/Shanghai', 'shift', 'once'))");
+        assert_eq!(
+            got,
+            "00:05:00,24:00:00,72:00:00,00:05:00,00:05:00,24:00:00,24:00:00"
+        );
+        // Daily at 09:00 in New York, over the next 400 days (both DST changes of a year): the
+        // shortest and longest gaps come from one walk, and differ from UTC's.
+        let ny: String = one(
+            "SELECT concat_ws(',', tide._fire_gap('0 9 * * *', 'America/New_York', 'shift', 'once'),
+                                   tide._shortest_gap('0 9 * * *', 'America/New_York', 'shift', 'once'),
+                                   tide._shortest_gap('0 9 * * *', 'UTC', 'shift', 'once'))",
+        );
+        assert_eq!(ny, "25:00:00,23:00:00,24:00:00");
+        assert_refused(
+            "SELECT tide._fire_gap('*/5 * * * *', 'Nowhere/Else', 'shift', 'once')",
+            "22023",
+            "Nowhere/Else",
+        );
+    }
+
     #[pg_test]
     fn schedule_refuses_bad_input_and_writes_nothing() {
         run("SELECT tide.schedule('taken', '@daily')");

@@ -196,8 +196,8 @@ pub fn shortest_gap(
     gaps(schedule, tz, policy, from).map(|(shortest, _)| shortest)
 }
 
-/// The shortest and the longest gap between consecutive fires (see [`longest_gap`]).
-fn gaps(
+/// The shortest and the longest gap between consecutive fires (see [`longest_gap`]), in one walk.
+pub fn gaps(
     schedule: &Schedule,
     tz: Tz,
     policy: DstPolicy,

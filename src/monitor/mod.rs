@@ -57,16 +57,16 @@ pub mod prometheus;
     requires = ["monitor", monitor::metrics::metric_samples]
 );
 
+use chrono::Duration;
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::lwlock::PgLwLock;
 use pgrx::prelude::*;
 use pgrx::{pg_sys, PGRXSharedMemory};
+use std::cell::RefCell;
 
 use crate::base::sqlerr::{required, OrRaise};
 use crate::calendar::pgtime::{from_pg, now, to_pg};
-use crate::calendar::{
-    fire_iter, longest_gap, parse_zone, shortest_gap, DstGap, DstOverlap, DstPolicy, Schedule,
-};
+use crate::calendar::{fire_iter, gaps, parse_zone, DstGap, DstOverlap, DstPolicy, Schedule};
 
 /// `tide._le(seconds)`: the histogram bucket (its upper bound, the `le` label) of a duration or
 /// wait in seconds, as `tide._counts_of` counts it (`prometheus::le_of`, with the list of
@@ -131,9 +131,53 @@ fn fire_gap(
     dst_overlap: Option<&str>,
 ) -> Option<Interval> {
     // An event task without a schedule has no gaps between fires.
-    let (schedule, tz, policy) = calendar_of(schedule, tz, dst_gap, dst_overlap, "tide._fire_gap")?;
-    let gap = longest_gap(&schedule, tz, policy, now())?;
-    Interval::new(0, 0, gap.num_microseconds().unwrap_or(i64::MAX)).ok()
+    let (_, longest) = gaps_now(schedule, tz, dst_gap, dst_overlap, "tide._fire_gap")?;
+    Interval::new(0, 0, longest.num_microseconds().unwrap_or(i64::MAX)).ok()
+}
+
+/// What [`gaps_now`] worked out last: the schedule, zone and DST policy as given, the
+/// transaction's start, and the shortest and longest gaps.
+type Gaps = (
+    (String, Option<String>, Option<String>, Option<String>, i64),
+    Option<(Duration, Duration)>,
+);
+
+thread_local! {
+    /// The last schedule's gaps: a task's trigger (`tide._fire_gap`) and its owner's limits
+    /// (`tide._shortest_gap`) ask for the same schedule in one statement, and a deploy script
+    /// for many tasks of one schedule asks for it again in one transaction (up to 1000 fires
+    /// each time: most of a `tide.schedule` call of a frequent schedule).
+    static LAST_GAPS: RefCell<Option<Gaps>> = const { RefCell::new(None) };
+}
+
+/// The shortest and longest gaps between fires of a schedule from the transaction's start (see
+/// [`crate::calendar::shortest_gap`]); `None` for no schedule or one that fires less than twice.
+fn gaps_now(
+    schedule: Option<&str>,
+    tz: Option<&str>,
+    dst_gap: Option<&str>,
+    dst_overlap: Option<&str>,
+    function: &'static str,
+) -> Option<(Duration, Duration)> {
+    let from = now();
+    let key = (
+        schedule?.to_string(),
+        tz.map(str::to_string),
+        dst_gap.map(str::to_string),
+        dst_overlap.map(str::to_string),
+        from.timestamp_micros(),
+    );
+    if let Some(found) = LAST_GAPS.with_borrow(|last| {
+        last.as_ref()
+            .filter(|(k, _)| *k == key)
+            .map(|(_, gaps)| *gaps)
+    }) {
+        return found;
+    }
+    let (schedule, tz, policy) = calendar_of(Some(&key.0), tz, dst_gap, dst_overlap, function)?;
+    let found = gaps(&schedule, tz, policy, from);
+    LAST_GAPS.set(Some((key, found)));
+    found
 }
 
 /// A task's schedule, zone and DST policy as its columns hold them; `None` for no schedule.
@@ -163,10 +207,8 @@ fn fire_shortest_gap(
     dst_gap: Option<&str>,
     dst_overlap: Option<&str>,
 ) -> Option<Interval> {
-    let (schedule, tz, policy) =
-        calendar_of(schedule, tz, dst_gap, dst_overlap, "tide._shortest_gap")?;
-    let gap = shortest_gap(&schedule, tz, policy, now())?;
-    Interval::new(0, 0, gap.num_microseconds().unwrap_or(i64::MAX)).ok()
+    let (shortest, _) = gaps_now(schedule, tz, dst_gap, dst_overlap, "tide._shortest_gap")?;
+    Interval::new(0, 0, shortest.num_microseconds().unwrap_or(i64::MAX)).ok()
 }
 
 /// The first fire of a cron schedule in time zone `tz` strictly after `after`: when a
