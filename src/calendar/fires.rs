@@ -171,32 +171,11 @@ impl Iterator for FireIter<'_> {
     }
 }
 
-/// The longest time between two consecutive fires after `from`, looking at up to 1000 fires
-/// and at least a year ahead (and always at least two fires): what a task's silence may
-/// normally reach, weekends, month ends and DST changes included. `None` if it fires less
-/// than twice.
-pub fn longest_gap(
-    schedule: &Schedule,
-    tz: Tz,
-    policy: DstPolicy,
-    from: DateTime<Utc>,
-) -> Option<Duration> {
-    gaps(schedule, tz, policy, from).map(|(_, longest)| longest)
-}
-
-/// The shortest time between two consecutive fires after `from`, over the same fires as
-/// [`longest_gap`]: how often a task fires at its fastest (a role's limit on it, the fastest
-/// schedule). `None` if it fires less than twice.
-pub fn shortest_gap(
-    schedule: &Schedule,
-    tz: Tz,
-    policy: DstPolicy,
-    from: DateTime<Utc>,
-) -> Option<Duration> {
-    gaps(schedule, tz, policy, from).map(|(shortest, _)| shortest)
-}
-
-/// The shortest and the longest gap between consecutive fires (see [`longest_gap`]), in one walk.
+/// The shortest and the longest time between two consecutive fires after `from`, in one walk
+/// over up to 1000 fires or 400 days, whichever ends first (and always at least two fires). The
+/// longest is what a task's silence may normally reach, weekends, month ends and DST changes
+/// included (the base of its `max_silence`); the shortest, how often it fires at its fastest (a
+/// role's limit `fastest_schedule`). `None` if it fires less than twice.
 pub fn gaps(
     schedule: &Schedule,
     tz: Tz,

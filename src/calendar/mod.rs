@@ -18,7 +18,7 @@ mod window;
 mod zone;
 
 pub use cron::Schedule;
-pub use fires::{fire_iter, gaps, longest_gap, next_fires, previous_fire, shortest_gap, FireIter};
+pub use fires::{fire_iter, gaps, next_fires, previous_fire, FireIter};
 pub use window::{window_for, BizWindow, WindowKind};
 pub use zone::{parse_zone, parse_zone_suggestion, to_local, zone_instant};
 

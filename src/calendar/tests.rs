@@ -1312,13 +1312,13 @@ fn business_windows() {
 fn longest_gap_between_fires() {
     let from: DateTime<Utc> = "2026-01-01T00:00:00Z".parse().unwrap();
     let gap = |expr: &str, tz: &str| {
-        longest_gap(
+        gaps(
             &Schedule::parse(expr).unwrap(),
             parse_zone(tz).unwrap(),
             SHIFT_ONCE,
             from,
         )
-        .map(|d| d.num_minutes())
+        .map(|(_, longest)| longest.num_minutes())
     };
     // Every five minutes: five minutes.
     assert_eq!(gap("*/5 * * * *", "UTC"), Some(5));

@@ -151,7 +151,7 @@ thread_local! {
 }
 
 /// The shortest and longest gaps between fires of a schedule from the transaction's start (see
-/// [`crate::calendar::shortest_gap`]); `None` for no schedule or one that fires less than twice.
+/// [`crate::calendar::gaps`]); `None` for no schedule or one that fires less than twice.
 fn gaps_now(
     schedule: Option<&str>,
     tz: Option<&str>,
