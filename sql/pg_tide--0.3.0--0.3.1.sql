@@ -70,3 +70,10 @@ COMMENT ON FUNCTION tide._check_role_limits(tide.task) IS
 -- Privileges, as a fresh install leaves them (src/comments.sql): internal functions that
 -- change anything are pg_tide's own.
 REVOKE EXECUTE ON FUNCTION tide._check_role_limits(tide.task) FROM PUBLIC;
+
+-- What the gaps between fires look at, said as the code does it.
+COMMENT ON FUNCTION tide._shortest_gap(text, text, text, text) IS
+    'Internal: the shortest gap between two consecutive fires of a schedule, over the next 1000 fires or 400 days, whichever ends first (a role''s limit fastest_schedule is checked against it).';
+COMMENT ON FUNCTION tide._fire_gap(text, text, text, text) IS
+    'Internal: the longest gap between two consecutive fires of a schedule, over the next 1000 fires or 400 days, whichever ends first (the base of a task''s derived max_silence).';
+COMMENT ON COLUMN tide.task.fire_gap IS 'Longest gap between two consecutive fires of the schedule (over the next 1000 fires or 400 days, whichever ends first); maintained by pg_tide.';

@@ -123,13 +123,13 @@ GRANT EXECUTE ON FUNCTION tide._watch() TO tide_admin;
 -- The command workers name every role's runs and databases: the same.
 GRANT EXECUTE ON FUNCTION tide._command_workers() TO tide_admin;
 COMMENT ON FUNCTION tide._shortest_gap(text, text, text, text) IS
-    'Internal: the shortest gap between two consecutive fires of a schedule (a role''s limit fastest_schedule is checked against it).';
+    'Internal: the shortest gap between two consecutive fires of a schedule, over the next 1000 fires or 400 days, whichever ends first (a role''s limit fastest_schedule is checked against it).';
 COMMENT ON FUNCTION tide._share_lock(boolean) IS
     'Internal: the executors'' choice lock, until the end of the transaction (without wait, only if free at once): whose run an executor takes next is chosen and claimed under it (sql/share.sql). No SQL advisory lock function can take it.';
 COMMENT ON FUNCTION tide._notify(text, text) IS
     'Internal: pg_notify(channel, payload) unless PostgreSQL''s notification queue is half full or more (then nothing: a notification of pg_tide''s is a hint, never a dependency); true if it notified.';
 COMMENT ON FUNCTION tide._fire_gap(text, text, text, text) IS
-    'Internal: the longest gap between two consecutive fires of a schedule, a year ahead (the base of a task''s derived max_silence).';
+    'Internal: the longest gap between two consecutive fires of a schedule, over the next 1000 fires or 400 days, whichever ends first (the base of a task''s derived max_silence).';
 COMMENT ON FUNCTION tide._next_fire(text, text, timestamptz) IS
     'Internal: the first fire of a cron schedule in a time zone after an instant (when a heartbeat check expects its next beat).';
 COMMENT ON FUNCTION tide._lock_key(text, text, jsonb, jsonb, text, text) IS

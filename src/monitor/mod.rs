@@ -120,7 +120,7 @@ fn counts_of(
     )
 }
 
-/// The longest time between two consecutive fires of a schedule (from now, a year ahead):
+/// The longest time between two consecutive fires of a schedule (from now, over the next 1000 fires or 400 days):
 /// the base of a task's derived `max_silence`. NULL for a schedule that fires less than twice,
 /// and for no schedule.
 #[pg_extern(stable, parallel_safe, schema = "tide", name = "_fire_gap")]

@@ -229,7 +229,7 @@ COMMENT ON FUNCTION tide._late_cause(bigint) IS
 
 -- The silence a task may reach: set, or the longest gap between its fires plus the time one
 -- run may take (its timeout, at most that gap). NULL when the schedule fires less than twice
--- a year ahead and none is set: such a task is never late.
+-- in the next 400 days and none is set: such a task is never late.
 -- Inlined into task health (one call per task), so it has no SET
 -- clause, which would forbid inlining: its body names everything with its schema instead, so it
 -- is safe under any search_path (scripts/pgspot.sh lists it).

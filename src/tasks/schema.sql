@@ -152,7 +152,7 @@ COMMENT ON COLUMN tide.task.ready_dataset IS 'Runs wait until tide.mark_ready(da
 COMMENT ON COLUMN tide.task.ready_check IS 'SQL boolean expression evaluated as the owner (tide.biz_date() etc. available); runs wait until it is true.';
 COMMENT ON COLUMN tide.task.max_silence IS 'Longest time without a successful run before the task is late (twice that: down); NULL = derived from the schedule (see tide.health).';
 COMMENT ON COLUMN tide.task.severity IS 'Severity of the task''s alerts.';
-COMMENT ON COLUMN tide.task.fire_gap IS 'Longest gap between two consecutive fires of the schedule (a year ahead); maintained by pg_tide.';
+COMMENT ON COLUMN tide.task.fire_gap IS 'Longest gap between two consecutive fires of the schedule (over the next 1000 fires or 400 days, whichever ends first); maintained by pg_tide.';
 COMMENT ON COLUMN tide.task.skip_until IS 'Set by tide.resume: fires up to this instant fell in the pause and are recorded skipped (paused).';
 COMMENT ON COLUMN tide.task.next_fire_at IS 'Next fire instant (UTC); maintained by pg_tide.';
 COMMENT ON COLUMN tide.task.version IS 'Current rule version; runs record the version they were created under.';
