@@ -262,13 +262,13 @@ SQL
 cat > "$tmp/cron_10k.sql" <<'SQL'
 SELECT count(cron.schedule('idle_' || g, '0 0 1 1 *', 'SELECT 1')) FROM generate_series(1, 10000) g;
 SQL
-statement_ms() { # $1 = script: one transaction, ms
+one_call_ms() { # $1 = script: one transaction, ms
     "$BIN/pgbench" -n -h 127.0.0.1 -p "$PORT" -U postgres -c 1 -t 1 -f "$1" "$DB" 2>/dev/null \
         | sed -nE 's/^latency average = ([0-9.]+) ms/\1/p'
 }
-cron_10k_ms=$(statement_ms "$tmp/cron_10k.sql")
+cron_10k_ms=$(one_call_ms "$tmp/cron_10k.sql")
 "${PSQL[@]}" -d "$DB" -c "SELECT count(cron.unschedule(jobid)) FROM cron.job WHERE jobname LIKE 'idle\_%'" >/dev/null
-schedule_10k_ms=$(statement_ms "$tmp/schedule_10k.sql")
+schedule_10k_ms=$(one_call_ms "$tmp/schedule_10k.sql")
 [ "$("${PSQL[@]}" -At -d "$DB" -c "SELECT count(*) FROM tide.task WHERE name LIKE 'idle\_%'")" = 10000 ] \
     || { echo "the 10,000 idle tasks were not made" >&2; exit 1; }
 "${PSQL[@]}" -d "$DB" -c "VACUUM ANALYZE tide.task" >/dev/null
@@ -364,10 +364,6 @@ SQL
 # machines): one call of each bulk insert per round (the least time of three is kept), and one
 # emit, enqueue, bare INSERT and add_job per transaction from 4 clients (the best rate).
 least() { awk -v a="${1:-}" -v b="$2" 'BEGIN { print (a == "" || b < a + 0 ? b : a) }'; }
-one_call_ms() { # $1 = script: one transaction, ms
-    "$BIN/pgbench" -n -h 127.0.0.1 -p "$PORT" -U postgres -c 1 -t 1 -f "$1" "$DB" 2>/dev/null \
-        | sed -nE 's/^latency average = ([0-9.]+) ms/\1/p'
-}
 for round in 1 2 3; do
     bulk_enqueue_ms=$(least "${bulk_enqueue_ms:-}" "$(one_call_ms "$tmp/bulk_enqueue.sql")")
     bulk_emit_ms=$(least "${bulk_emit_ms:-}" "$(one_call_ms "$tmp/bulk_emit.sql")")
