@@ -662,9 +662,8 @@ fn schedule_in(
         values.join(", ")
     );
     let id = Spi::connect_mut(|client| {
-        let inserted = with_kept_plan(client, &query, &args, |client, plan| {
-            client.update(plan, None, &args).or_raise(F)
-        });
+        let plan = kept_plan(client, &query, &args);
+        let inserted = client.update(&*plan, None, &args).or_raise(F);
         inserted
             .into_iter()
             .next()
@@ -751,14 +750,9 @@ thread_local! {
     static KEPT: RefCell<Vec<KeptPlan>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Runs `run` with this session's kept plan of `query` for arguments of these types,
-/// preparing and keeping it first if there is none.
-fn with_kept_plan<'conn, R>(
-    client: &mut SpiClient<'conn>,
-    query: &str,
-    args: &[DatumWithOid],
-    run: impl FnOnce(&mut SpiClient<'conn>, &OwnedPreparedStatement) -> R,
-) -> R {
+/// This session's kept plan of `query` for arguments of these types, prepared and kept first
+/// if there is none. Handed out, not borrowed: what runs it may come back here.
+fn kept_plan(client: &SpiClient, query: &str, args: &[DatumWithOid]) -> Rc<OwnedPreparedStatement> {
     const F: &str = "tide.schedule";
     let oids: Vec<pg_sys::Oid> = args.iter().map(DatumWithOid::oid).collect();
     let found = KEPT.with_borrow(|kept| {
@@ -766,14 +760,12 @@ fn with_kept_plan<'conn, R>(
             .find(|(q, o, _)| q == query && *o == oids)
             .map(|(_, _, plan)| Rc::clone(plan))
     });
-    // Not borrowed while it runs: what it runs may come back here.
-    let plan = found.unwrap_or_else(|| {
+    found.unwrap_or_else(|| {
         let types: Vec<PgOid> = oids.iter().map(|o| PgOid::from(*o)).collect();
         let plan = Rc::new(client.prepare_mut(query, &types).or_raise(F).keep());
         KEPT.with_borrow_mut(|kept| kept.push((query.to_string(), oids, Rc::clone(&plan))));
         plan
-    });
-    run(client, &plan)
+    })
 }
 
 /// The `pending` option of tide.alter and tide.schedule(replace => true): what unstarted runs
