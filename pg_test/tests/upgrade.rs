@@ -307,21 +307,17 @@ fn new_workers_db(cluster: &Cluster) -> Result<Client, Failed> {
 }
 
 /// DROP EXTENSION pg_tide in the session `c`: its workers, which hold the database, are stopped
-/// for it (they come back at once).
+/// for it (they come back at once), until the drop goes through.
 fn drop_extension(c: &mut Client) -> Result<(), Failed> {
-    let mut last = String::new();
-    for _ in 0..10 {
+    wait_for("DROP EXTENSION pg_tide", Duration::from_secs(10), || {
         exec(
             c,
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE backend_type LIKE 'pg_tide%'",
-        )?;
-        match c.batch_execute("DROP EXTENSION pg_tide CASCADE") {
-            Ok(()) => return Ok(()),
-            Err(e) => last = pg_tide_pg_test::describe(&e),
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    Err(format!("DROP EXTENSION pg_tide: {last}").into())
+        )
+        .map_err(|e| format!("{e:?}"))?;
+        Ok(c.batch_execute("DROP EXTENSION pg_tide CASCADE").ok())
+    })?;
+    Ok(())
 }
 
 /// tide.schedule keeps its insert's plan for the session (src/tasks/catalog.rs). Made again in
